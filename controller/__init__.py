@@ -1,0 +1,1 @@
+"""Podium controller package."""

@@ -1,0 +1,344 @@
+"""The one exception tree of Podium, and its mapping to gRPC status codes.
+
+Every error a user can see is a :class:`PodiumError`. Each gRPC status code has
+exactly one class; a few subclasses add fields and travel as their base code
+plus an ``ErrorInfo`` (``podium.v1.ErrorInfo``, sent as the binary trailing
+metadata ``podium-error-bin``) that names the exact class, so the client
+rebuilds the very exception the server raised. Builtin mix-ins let callers catch
+what they already know: a bad spec is also a ``ValueError``, a timeout also a
+``TimeoutError``, a dead peer also a ``ConnectionError``::
+
+    PodiumError (Exception)
+    ├── CancelledError ............................ CANCELLED
+    ├── RemoteError ............................... UNKNOWN         user code raised (rank, remote traceback)
+    ├── InvalidArgumentError (ValueError) ......... INVALID_ARGUMENT
+    │   └── InvalidSpecError ...................... bad bundle / strategy / resource / env
+    ├── DeadlineExceededError (TimeoutError) ...... DEADLINE_EXCEEDED
+    ├── NotFoundError (LookupError) ............... NOT_FOUND
+    ├── AlreadyExistsError ........................ ALREADY_EXISTS
+    ├── PermissionDeniedError (PermissionError) ... PERMISSION_DENIED
+    ├── ResourceExhaustedError .................... RESOURCE_EXHAUSTED
+    │   ├── SlotFullError ......................... a colocation slot / bundle is full
+    │   └── PayloadTooLargeError .................. a payload above the configured maximum
+    ├── FailedPreconditionError ................... FAILED_PRECONDITION
+    │   └── InfeasibleError ....................... no registered cluster can ever hold the spec
+    ├── AbortedError .............................. ABORTED
+    ├── OutOfRangeError ........................... OUT_OF_RANGE
+    ├── UnimplementedError (NotImplementedError) .. UNIMPLEMENTED
+    │   └── UnknownMethodError (AttributeError) ... the worker has no such method
+    ├── InternalError ............................. INTERNAL
+    ├── UnavailableError (ConnectionError) ........ UNAVAILABLE
+    │   └── WorkerDiedError ....................... a worker process ended (exit code / signal, stderr tail)
+    ├── DataLossError ............................. DATA_LOSS
+    └── AuthenticationError (PermissionError) ..... UNAUTHENTICATED
+
+This module imports no gRPC (the pure scheduling core may raise these);
+``podium.rpc`` turns them into statuses and back.
+"""
+
+from __future__ import annotations
+
+import json
+import signal as _signal
+from typing import Any, ClassVar
+
+
+class PodiumError(Exception):
+    """Base of every Podium error.
+
+    ``details`` holds class-specific string fields that travel over the wire;
+    ``node`` and ``rank`` say where it happened when known (rank -1: unknown).
+    """
+
+    #: Name of the gRPC status code this class travels as (see STATUS_OF).
+    code: ClassVar[str] = "UNKNOWN"
+
+    def __init__(self, message: str = "", *, node: str = "", rank: int = -1,
+                 details: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.node = node
+        self.rank = rank
+        self.details: dict[str, str] = dict(details or {})
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        # Exceptions with keyword-only fields do not pickle by default; workers
+        # and controllers pass them through the codec, so keep them whole.
+        return (_rebuild, (type(self).__name__, self.message, self.node, self.rank, self.details,
+                           getattr(self, "traceback", "")))
+
+
+class CancelledError(PodiumError):
+    """The call was cancelled before it ran (by the caller or by teardown)."""
+
+    code = "CANCELLED"
+
+
+class RemoteError(PodiumError):
+    """User code in a worker raised.
+
+    ``remote_type`` is the qualified name of the original exception, ``traceback``
+    the remote traceback text and ``rank`` the rank that raised. ``str()`` shows
+    all three, so an uncaught RemoteError explains itself.
+    """
+
+    code = "UNKNOWN"
+
+    def __init__(self, message: str = "", *, traceback: str = "", remote_type: str = "",
+                 node: str = "", rank: int = -1, details: dict[str, str] | None = None) -> None:
+        details = dict(details or {})
+        if remote_type:
+            details["remote_type"] = remote_type
+        super().__init__(message, node=node, rank=rank, details=details)
+        self.traceback = traceback
+
+    @property
+    def remote_type(self) -> str:
+        """Qualified name of the exception raised in the worker."""
+        return self.details.get("remote_type", "")
+
+    def __str__(self) -> str:
+        where = f"rank {self.rank}" if self.rank >= 0 else "a worker"
+        if self.node:
+            where += f" on {self.node}"
+        head = f"{self.remote_type or 'Exception'} in {where}: {self.message}"
+        return f"{head}\n\nRemote traceback:\n{self.traceback}" if self.traceback else head
+
+
+class InvalidArgumentError(PodiumError, ValueError):
+    """A request or argument is malformed; nothing was changed."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidSpecError(InvalidArgumentError):
+    """A resource spec is invalid (empty bundles, negative or NaN amounts, unknown
+    resource or strategy, a GPU fraction outside (0, 1], a protected env name)."""
+
+
+class DeadlineExceededError(PodiumError, TimeoutError):
+    """A wait ran out of time; the message says what it was still waiting for."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class NotFoundError(PodiumError, LookupError):
+    """An id or name is unknown."""
+
+    code = "NOT_FOUND"
+
+
+class AlreadyExistsError(PodiumError):
+    """A name is already taken."""
+
+    code = "ALREADY_EXISTS"
+
+
+class PermissionDeniedError(PodiumError, PermissionError):
+    """The caller is known but not allowed to do this."""
+
+    code = "PERMISSION_DENIED"
+
+
+class ResourceExhaustedError(PodiumError):
+    """A limit was reached right now (a full slot, a memory budget, a payload size)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class SlotFullError(ResourceExhaustedError):
+    """A worker slot asked for more of its bundle than is free (a full colocation slot)."""
+
+
+class PayloadTooLargeError(ResourceExhaustedError):
+    """A payload is larger than the configured maximum."""
+
+
+class FailedPreconditionError(PodiumError):
+    """The system is not in a state where this can be done."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class InfeasibleError(FailedPreconditionError):
+    """No set of registered nodes can ever hold the spec.
+
+    ``node_reasons`` maps each node id to why it cannot help, e.g.
+    ``{"node-b": "4 GPUs, bundle group needs 8 on one node (STRICT_PACK)"}``.
+    """
+
+    def __init__(self, message: str = "", *, node_reasons: dict[str, str] | None = None,
+                 node: str = "", rank: int = -1, details: dict[str, str] | None = None) -> None:
+        details = dict(details or {})
+        if node_reasons is not None:
+            details["node_reasons"] = json.dumps(node_reasons, sort_keys=True)
+        super().__init__(message, node=node, rank=rank, details=details)
+
+    @property
+    def node_reasons(self) -> dict[str, str]:
+        """Why each node cannot hold the spec."""
+        return json.loads(self.details.get("node_reasons", "{}"))
+
+    def __str__(self) -> str:
+        reasons = self.node_reasons
+        if not reasons:
+            return self.message
+        lines = "\n".join(f"  {node}: {why}" for node, why in sorted(reasons.items()))
+        return f"{self.message}\n{lines}"
+
+
+class AbortedError(PodiumError):
+    """The operation was aborted by a conflict."""
+
+    code = "ABORTED"
+
+
+class OutOfRangeError(PodiumError):
+    """A value is outside its valid range (e.g. a row range past the end)."""
+
+    code = "OUT_OF_RANGE"
+
+
+class UnimplementedError(PodiumError, NotImplementedError):
+    """The operation is not supported."""
+
+    code = "UNIMPLEMENTED"
+
+
+class UnknownMethodError(UnimplementedError, AttributeError):
+    """The hosted object has no method of that name."""
+
+
+class InternalError(PodiumError):
+    """A bug in Podium: the message says where."""
+
+    code = "INTERNAL"
+
+
+class UnavailableError(PodiumError, ConnectionError):
+    """A peer (scheduler, node agent, worker) cannot be reached."""
+
+    code = "UNAVAILABLE"
+
+
+class WorkerDiedError(UnavailableError):
+    """A worker process ended while a call needed it.
+
+    Fields: ``rank``, ``node``, ``exit_code`` (or None), ``signal`` (or None) and
+    ``stderr_tail`` (its last lines of stderr).
+    """
+
+    def __init__(self, message: str = "", *, exit_code: int | None = None,
+                 signal: int | None = None, stderr_tail: str = "", node: str = "",
+                 rank: int = -1, details: dict[str, str] | None = None) -> None:
+        details = dict(details or {})
+        if exit_code is not None:
+            details["exit_code"] = str(exit_code)
+        if signal:
+            details["signal"] = str(signal)
+        if stderr_tail:
+            details["stderr_tail"] = stderr_tail
+        super().__init__(message, node=node, rank=rank, details=details)
+
+    @property
+    def exit_code(self) -> int | None:
+        """Exit status, or None when it was killed by a signal or is unknown."""
+        value = self.details.get("exit_code")
+        return int(value) if value is not None else None
+
+    @property
+    def signal(self) -> int | None:
+        """Number of the signal that killed it, or None."""
+        value = self.details.get("signal")
+        return int(value) if value is not None else None
+
+    @property
+    def stderr_tail(self) -> str:
+        """The last lines the worker wrote to stderr."""
+        return self.details.get("stderr_tail", "")
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.signal:
+            try:
+                name = _signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            text += f" (killed by {name})"
+        elif self.exit_code is not None:
+            text += f" (exit code {self.exit_code})"
+        if self.stderr_tail:
+            text += "\nLast lines of its stderr:\n" + self.stderr_tail
+        return text
+
+
+class DataLossError(PodiumError):
+    """Data was lost or corrupted in transit (a truncated payload)."""
+
+    code = "DATA_LOSS"
+
+
+class AuthenticationError(PodiumError, PermissionError):
+    """The cluster token is missing or wrong."""
+
+    code = "UNAUTHENTICATED"
+
+
+#: The one table: gRPC status code name -> the class that travels as it.
+#: Subclasses travel as their base's code plus ErrorInfo.type.
+CLASS_OF_STATUS: dict[str, type[PodiumError]] = {
+    cls.code: cls
+    for cls in (CancelledError, RemoteError, InvalidArgumentError, DeadlineExceededError,
+                NotFoundError, AlreadyExistsError, PermissionDeniedError,
+                ResourceExhaustedError, FailedPreconditionError, AbortedError,
+                OutOfRangeError, UnimplementedError, InternalError, UnavailableError,
+                DataLossError, AuthenticationError)
+}
+
+#: Every class by name, for rebuilding the exact class from ErrorInfo.type.
+CLASS_BY_NAME: dict[str, type[PodiumError]] = {}
+
+
+def _collect(cls: type[PodiumError]) -> None:
+    CLASS_BY_NAME[cls.__name__] = cls
+    for sub in cls.__subclasses__():
+        _collect(sub)
+
+
+_collect(PodiumError)
+
+
+def status_name_of(exc: BaseException) -> str:
+    """The gRPC status code name an exception travels as (UNKNOWN for non-Podium errors)."""
+    return exc.code if isinstance(exc, PodiumError) else "UNKNOWN"
+
+
+def error_fields(exc: BaseException) -> dict[str, Any]:
+    """The wire fields of an exception, as a dict shaped like ``podium.v1.ErrorInfo``."""
+    if isinstance(exc, PodiumError):
+        return {"type": type(exc).__name__, "message": exc.message,
+                "traceback": getattr(exc, "traceback", ""), "rank": exc.rank,
+                "node": exc.node, "details": dict(exc.details)}
+    return {"type": "RemoteError", "message": str(exc), "traceback": "", "rank": -1,
+            "node": "", "details": {"remote_type": f"{type(exc).__module__}.{type(exc).__qualname__}"}}
+
+
+def error_from_fields(type_name: str, message: str, *, traceback: str = "", rank: int = -1,
+                      node: str = "", details: dict[str, str] | None = None,
+                      status_name: str = "UNKNOWN") -> PodiumError:
+    """Rebuild the exception named ``type_name``; falls back to the class of ``status_name``."""
+    cls = CLASS_BY_NAME.get(type_name) or CLASS_OF_STATUS.get(status_name, PodiumError)
+    exc = cls.__new__(cls)
+    PodiumError.__init__(exc, message, node=node, rank=rank, details=details)
+    if traceback or cls is RemoteError or issubclass(cls, RemoteError):
+        exc.traceback = traceback
+    return exc
+
+
+def _rebuild(type_name: str, message: str, node: str, rank: int, details: dict[str, str],
+             traceback: str) -> PodiumError:
+    return error_from_fields(type_name, message, traceback=traceback, rank=rank, node=node,
+                             details=details)
