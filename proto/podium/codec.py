@@ -1,0 +1,336 @@
+"""The one place that turns Python values into bytes and back.
+
+Values are pickled with protocol 5 and out-of-band buffers: a torch tensor or a
+numpy array contributes a *raw buffer* (its bytes, exactly as they lie in
+memory) and only a tiny reference to it goes into the pickled *skeleton*. Tensor
+bytes are therefore never re-encoded element by element, and neither encode nor
+decode copies them (a non-contiguous tensor is made contiguous once; a CUDA
+tensor is moved to the CPU once).
+
+Wire form (all integers little-endian)::
+
+    offset 0   magic  b"PDM1"
+           4   u16    version (1)
+           6   u16    flags (0, reserved)
+           8   u32    number of buffers N
+          12   u64    skeleton length S
+          20   N x (u64 offset, u64 length)   where each buffer lies, absolute
+      20+16N   skeleton (S bytes)
+               zero padding, then buffer 0 at a 64-byte aligned offset,
+               zero padding, then buffer 1 at a 64-byte aligned offset, ...
+
+The payload ends exactly where the last buffer (or the skeleton) ends.
+:func:`decode` checks every length against the input before it reads anything,
+so garbage, truncated or padded input raises :class:`~podium.errors.DataLossError`
+and never allocates more than the input's own size.
+
+What round-trips and how:
+
+* ``torch.Tensor`` (and ``nn.Parameter``): dtype, shape and the raw bytes of the
+  contiguous tensor, for every dtype (bfloat16, float8, bool, complex...), bit
+  exact. ``requires_grad`` and autograd history are dropped (a received tensor is
+  a fresh leaf; a ``Parameter`` keeps its flag). CUDA (any non-CPU) tensors arrive
+  on the CPU. Jagged nested tensors (``layout=torch.jagged``) travel as their
+  values/offsets/lengths components; other exotic layouts (sparse, quantized,
+  strided nested, meta) fall back to torch's own reduction.
+* ``numpy.ndarray``: protocol-5 out-of-band natively; object arrays hold Python
+  objects and are pickled in-band.
+* ``tensordict.TensorDict``: a plain dict of its entries (nested TensorDicts
+  recursively) plus batch size, so its tensors move as raw buffers too.
+* Functions and classes defined in ``__main__`` or in a test module
+  (``test_*.py``, ``*_test.py``, ``conftest.py``) are pickled *by value* with
+  cloudpickle, since the receiving process cannot import them; everything else
+  importable is pickled by reference.
+
+Decoded tensors and arrays are zero-copy, *writable* views into the input when
+it is writable (a ``bytearray``, a writable ``memoryview`` or ``mmap``); the
+views keep the input alive. Read-only input (``bytes``) is copied once into a
+``bytearray`` first, because callers (verl workers) mutate received batches in
+place.
+
+Security: decoding is unpickling, which runs code named by the payload.
+Decode only bytes from an authenticated peer (the cluster token is checked by
+the RPC layer before any payload reaches this module).
+
+``import podium.codec`` does not import torch, tensordict or numpy: they are
+only looked up in ``sys.modules`` (a value cannot hold a tensor unless torch is
+already imported), so the node agent stays free of torch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from podium.errors import DataLossError, InvalidArgumentError
+
+__all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "dumps", "loads"]
+
+#: First four bytes of every payload.
+MAGIC = b"PDM1"
+#: Wire-form version written in the header.
+VERSION = 1
+#: Every out-of-band buffer starts at a multiple of this many bytes.
+ALIGNMENT = 64
+
+_HEADER = struct.Struct("<4sHHIQ")
+_ENTRY = struct.Struct("<QQ")
+_ZEROS = memoryview(bytes(ALIGNMENT))
+
+# Tensors this small travel in-band (as a bytearray, so they decode writable):
+# an out-of-band entry costs 16 bytes of table plus up to 63 bytes of padding.
+_INLINE_MAX = 1024
+
+_TEST_FILE_SUFFIXES = ("_test.py",)
+
+
+def _align(offset: int) -> int:
+    return (offset + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+@dataclass
+class Encoded:
+    """A value ready for the wire: a small pickled skeleton plus raw buffers."""
+
+    skeleton: bytes
+    buffers: list[memoryview] = field(default_factory=list)  # raw, each C-contiguous, in order
+
+    def _layout(self) -> tuple[list[tuple[int, int]], int, int]:
+        """(offset, length) of each buffer, where the skeleton starts, the total size."""
+        skeleton_at = _HEADER.size + _ENTRY.size * len(self.buffers)
+        end = skeleton_at + len(self.skeleton)
+        entries = []
+        for buf in self.buffers:
+            offset = _align(end)
+            entries.append((offset, buf.nbytes))
+            end = offset + buf.nbytes
+        return entries, skeleton_at, end
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the wire form (the sum of :meth:`to_segments`)."""
+        return self._layout()[2]
+
+    def to_segments(self) -> list[memoryview]:
+        """Header, skeleton, padding and buffers: concatenated, they are the wire form.
+
+        The buffers are the tensors' own memory, so nothing large is copied here;
+        keep the segments (or this object) alive until they are sent.
+        """
+        entries, _, _ = self._layout()
+        header = bytearray(_HEADER.pack(MAGIC, VERSION, 0, len(self.buffers), len(self.skeleton)))
+        for offset, length in entries:
+            header += _ENTRY.pack(offset, length)
+        segments = [memoryview(header), memoryview(self.skeleton)]
+        end = len(header) + len(self.skeleton)
+        for (offset, length), buf in zip(entries, self.buffers):
+            if offset > end:
+                segments.append(_ZEROS[: offset - end])
+            if length:
+                segments.append(buf)
+            end = offset + length
+        return segments
+
+
+def encode(value: Any) -> Encoded:
+    """Pickle ``value`` into a skeleton plus raw out-of-band buffers (no tensor copy).
+
+    Raises InvalidArgumentError when the value cannot be pickled.
+    """
+    raw: list[memoryview] = []
+
+    def keep(pb: pickle.PickleBuffer) -> None:
+        raw.append(pb.raw())
+
+    out = io.BytesIO()
+    try:
+        _Pickler(out, protocol=5, buffer_callback=keep).dump(value)
+    except InvalidArgumentError:
+        raise
+    except (Exception, RecursionError) as exc:  # pickling user objects can raise anything
+        raise InvalidArgumentError(f"cannot encode a value of type {type(value).__name__}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+    return Encoded(skeleton=out.getvalue(), buffers=raw)
+
+
+def decode(data: bytes | bytearray | memoryview) -> Any:
+    """Rebuild a value from its wire form (see the module docstring).
+
+    Tensors and arrays are views into ``data`` when it is writable (no copy);
+    read-only input is copied once. Raises DataLossError for anything that is not
+    a complete, well-formed payload. Unsafe on untrusted input (it unpickles):
+    authenticate the sender first.
+    """
+    try:
+        view = memoryview(data)
+    except TypeError as exc:
+        raise DataLossError(f"payload must be bytes-like, got {type(data).__name__}") from exc
+    if view.ndim != 1 or view.itemsize != 1:
+        if not view.contiguous:
+            raise DataLossError("payload buffer is not contiguous")
+        view = view.cast("B")
+    size = view.nbytes
+    if size < _HEADER.size:
+        raise DataLossError(f"payload too short: {size} bytes, the header alone is {_HEADER.size}")
+    magic, version, _flags, count, skeleton_len = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise DataLossError(f"not a Podium payload (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise DataLossError(f"unsupported payload version {version} (this side speaks {VERSION})")
+    skeleton_at = _HEADER.size + _ENTRY.size * count
+    if skeleton_at > size or skeleton_len > size - skeleton_at:
+        raise DataLossError(f"payload truncated: header announces {count} buffers and a "
+                            f"{skeleton_len}-byte skeleton, but only {size} bytes arrived")
+    entries = []
+    end = skeleton_at + skeleton_len
+    for i in range(count):
+        offset, length = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
+        if offset != _align(end) or offset > size or length > size - offset:
+            raise DataLossError(f"payload truncated or corrupt: buffer {i} at {offset} "
+                                f"(+{length}) in a {size}-byte payload")
+        entries.append((offset, length))
+        end = offset + length
+    if end != size:
+        raise DataLossError(f"payload size mismatch: header describes {end} bytes, got {size}")
+    if view.readonly:
+        # Receivers mutate batches in place (verl workers do), so hand out
+        # writable memory: one copy of read-only input.
+        view = memoryview(bytearray(view))
+    buffers = [view[offset:offset + length] for offset, length in entries]
+    try:
+        return pickle.loads(view[skeleton_at:skeleton_at + skeleton_len], buffers=buffers)
+    except (Exception, RecursionError) as exc:  # garbage skeletons raise anything
+        raise DataLossError(f"cannot decode payload: {type(exc).__name__}: {exc}") from exc
+
+
+def dumps(value: Any) -> bytes:
+    """The wire form of ``value`` as one bytes object (copies; prefer :func:`encode`)."""
+    return b"".join(encode(value).to_segments())
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Same as :func:`decode`."""
+    return decode(data)
+
+
+# --------------------------------------------------------------------------- pickling
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle plus raw-buffer reductions for tensors, arrays and TensorDicts."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            reduced = _reduce_tensor(torch, obj)
+            if reduced is not NotImplemented:
+                return reduced
+        np = sys.modules.get("numpy")
+        if (np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject
+                and not (obj.flags.c_contiguous or obj.flags.f_contiguous)):
+            # numpy would pickle a strided array in-band (a copy inside the
+            # skeleton); one contiguous copy keeps its bytes out of band.
+            return np.ascontiguousarray, (np.ascontiguousarray(obj),)
+        tensordict = sys.modules.get("tensordict")
+        if tensordict is not None and type(obj) is getattr(tensordict, "TensorDict", None):
+            return _reduce_tensordict(obj)
+        if isinstance(obj, (types.FunctionType, type)):
+            _register_test_module_by_value(getattr(obj, "__module__", None))
+        return super().reducer_override(obj)
+
+
+_checked_modules: set[str] = set()
+
+
+def _is_test_module(module: types.ModuleType) -> bool:
+    name = os.path.basename(getattr(module, "__file__", None) or "")
+    return (name.startswith("test_") and name.endswith(".py")) or name.endswith(_TEST_FILE_SUFFIXES) \
+        or name == "conftest.py"
+
+
+def _register_test_module_by_value(module_name: str | None) -> None:
+    # Test modules are importable here (pytest put them on sys.path) but not in
+    # a worker process, so their functions and classes must travel by value.
+    if not module_name or module_name in _checked_modules:
+        return
+    _checked_modules.add(module_name)
+    module = sys.modules.get(module_name)
+    if module is not None and module_name != "__main__" and _is_test_module(module):
+        cloudpickle.register_pickle_by_value(module)
+
+
+def _reduce_tensor(torch: Any, tensor: Any) -> Any:
+    is_parameter = type(tensor) is torch.nn.Parameter
+    if tensor.is_nested and tensor.layout == torch.jagged:
+        lengths = tensor.lengths()
+        return _rebuild_jagged, (tensor.values(), tensor.offsets(), lengths,
+                                 tensor._ragged_idx)
+    if type(tensor) is not torch.Tensor and not is_parameter:
+        return NotImplemented  # another subclass: let its own reduction decide
+    if (tensor.layout != torch.strided or tensor.is_nested or tensor.is_quantized
+            or tensor.device.type == "meta"):
+        return NotImplemented
+    requires_grad = tensor.requires_grad if is_parameter else False
+    flat = tensor.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.resolve_conj().resolve_neg().contiguous()
+    dtype = str(flat.dtype).removeprefix("torch.")
+    shape = tuple(flat.shape)
+    if flat.numel() == 0:
+        data: Any = None
+    else:
+        raw = flat.reshape(-1).view(torch.uint8).numpy()
+        if raw.nbytes <= _INLINE_MAX:
+            data = bytearray(raw.data)
+        else:
+            data = pickle.PickleBuffer(raw)
+    return _rebuild_tensor, (dtype, shape, data, is_parameter, requires_grad)
+
+
+def _rebuild_tensor(dtype_name: str, shape: tuple[int, ...], data: Any, is_parameter: bool = False,
+                    requires_grad: bool = False) -> Any:
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if data is None:
+        tensor = torch.empty(shape, dtype=dtype)
+    else:
+        raw = torch.frombuffer(data, dtype=torch.uint8)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if raw.data_ptr() % itemsize:
+            raw = raw.clone()  # misaligned input (an odd slice): copy rather than fault
+        tensor = raw.view(dtype).view(shape)
+    if is_parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor
+
+
+def _rebuild_jagged(values: Any, offsets: Any, lengths: Any, ragged_idx: int) -> Any:
+    import torch
+
+    return torch.nested.nested_tensor_from_jagged(values, offsets, lengths, jagged_dim=ragged_idx)
+
+
+def _reduce_tensordict(td: Any) -> Any:
+    # Only the entries and the batch size: TensorDict's own pickling is generic
+    # and would not take the tensors' raw-buffer path. A non-CPU device is
+    # dropped because the tensors arrive on the CPU.
+    entries = dict(td.items())
+    device = td.device
+    device_name = str(device) if device is not None and device.type == "cpu" else None
+    return _rebuild_tensordict, (entries, tuple(td.batch_size), device_name)
+
+
+def _rebuild_tensordict(entries: dict[str, Any], batch_size: tuple[int, ...], device: str | None) -> Any:
+    from tensordict import TensorDict
+
+    return TensorDict(entries, batch_size=batch_size, device=device)

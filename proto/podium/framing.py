@@ -1,0 +1,112 @@
+"""Payload chunks on gRPC streams.
+
+A payload (the segments of :meth:`podium.codec.Encoded.to_segments`) is sent as
+a sequence of chunks no larger than :data:`CHUNK_SIZE`, so no gRPC message
+limit ever reaches the user. The sender announces the total size first; the
+receiver preallocates one buffer of exactly that size with :class:`Assembler`
+and copies each chunk into place (the one copy of this hop), then hands the
+buffer to :func:`podium.codec.decode`, which makes zero-copy views into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from podium.errors import DataLossError, PayloadTooLargeError
+
+__all__ = ["CHUNK_SIZE", "iter_chunks", "Assembler"]
+
+#: Largest chunk :func:`iter_chunks` yields: 4 MiB less 64 KiB of headroom for
+#: the message's other fields and framing, so a chunk message stays within a
+#: default 4 MiB gRPC limit.
+CHUNK_SIZE = 4 * 1024 * 1024 - 64 * 1024
+
+
+def iter_chunks(segments: Iterable[memoryview | bytes | bytearray],
+                chunk_size: int = CHUNK_SIZE) -> Iterator[bytes | memoryview]:
+    """Yield the concatenation of ``segments`` in chunks of ``chunk_size`` bytes.
+
+    Every chunk but the last is exactly ``chunk_size`` long. Spans that lie
+    inside one segment are yielded as zero-copy memoryview slices of it; only
+    the bytes that straddle segment boundaries (small headers, padding, the
+    ends of buffers) are copied into a coalescing chunk, so at most one chunk's
+    worth is copied per segment boundary and the whole payload is never joined.
+    Empty payloads yield nothing. Protobuf ``bytes`` fields take only ``bytes``:
+    ``bytes(chunk)`` is free for the coalesced chunks (already ``bytes``) and is
+    the one copy of a slice.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    pending = bytearray()
+    for segment in segments:
+        view = memoryview(segment)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        pos, size = 0, view.nbytes
+        if pending:
+            take = min(chunk_size - len(pending), size)
+            pending += view[:take]
+            pos = take
+            if len(pending) == chunk_size:
+                yield bytes(pending)
+                pending = bytearray()
+        while size - pos >= chunk_size:
+            yield view[pos:pos + chunk_size]
+            pos += chunk_size
+        if pos < size:
+            pending += view[pos:]
+    if pending:
+        yield bytes(pending)
+
+
+class Assembler:
+    """Collects the chunks of one payload into a single preallocated bytearray.
+
+    ``total_size`` is the size the sender announced; ``max_size`` is this
+    receiver's limit (a larger announcement raises PayloadTooLargeError before
+    anything is allocated). More bytes than announced raise DataLossError at
+    once; fewer are caught by :meth:`result`.
+    """
+
+    def __init__(self, total_size: int, max_size: int) -> None:
+        if total_size < 0:
+            raise DataLossError(f"announced payload size is negative ({total_size})")
+        if total_size > max_size:
+            raise PayloadTooLargeError(
+                f"payload of {total_size} bytes exceeds the maximum of {max_size} bytes",
+                details={"size": str(total_size), "max_size": str(max_size)})
+        self.total_size = total_size
+        self._buffer = bytearray(total_size)
+        self._view = memoryview(self._buffer)
+        self._received = 0
+
+    @property
+    def received(self) -> int:
+        """Bytes received so far."""
+        return self._received
+
+    @property
+    def done(self) -> bool:
+        """Whether every announced byte has arrived."""
+        return self._received == self.total_size
+
+    def add(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Copy ``chunk`` into place after the bytes already received."""
+        view = memoryview(chunk)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        if not view.nbytes:
+            return
+        end = self._received + view.nbytes
+        if end > self.total_size:
+            raise DataLossError(f"payload overrun: {end} bytes arrived, {self.total_size} announced")
+        self._view[self._received:end] = view
+        self._received = end
+
+    def result(self) -> bytearray:
+        """The assembled payload; raises DataLossError if bytes are still missing."""
+        if not self.done:
+            raise DataLossError(f"payload truncated: {self._received} of {self.total_size} "
+                                f"announced bytes arrived")
+        self._view.release()  # lets the caller resize or free the bytearray
+        return self._buffer

@@ -1,0 +1,145 @@
+"""Same-host shared-memory segments: the fast path for payloads between processes
+on one machine.
+
+The writer copies a payload's segments once into a new file in ``/dev/shm``
+(POSIX shared memory on Linux) named ``podium-<creator pid>-<uuid>`` and sends
+only the name. The reader maps the file and unlinks it at once, so the segment
+disappears even if either process later crashes; the mapping stays valid for as
+long as anything (a decoded tensor) still views it. Segments whose reader never
+came are removed by :func:`cleanup_stale` once their creator has died.
+
+Files are created directly (not with ``multiprocessing.shared_memory``), because
+multiprocessing's resource tracker warns about and unlinks segments that another
+process has taken over. Where ``/dev/shm`` does not exist the system temporary
+directory is used instead (still same-host, just not guaranteed RAM-backed).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Iterable
+
+from podium.errors import DataLossError, InvalidArgumentError, PayloadTooLargeError
+
+__all__ = ["PREFIX", "SHM_DIR", "write_segments", "read_segment", "remove_segment", "cleanup_stale"]
+
+#: Every segment name starts with this, followed by "<creator pid>-<uuid hex>".
+PREFIX = "podium-"
+#: Where segments live.
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+# Names arrive over the wire: allow nothing that could leave SHM_DIR.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+
+
+def _path(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or not name.startswith(PREFIX):
+        raise InvalidArgumentError(f"not a Podium shared-memory segment name: {name!r}")
+    return os.path.join(SHM_DIR, name)
+
+
+def write_segments(segments: Iterable[bytes | bytearray | memoryview]) -> tuple[str, int]:
+    """Copy the concatenation of ``segments`` into a new segment; return (name, size).
+
+    The caller passes the name to the reader, which unlinks it; if the reader
+    will never come (the call failed), call :func:`remove_segment`.
+    """
+    name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    size = 0
+    try:
+        for segment in segments:
+            view = memoryview(segment)
+            if view.ndim != 1 or view.itemsize != 1:
+                view = view.cast("B")
+            while view.nbytes:
+                written = os.write(fd, view)
+                size += written
+                view = view[written:]
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    return name, size
+
+
+def read_segment(name: str, unlink: bool = True, max_size: int | None = None) -> memoryview:
+    """Map segment ``name`` (writable, private to this reader once unlinked).
+
+    With ``unlink`` (the default) the file is removed right after mapping, so it
+    cannot leak. Raises DataLossError if the segment does not exist (already
+    read, or cleaned up), PayloadTooLargeError above ``max_size``.
+    """
+    path = _path(name)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError as exc:
+        raise DataLossError(f"shared-memory segment {name} does not exist (already read or "
+                            f"removed)") from exc
+    try:
+        size = os.fstat(fd).st_size
+        if max_size is not None and size > max_size:
+            raise PayloadTooLargeError(
+                f"payload of {size} bytes exceeds the maximum of {max_size} bytes",
+                details={"size": str(size), "max_size": str(max_size)})
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else None
+    finally:
+        os.close(fd)  # the mapping does not need the descriptor
+        if unlink:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    return memoryview(mapped) if mapped is not None else memoryview(bytearray())
+
+
+def remove_segment(name: str) -> bool:
+    """Unlink segment ``name`` if it still exists; True if it did."""
+    try:
+        os.unlink(_path(name))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def cleanup_stale(prefix: str = PREFIX) -> list[str]:
+    """Remove segments named ``<prefix><pid>-...`` whose creator pid is dead.
+
+    Returns the names removed. A recycled pid keeps its segments until that
+    process dies too; processes in another pid namespace sharing this
+    ``/dev/shm`` are not told apart (use one prefix per namespace there).
+    """
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            continue  # its reader or another cleaner got there first
+        removed.append(name)
+    return removed
