@@ -83,7 +83,9 @@ class SpawnedWorker(_message.Message):
     PID_FIELD_NUMBER: _builtins.int
     LOG_PATH_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
+    """Worker id."""
     pid: _builtins.int
+    """Its process id on this node."""
     log_path: _builtins.str
     """Where its stdout and stderr go on this node."""
     def __init__(
@@ -110,7 +112,9 @@ class StopWorkersRequest(_message.Message):
     grace_seconds: _builtins.float
     """Seconds between SIGTERM and SIGKILL (0: the agent's default)."""
     @_builtins.property
-    def worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Workers to stop."""
+
     def __init__(
         self,
         *,
@@ -227,6 +231,7 @@ class TailLogRequest(_message.Message):
     LAST_LINES_FIELD_NUMBER: _builtins.int
     FOLLOW_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
+    """Worker whose log to read."""
     last_lines: _builtins.int
     """Last N lines to start with (0: the whole file)."""
     follow: _builtins.bool
@@ -248,12 +253,15 @@ Global___TailLogRequest: _TypeAlias = TailLogRequest  # noqa: Y015
 
 @_typing.final
 class LogLine(_message.Message):
+    """One line a worker wrote."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
+    """Worker that wrote it."""
     stream: _builtins.str
     """"stdout" or "stderr"."""
     text: _builtins.str

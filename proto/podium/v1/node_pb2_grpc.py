@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class NodeAgentStub:
-    """Missing associated documentation comment in .proto file."""
+    """The node agent's API (see the file comment).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -68,7 +69,8 @@ class NodeAgentStub:
 
 
 class NodeAgentServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The node agent's API (see the file comment).
+    """
 
     def SpawnWorkers(self, request, context):
         """Starts worker processes (in parallel). Each gets exactly worker.env as its
@@ -157,7 +159,8 @@ def add_NodeAgentServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NodeAgent:
-    """Missing associated documentation comment in .proto file."""
+    """The node agent's API (see the file comment).
+    """
 
     @staticmethod
     def SpawnWorkers(request,

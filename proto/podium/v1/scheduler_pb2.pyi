@@ -432,8 +432,9 @@ class GetPlacementGroupRequest(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
-    """Exactly one of id or name."""
+    """Group id (exactly one of id or name)."""
     name: _builtins.str
+    """Group name."""
     def __init__(
         self,
         *,
@@ -713,11 +714,17 @@ class ClusterState(_message.Message):
     scheduler_id: _builtins.str
     """Id of this scheduler incarnation."""
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeStatus]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeStatus]:
+        """Every registered node, alive or dead."""
+
     @_builtins.property
-    def placement_groups(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PlacementGroup]: ...
+    def placement_groups(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PlacementGroup]:
+        """Every placement group that is not removed."""
+
     @_builtins.property
-    def workers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]: ...
+    def workers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]:
+        """Every worker the scheduler knows, running or recently ended."""
+
     def __init__(
         self,
         *,

@@ -145,8 +145,9 @@ class DescribeResponse(_message.Message):
     worker_id: _builtins.str
     """Worker id given by the scheduler."""
     rank: _builtins.int
-    """Rank and group size from the environment."""
+    """Rank from the environment (RANK)."""
     world_size: _builtins.int
+    """Group size from the environment (WORLD_SIZE)."""
     pid: _builtins.int
     """Process id."""
     class_name: _builtins.str
@@ -154,8 +155,9 @@ class DescribeResponse(_message.Message):
     constructed: _builtins.bool
     """True once the constructor has run successfully."""
     node_address: _builtins.str
-    """Node address and host name, so a client can tell whether it shares the host."""
+    """Node address, so a client can tell whether it shares the host."""
     hostname: _builtins.str
+    """Host name of the node."""
     @_builtins.property
     def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodInfo]:
         """Its methods (empty until constructed)."""
@@ -195,6 +197,7 @@ class CallHeader(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     REPLY_IN_SHM_FIELD_NUMBER: _builtins.int
     kind: Global___CallKind.ValueType
+    """What the call asks for."""
     method: _builtins.str
     """Method name for CALL."""
     payload_size: _builtins.int
@@ -230,6 +233,8 @@ Global___CallHeader: _TypeAlias = CallHeader  # noqa: Y015
 
 @_typing.final
 class CallFrame(_message.Message):
+    """One frame of a call on the Calls stream (a call is one or more frames)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CALL_ID_FIELD_NUMBER: _builtins.int
@@ -322,7 +327,9 @@ class ReplyHeader(_message.Message):
     shm_name: _builtins.str
     """When set, the result is in this shared-memory segment; the caller unlinks it."""
     @_builtins.property
-    def error(self) -> _common_pb2.ErrorInfo: ...
+    def error(self) -> _common_pb2.ErrorInfo:
+        """The error, when ok is false."""
+
     @_builtins.property
     def ref(self) -> Global___ObjectRefInfo:
         """Set instead of a payload when the call asked for hold_result."""
@@ -346,6 +353,8 @@ Global___ReplyHeader: _TypeAlias = ReplyHeader  # noqa: Y015
 
 @_typing.final
 class ReplyFrame(_message.Message):
+    """One frame of a reply on the Calls stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CALL_ID_FIELD_NUMBER: _builtins.int
@@ -353,10 +362,15 @@ class ReplyFrame(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     call_id: _builtins.int
+    """The call this answers."""
     data: _builtins.bytes
+    """A chunk of the result payload."""
     last: _builtins.bool
+    """The last frame of this reply."""
     @_builtins.property
-    def header(self) -> Global___ReplyHeader: ...
+    def header(self) -> Global___ReplyHeader:
+        """Present in the first frame of each reply only."""
+
     def __init__(
         self,
         *,
@@ -383,10 +397,13 @@ class FetchRequest(_message.Message):
     ROW_STOP_FIELD_NUMBER: _builtins.int
     REPLY_IN_SHM_FIELD_NUMBER: _builtins.int
     object_id: _builtins.str
+    """Held result to read."""
     has_rows: _builtins.bool
     """When true, only rows [row_start, row_stop) of a held DataProto/TensorDict."""
     row_start: _builtins.int
+    """First row (inclusive)."""
     row_stop: _builtins.int
+    """End row (exclusive)."""
     reply_in_shm: _builtins.bool
     """Ask for the bytes through shared memory (caller on the same host)."""
     def __init__(
@@ -408,6 +425,8 @@ Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
 @_typing.final
 class DataChunk(_message.Message):
+    """A chunk of a fetched result."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOTAL_SIZE_FIELD_NUMBER: _builtins.int
@@ -416,6 +435,7 @@ class DataChunk(_message.Message):
     total_size: _builtins.int
     """Total encoded size; set in the first chunk."""
     data: _builtins.bytes
+    """The bytes."""
     shm_name: _builtins.str
     """Set (first chunk only) when the data is in a shared-memory segment instead."""
     def __init__(

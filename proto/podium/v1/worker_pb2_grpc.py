@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class WorkerStub:
-    """Missing associated documentation comment in .proto file."""
+    """The worker process's API (see the file comment).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -62,7 +63,8 @@ class WorkerStub:
 
 
 class WorkerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The worker process's API (see the file comment).
+    """
 
     def Describe(self, request, context):
         """Identity and method table of the hosted object.
@@ -137,7 +139,8 @@ def add_WorkerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Worker:
-    """Missing associated documentation comment in .proto file."""
+    """The worker process's API (see the file comment).
+    """
 
     @staticmethod
     def Describe(request,

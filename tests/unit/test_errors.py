@@ -1,0 +1,62 @@
+"""The exception tree and its mapping to gRPC status codes."""
+
+import pickle
+
+import grpc
+import pytest
+
+from podium import errors, rpc
+
+
+@pytest.mark.parametrize("code", [c for c in grpc.StatusCode if c is not grpc.StatusCode.OK],
+                         ids=lambda c: c.name)
+def test_every_status_code_round_trips(code):
+    # code -> class -> code is the identity for every non-OK status.
+    cls = errors.CLASS_OF_STATUS[code.name]
+    exc = cls(f"a {code.name} happened")
+    assert rpc.status_code_of(exc) is code
+    info = rpc.error_info_of(exc)
+    back = rpc.error_from_info(info, code.name)
+    assert type(back) is cls and back.message == exc.message
+
+
+@pytest.mark.parametrize("exc, builtin", [
+    (errors.InvalidSpecError("bad"), ValueError),
+    (errors.DeadlineExceededError("slow"), TimeoutError),
+    (errors.NotFoundError("who"), LookupError),
+    (errors.WorkerDiedError("dead"), ConnectionError),
+    (errors.UnknownMethodError("nope"), AttributeError),
+    (errors.AuthenticationError("token"), PermissionError),
+])
+def test_builtin_mixins(exc, builtin):
+    assert isinstance(exc, builtin) and isinstance(exc, errors.PodiumError)
+
+
+@pytest.mark.parametrize("exc", [
+    errors.InfeasibleError("cannot place", node_reasons={"node-b": "4 GPUs, bundle group needs 8"}),
+    errors.WorkerDiedError("rank 3 died", signal=9, stderr_tail="oom", rank=3, node="n1"),
+    errors.RemoteError("boom", traceback="Traceback ...", remote_type="builtins.ValueError", rank=1),
+    errors.SlotFullError("bundle 0 full"),
+])
+def test_subclasses_survive_the_wire_and_pickle(exc):
+    # Subclasses travel as their base code plus ErrorInfo.type, so the exact class comes back.
+    back = rpc.error_from_info(rpc.error_info_of(exc), errors.status_name_of(exc))
+    for copy in (back, pickle.loads(pickle.dumps(exc))):
+        assert type(copy) is type(exc)
+        assert str(copy) == str(exc)
+        assert copy.rank == exc.rank and copy.details == exc.details
+
+
+def test_messages_say_what_to_act_on():
+    died = errors.WorkerDiedError("worker rank 2 on node-a died", signal=9, stderr_tail="last words")
+    assert "SIGKILL" in str(died) and "last words" in str(died) and died.signal == 9
+    infeasible = errors.InfeasibleError("no node can hold it", node_reasons={"node-b": "4 GPUs"})
+    assert "node-b: 4 GPUs" in str(infeasible)
+    remote = errors.RemoteError("x", traceback="TB", remote_type="builtins.KeyError", rank=0)
+    assert "builtins.KeyError in rank 0" in str(remote) and "TB" in str(remote)
+
+
+def test_foreign_exception_becomes_remote_error():
+    fields = errors.error_fields(KeyError("k"))
+    exc = errors.error_from_fields(**{k: v for k, v in fields.items() if k != "type"}, type_name=fields["type"])
+    assert isinstance(exc, errors.RemoteError) and exc.remote_type == "builtins.KeyError"
