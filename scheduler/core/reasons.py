@@ -1,0 +1,136 @@
+"""Why a placement group does not fit: a message and one reason per node, with numbers.
+
+Used twice with the same words: on the idle cluster (``free=False``: Infeasible, "4
+GPUs, bundle group needs 8 on one node (STRICT_PACK)") and on the free capacity now
+(``free=True``: Unavailable, "4 of 8 GPUs free, bundle group needs 6 on one node").
+Only failures pay for this, so it may look at every node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, format_cpus, format_gpus
+from podium.scheduler.core.fit import NodeFill, fill_order
+from podium.scheduler.core.index import CapacityIndex
+from podium.scheduler.core.strategies import Demand
+
+__all__ = ["describe_bundles", "explain"]
+
+
+def describe_bundles(bundles: Sequence[BundleSpec]) -> str:
+    """``8 x {CPU: 1, GPU: 1}``, identical bundles counted, in first-seen order."""
+    counts = Counter(bundles)
+    return " + ".join(f"{n} x {b.describe()}" for b, n in counts.items())
+
+
+def _cpus(fill: NodeFill, free: bool) -> str:
+    total = format_cpus(fill.view.total_cpu_units)
+    return f"{format_cpus(fill.cpu)} of {total} CPUs free" if free else f"{total} CPUs"
+
+
+def _gpus(fill: NodeFill, free: bool) -> str:
+    n = len(fill.free)
+    if n == 0:
+        return "no GPUs"
+    return f"{format_gpus(fill.free_gpu_units)} of {n} GPUs free" if free else f"{n} GPUs"
+
+
+def _idle(fill: NodeFill, free: bool) -> str:
+    n = len(fill.free)
+    if n == 0:
+        return "no GPUs"
+    return f"{fill.idle_gpus} of {n} GPUs idle" if free else f"{n} GPUs"
+
+
+def why_not_bundle(fill: NodeFill, b: BundleSpec, free: bool) -> str | None:
+    """Why this node cannot hold even bundle ``b`` alone, or None if it can."""
+    if b.cpu_units > fill.cpu:
+        return f"{_cpus(fill, free)}, a bundle needs {format_cpus(b.cpu_units)}"
+    if b.gpu_units >= GPU_UNITS:
+        n = b.gpu_units // GPU_UNITS
+        if fill.idle_gpus < n:
+            return f"{_idle(fill, free)}, a bundle needs {n} whole GPU{'s' if n > 1 else ''}"
+    elif b.gpu_units > 0 and fill.largest_free < b.gpu_units:
+        if not fill.free:
+            return f"no GPUs, a bundle needs {format_gpus(b.gpu_units)} GPU"
+        return (f"no GPU has {format_gpus(b.gpu_units)} free (most free on one GPU: "
+                f"{format_gpus(fill.largest_free)})")
+    return None
+
+
+def _why_not_group(fill: NodeFill, bundles: Sequence[BundleSpec], free: bool) -> str:
+    # The first dimension the whole group overflows on this node (STRICT_PACK).
+    d = Demand.of(bundles)
+    tag = "on one node (STRICT_PACK)"
+    if d.gpu_units > fill.free_gpu_units:
+        return f"{_gpus(fill, free)}, bundle group needs {format_gpus(d.gpu_units)} {tag}"
+    if d.idle_gpus > fill.idle_gpus:
+        return f"{_idle(fill, free)}, bundle group needs {d.idle_gpus} whole GPUs {tag}"
+    if d.cpu > fill.cpu:
+        return f"{_cpus(fill, free)}, bundle group needs {format_cpus(d.cpu)} {tag}"
+    return (f"{_gpus(fill, free)}: the group's fractional bundles cannot share them "
+            f"without splitting a bundle across GPUs {tag}")
+
+
+def _totals(ix: CapacityIndex, free: bool) -> str:
+    gpus = sum(len(v.gpus) for v in ix.views)
+    cpus = sum(v.total_cpu_units for v in ix.views)
+    n = len(ix)
+    nodes = f"{n} node{'s' if n != 1 else ''}"
+    if not free:
+        return f"{nodes} with {gpus} GPUs and {format_cpus(cpus)} CPUs in total"
+    free_gpu = sum(s.free_gpu_units for s in ix.summaries)
+    free_cpu = sum(s.free_cpu for s in ix.summaries)
+    return (f"{format_gpus(free_gpu)} of {gpus} GPUs and {format_cpus(free_cpu)} of "
+            f"{format_cpus(cpus)} CPUs free on {nodes}")
+
+
+def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy,
+            free: bool) -> tuple[str, dict[str, str]]:
+    """The message and per-node reasons for a group that did not fit ``ix``.
+
+    ``free`` selects the wording: capacity free now (Unavailable) or the capacity
+    of the idle cluster (Infeasible).
+    """
+    order = fill_order(bundles)
+    distinct = list(dict.fromkeys(bundles[i] for i in order))
+    m = len(bundles)
+    reasons: dict[str, str] = {}
+    can_hold_one = 0
+    spread_nodes: list[str] = []
+    for view in ix.views:
+        fill = NodeFill(view)
+        single = [why_not_bundle(fill, b, free) for b in distinct]
+        if all(single):
+            reasons[view.node_id] = single[0]
+            continue
+        can_hold_one += 1
+        if strategy is Strategy.STRICT_PACK:
+            reasons[view.node_id] = _why_not_group(fill, bundles, free)
+        elif strategy is Strategy.STRICT_SPREAD:
+            spread_nodes.append(view.node_id)  # worded below, once the count is known
+        else:
+            held = fill.count_fitting(bundles, order)
+            reasons[view.node_id] = (f"holds {held} of the {m} bundles "
+                                     f"({_gpus(fill, free)}, {_cpus(fill, free)})")
+    for node_id in spread_nodes:
+        reasons[node_id] = (f"can hold a bundle, but STRICT_SPREAD allows one bundle per node: "
+                            f"{m} bundles need {m} nodes, {can_hold_one} can hold one")
+    group = f"{strategy.name} group of {describe_bundles(bundles)}"
+    if strategy is Strategy.STRICT_PACK:
+        why = "no node can hold all of it"
+    elif strategy is Strategy.STRICT_SPREAD:
+        why = f"it needs {m} distinct nodes, {can_hold_one} can hold a bundle"
+    else:
+        d = Demand.of(bundles)
+        needs = [f"{format_gpus(d.gpu_units)} GPUs"] if d.gpu_units else []
+        needs += [f"{format_cpus(d.cpu)} CPUs"] if d.cpu else []
+        why = f"it needs {' and '.join(needs)} over its nodes"  # never empty: bundles reserve something
+    if free:
+        message = (f"{group} does not fit the free capacity now ({why}; "
+                   f"{_totals(ix, True)}); it waits for resources to be released")
+    else:
+        message = f"{group} can never be placed: {why} ({_totals(ix, False)})"
+    return message, reasons
