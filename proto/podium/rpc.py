@@ -190,11 +190,8 @@ class TokenServerInterceptor(grpc.aio.ServerInterceptor):
         return _unauthenticated_handler(handler)
 
 
-class _TokenClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor,
-                              grpc.aio.UnaryStreamClientInterceptor,
-                              grpc.aio.StreamUnaryClientInterceptor,
-                              grpc.aio.StreamStreamClientInterceptor):
-    """Adds the token to every outgoing call's metadata."""
+class _TokenAdder:
+    """Adds the token to an outgoing call's metadata."""
 
     def __init__(self, token: str) -> None:
         self._pair = (TOKEN_METADATA_KEY, bearer(token))
@@ -205,17 +202,32 @@ class _TokenClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor,
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
                                           details.credentials, details.wait_for_ready)
 
+
+# grpc.aio files each interceptor under the FIRST interceptor type it is an instance of
+# (an if/elif chain), so one class per call shape, not one class for all four.
+class _UnaryUnaryToken(_TokenAdder, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _UnaryStreamToken(_TokenAdder, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _StreamUnaryToken(_TokenAdder, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
         return await continuation(self._details(client_call_details), request_iterator)
 
+
+class _StreamStreamToken(_TokenAdder, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return await continuation(self._details(client_call_details), request_iterator)
+
+
+def _token_interceptors(token: str) -> list:
+    return [cls(token) for cls in (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken,
+                                   _StreamStreamToken)]
 
 
 def token_metadata(token: str) -> tuple[tuple[str, str], ...]:
@@ -260,9 +272,14 @@ async def start_server(server: grpc.aio.Server, health_servicer=None) -> None:
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
 
 
-def make_channel(address: str, token: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
-    """A grpc.aio channel to ``address`` ("host:port") that presents the token on every call."""
-    interceptors = [_TokenClientInterceptor(token)]
+def make_channel(address: str, token: str, tls: TlsConfig | None = None, *,
+                 add_token: bool = True) -> grpc.aio.Channel:
+    """A grpc.aio channel to ``address`` ("host:port") that presents the token on every call.
+
+    Hot paths may pass ``add_token=False`` and send :func:`token_metadata` themselves:
+    grpc.aio's interceptor wrappers add a little to every message of a stream.
+    """
+    interceptors = _token_interceptors(token) if add_token else None
     if tls is not None:
         options = list(_CHANNEL_OPTIONS)
         if tls.server_name:
