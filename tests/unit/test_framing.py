@@ -1,0 +1,98 @@
+"""podium.framing: chunking a payload's segments and assembling them again."""
+
+from __future__ import annotations
+
+import pytest
+
+from podium import framing
+from podium.errors import DataLossError, PayloadTooLargeError
+
+
+def segments_of(*sizes: int) -> list[memoryview]:
+    """Segments of the given sizes with distinct, position-dependent bytes."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(memoryview(bytes((start + i) % 251 for i in range(size))))
+        start += size
+    return out
+
+
+CASES = {
+    "nothing": ([], 10),
+    "one-empty": ([0], 10),
+    "one-small": ([3], 10),
+    "exact-chunk": ([10], 10),
+    "many-small": ([1, 2, 3, 0, 4, 5, 6], 4),
+    "header-then-big": ([24, 1000, 7], 64),
+    "big-multiple": ([640], 64),
+    "big-between-small": ([5, 300, 5, 300], 100),
+    "chunk-size-one": ([3, 4], 1),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_chunks_concatenate_to_the_payload(name):
+    sizes, chunk_size = CASES[name]
+    segments = segments_of(*sizes)
+    chunks = list(framing.iter_chunks(segments, chunk_size))
+    assert b"".join(bytes(c) for c in chunks) == b"".join(bytes(s) for s in segments)
+    assert all(len(c) == chunk_size for c in chunks[:-1])
+    assert all(0 < len(c) <= chunk_size for c in chunks)
+
+
+def test_spans_inside_a_segment_are_not_copied():
+    big = bytearray(10_000)
+    chunks = list(framing.iter_chunks([memoryview(big)], 1000))
+    assert len(chunks) == 10
+    assert all(isinstance(c, memoryview) and c.obj is big for c in chunks)
+
+
+def test_default_chunk_fits_a_default_grpc_message():
+    assert framing.CHUNK_SIZE <= 4 * 1024 * 1024 - 64 * 1024
+
+
+def test_bad_chunk_size():
+    with pytest.raises(ValueError):
+        list(framing.iter_chunks([b"abc"], 0))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 4096, framing.CHUNK_SIZE])
+def test_assembler_rebuilds_the_payload(chunk_size):
+    payload = bytes(range(256)) * 50
+    assembler = framing.Assembler(len(payload), max_size=len(payload))
+    for chunk in framing.iter_chunks([memoryview(payload)], chunk_size):
+        assert not assembler.done
+        assembler.add(chunk)
+    assert assembler.done and assembler.received == len(payload)
+    result = assembler.result()
+    assert isinstance(result, bytearray) and result == payload
+
+
+def test_empty_payload_is_done_at_once():
+    assembler = framing.Assembler(0, max_size=10)
+    assert assembler.done and assembler.result() == bytearray()
+
+
+def test_overrun_raises_data_loss():
+    assembler = framing.Assembler(5, max_size=100)
+    assembler.add(b"abc")
+    with pytest.raises(DataLossError, match="6 bytes arrived, 5 announced"):
+        assembler.add(b"def")
+
+
+def test_underrun_raises_data_loss():
+    assembler = framing.Assembler(5, max_size=100)
+    assembler.add(b"abc")
+    with pytest.raises(DataLossError, match="3 of 5"):
+        assembler.result()
+
+
+def test_oversize_announcement_is_refused_before_allocating():
+    with pytest.raises(PayloadTooLargeError) as info:
+        framing.Assembler(1 << 50, max_size=1 << 20)
+    assert str(1 << 50) in str(info.value) and str(1 << 20) in str(info.value)
+
+
+def test_negative_announcement_raises_data_loss():
+    with pytest.raises(DataLossError):
+        framing.Assembler(-1, max_size=10)
