@@ -65,7 +65,8 @@ class CapacityIndex:
     """The index of one snapshot (see the module docstring). Treat it as immutable."""
 
     __slots__ = ("views", "summaries", "ranks", "positions", "whole", "partial", "cpu",
-                 "max_idle", "_idle_box")
+                 "max_idle", "total_gpus", "total_cpu", "free_gpu_units", "free_cpu",
+                 "_idle_box")
 
     views: list["NodeView"]
     summaries: list[Summary]
@@ -75,6 +76,10 @@ class CapacityIndex:
     partial: list[tuple[int, int]]
     cpu: list[tuple[int, int]]
     max_idle: int
+    total_gpus: int         # GPUs in the cluster
+    total_cpu: int          # CPU units in the cluster
+    free_gpu_units: int     # free GPU units, all nodes together
+    free_cpu: int           # free CPU units, all nodes together
     _idle_box: list
 
     @classmethod
@@ -102,6 +107,10 @@ class CapacityIndex:
         self.partial.sort()
         self.cpu.sort()
         self.max_idle = max((len(v.gpus) for v in self.views), default=0)
+        self.total_gpus = sum(len(v.gpus) for v in self.views)
+        self.total_cpu = sum(v.total_cpu_units for v in self.views)
+        self.free_gpu_units = sum(s.free_gpu_units for s in self.summaries)
+        self.free_cpu = sum(s.free_cpu for s in self.summaries)
         # Shared by every index derived from this one: the node set and the totals
         # never change along an apply()/release() chain, so neither does the idle view.
         self._idle_box = [None]
@@ -120,6 +129,10 @@ class CapacityIndex:
         new.ranks = self.ranks
         new.positions = self.positions
         new.max_idle = self.max_idle
+        new.total_gpus = self.total_gpus
+        new.total_cpu = self.total_cpu
+        new.free_gpu_units = self.free_gpu_units
+        new.free_cpu = self.free_cpu
         new._idle_box = self._idle_box
         new.views = self.views.copy()
         new.summaries = self.summaries.copy()
@@ -133,6 +146,8 @@ class CapacityIndex:
             now = summarize(view)
             new.views[rank] = view
             new.summaries[rank] = now
+            new.free_gpu_units += now.free_gpu_units - old.free_gpu_units
+            new.free_cpu += now.free_cpu - old.free_cpu
             if old.idle_gpus != now.idle_gpus:
                 for k in (old.idle_gpus, now.idle_gpus):
                     if k not in copied:

@@ -64,6 +64,13 @@ class NodeView:
         """The GPUs in NVML index order (the order ties are broken in)."""
         return tuple(sorted(self.gpus, key=lambda g: g.index))
 
+    @cached_property
+    def capacity_key(self) -> tuple:
+        """Everything capacity-related, hashable: nodes with equal keys fit the same
+        bundles (the reasons of a failed placement are computed once per key)."""
+        return (self.total_cpu_units, self.free_cpu_units,
+                tuple((g.free_units, g.total_units) for g in self.gpus_by_index))
+
     def as_idle(self) -> "NodeView":
         """The same node with everything free: the capacity feasibility is judged on."""
         return NodeView(node_id=self.node_id, address=self.address,

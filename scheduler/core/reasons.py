@@ -60,9 +60,8 @@ def why_not_bundle(fill: NodeFill, b: BundleSpec, free: bool) -> str | None:
     return None
 
 
-def _why_not_group(fill: NodeFill, bundles: Sequence[BundleSpec], free: bool) -> str:
-    # The first dimension the whole group overflows on this node (STRICT_PACK).
-    d = Demand.of(bundles)
+def _why_not_group(fill: NodeFill, d: Demand, free: bool) -> str:
+    # The first dimension the whole group (demand d) overflows on this node (STRICT_PACK).
     tag = "on one node (STRICT_PACK)"
     if d.gpu_units > fill.free_gpu_units:
         return f"{_gpus(fill, free)}, bundle group needs {format_gpus(d.gpu_units)} {tag}"
@@ -74,17 +73,31 @@ def _why_not_group(fill: NodeFill, bundles: Sequence[BundleSpec], free: bool) ->
             f"without splitting a bundle across GPUs {tag}")
 
 
+def _why_not_node(fill: NodeFill, bundles: Sequence[BundleSpec], distinct: list[BundleSpec],
+                  order: list[int], demand: Demand, strategy: Strategy,
+                  free: bool) -> tuple[str | None, bool]:
+    # (reason, whether the node can hold at least one bundle); reason None marks a
+    # STRICT_SPREAD node that can hold one, worded by the caller.
+    single = [why_not_bundle(fill, b, free) for b in distinct]
+    if all(single):
+        return single[0], False
+    if strategy is Strategy.STRICT_PACK:
+        return _why_not_group(fill, demand, free), True
+    if strategy is Strategy.STRICT_SPREAD:
+        return None, True
+    held = fill.count_fitting(bundles, order)
+    return (f"holds {held} of the {len(bundles)} bundles "
+            f"({_gpus(fill, free)}, {_cpus(fill, free)})"), True
+
+
 def _totals(ix: CapacityIndex, free: bool) -> str:
-    gpus = sum(len(v.gpus) for v in ix.views)
-    cpus = sum(v.total_cpu_units for v in ix.views)
     n = len(ix)
     nodes = f"{n} node{'s' if n != 1 else ''}"
+    gpus, cpus = ix.total_gpus, format_cpus(ix.total_cpu)
     if not free:
-        return f"{nodes} with {gpus} GPUs and {format_cpus(cpus)} CPUs in total"
-    free_gpu = sum(s.free_gpu_units for s in ix.summaries)
-    free_cpu = sum(s.free_cpu for s in ix.summaries)
-    return (f"{format_gpus(free_gpu)} of {gpus} GPUs and {format_cpus(free_cpu)} of "
-            f"{format_cpus(cpus)} CPUs free on {nodes}")
+        return f"{nodes} with {gpus} GPUs and {cpus} CPUs in total"
+    return (f"{format_gpus(ix.free_gpu_units)} of {gpus} GPUs and {format_cpus(ix.free_cpu)} of "
+            f"{cpus} CPUs free on {nodes}")
 
 
 def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy,
@@ -97,24 +110,23 @@ def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy
     order = fill_order(bundles)
     distinct = list(dict.fromkeys(bundles[i] for i in order))
     m = len(bundles)
+    demand = Demand.of(bundles)
     reasons: dict[str, str] = {}
     can_hold_one = 0
     spread_nodes: list[str] = []
+    # Many nodes are in the same state (idle, full, half used): word each state once.
+    by_state: dict[tuple, tuple[str | None, bool]] = {}
     for view in ix.views:
-        fill = NodeFill(view)
-        single = [why_not_bundle(fill, b, free) for b in distinct]
-        if all(single):
-            reasons[view.node_id] = single[0]
-            continue
-        can_hold_one += 1
-        if strategy is Strategy.STRICT_PACK:
-            reasons[view.node_id] = _why_not_group(fill, bundles, free)
-        elif strategy is Strategy.STRICT_SPREAD:
+        known = by_state.get(view.capacity_key)
+        if known is None:
+            known = by_state[view.capacity_key] = _why_not_node(
+                NodeFill(view), bundles, distinct, order, demand, strategy, free)
+        reason, holds_one = known
+        can_hold_one += holds_one
+        if reason is None:
             spread_nodes.append(view.node_id)  # worded below, once the count is known
         else:
-            held = fill.count_fitting(bundles, order)
-            reasons[view.node_id] = (f"holds {held} of the {m} bundles "
-                                     f"({_gpus(fill, free)}, {_cpus(fill, free)})")
+            reasons[view.node_id] = reason
     for node_id in spread_nodes:
         reasons[node_id] = (f"can hold a bundle, but STRICT_SPREAD allows one bundle per node: "
                             f"{m} bundles need {m} nodes, {can_hold_one} can hold one")
@@ -124,9 +136,8 @@ def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy
     elif strategy is Strategy.STRICT_SPREAD:
         why = f"it needs {m} distinct nodes, {can_hold_one} can hold a bundle"
     else:
-        d = Demand.of(bundles)
-        needs = [f"{format_gpus(d.gpu_units)} GPUs"] if d.gpu_units else []
-        needs += [f"{format_cpus(d.cpu)} CPUs"] if d.cpu else []
+        needs = [f"{format_gpus(demand.gpu_units)} GPUs"] if demand.gpu_units else []
+        needs += [f"{format_cpus(demand.cpu)} CPUs"] if demand.cpu else []
         why = f"it needs {' and '.join(needs)} over its nodes"  # never empty: bundles reserve something
     if free:
         message = (f"{group} does not fit the free capacity now ({why}; "

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): run one with ``python -m bench.<name>``."""
