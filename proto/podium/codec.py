@@ -155,7 +155,7 @@ def encode(value: Any) -> Encoded:
         _Pickler(out, protocol=5, buffer_callback=keep).dump(value)
     except InvalidArgumentError:
         raise
-    except (Exception, RecursionError) as exc:  # pickling user objects can raise anything
+    except Exception as exc:  # pickling user objects can raise anything
         raise InvalidArgumentError(f"cannot encode a value of type {type(value).__name__}: "
                                    f"{type(exc).__name__}: {exc}") from exc
     return Encoded(skeleton=out.getvalue(), buffers=raw)
@@ -166,8 +166,10 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
 
     Tensors and arrays are views into ``data`` when it is writable (no copy);
     read-only input is copied once. Raises DataLossError for anything that is not
-    a complete, well-formed payload. Unsafe on untrusted input (it unpickles):
-    authenticate the sender first.
+    a complete, well-formed payload, and also when unpickling fails (e.g. a class
+    this process cannot import; the original exception is chained as
+    ``__cause__``). Unsafe on untrusted input (it unpickles): authenticate the
+    sender first.
     """
     try:
         view = memoryview(data)
@@ -207,7 +209,7 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     buffers = [view[offset:offset + length] for offset, length in entries]
     try:
         return pickle.loads(view[skeleton_at:skeleton_at + skeleton_len], buffers=buffers)
-    except (Exception, RecursionError) as exc:  # garbage skeletons raise anything
+    except Exception as exc:  # garbage skeletons raise anything
         raise DataLossError(f"cannot decode payload: {type(exc).__name__}: {exc}") from exc
 
 
