@@ -10,6 +10,11 @@ Importing this package stays light (no torch, no grpc): the node agent imports
 """
 
 from podium.worker.base import Worker, WorkerHelper
+from podium.worker.colocate import (
+    create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
 from podium.worker.decorator import MAGIC_ATTR, Dispatch, DynamicEnum, Execute, register
 from podium.worker.factory import ClassWithInitArgs, RayClassWithInitArgs
 
@@ -23,4 +28,7 @@ __all__ = [
     "DynamicEnum",
     "ClassWithInitArgs",
     "RayClassWithInitArgs",
+    "create_colocated_worker_cls",
+    "create_colocated_worker_raw_cls",
+    "create_colocated_worker_cls_fused",
 ]
