@@ -296,6 +296,11 @@ def local_function(v):
     return LocalPoint(v).scaled(3) + 1
 
 
+def test_test_module_classes_keep_their_identity_in_process():
+    got = via_bytes([LocalPoint(2), local_function])
+    assert type(got[0]) is LocalPoint and got[0] == LocalPoint(2) and got[1](1) == 4
+
+
 def test_test_module_objects_travel_by_value_to_another_process(tmp_path):
     payload = codec.dumps({"fn": local_function, "point": LocalPoint(5), "lam": lambda y: y * 2})
     script = ("import sys, podium.codec as c\n"

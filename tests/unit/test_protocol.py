@@ -320,3 +320,24 @@ def test_state_holds_plain_tensors_not_saved_bytes():
     entries, batch_size = state["batch"]
     assert batch_size == (4,) and isinstance(entries["a"], torch.Tensor)
     assert not any(isinstance(v, (bytes, bytearray)) for v in entries.values())
+
+
+NESTED_OPS = {
+    "select_idxs": (lambda d: d[[0, 2]], [0, 2]),
+    "repeat": (lambda d: d.repeat(2), [0, 0, 1, 1, 2, 2, 3, 3]),
+    "repeat-tiled": (lambda d: d.repeat(2, interleave=False), [0, 1, 2, 3, 0, 1, 2, 3]),
+    "padded": (lambda d: d.padded(2), [0, 1, 2, 3, 3, 3]),
+    "concat": (lambda d: DataProto.concat([d, d[:1]]), [0, 1, 2, 3, 0]),
+    "chunk": (lambda d: d.chunk(2)[1], [2, 3]),
+    "sample_level_repeat": (lambda d: d.sample_level_repeat([1, 0, 2, 0]), [0, 2, 2]),
+    "pad_to_divisor": (lambda d: pad_dataproto_to_divisor(d, 3)[0], [0, 1, 2, 3, 0, 1]),
+}
+
+
+@pytest.mark.parametrize("name", NESTED_OPS)
+def test_row_ops_carry_nested_tensordicts(name):
+    op, want = NESTED_OPS[name]
+    got = op(nested_batch())
+    assert a_of(got) == want
+    assert got.batch["sub", "x"].shape == (len(want), 2)
+    assert list(got.non_tensor_batch["s"]) == ["wxyz"[i] for i in want]
