@@ -1,0 +1,188 @@
+"""``SchedulerClient``: the async Python face of the Scheduler service.
+
+Used by node agents, the controller SDK and tests. Methods take plain Python
+arguments (or the spec messages where a message is the natural unit:
+``NodeInfo``, ``WorkerSpec``) and return the response messages of
+``podium.v1`` (``PlacementGroup``, ``WorkerInfo`` lists, ...). Every call has a
+deadline; failures raise the :mod:`podium.errors` class the server raised
+(``InfeasibleError``, ``SlotFullError``, ``NotFoundError``, ...), transport
+failures ``UnavailableError`` naming the scheduler address.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+
+import grpc
+
+from podium import errors
+from podium.auth import TlsConfig
+from podium.resources import Strategy
+from podium.rpc import error_from_rpc, make_channel
+from podium.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+__all__ = ["SchedulerClient", "DEFAULT_TIMEOUT"]
+
+#: Deadline of a call that does not wait on the server side.
+DEFAULT_TIMEOUT = 30.0
+# Extra client deadline above a server-side wait, so the server's own
+# DEADLINE_EXCEEDED (which says what is pending) arrives first.
+_WAIT_MARGIN = 5.0
+
+
+def _strategy(value: Strategy | int | str) -> int:
+    # Raw ints go to the server unchecked (it validates); names are parsed here.
+    if isinstance(value, int) and not isinstance(value, (bool, Strategy)):
+        return value
+    return int(Strategy.parse(value))
+
+
+def _bundle(resources: Mapping[str, float], index: int) -> common_pb2.Bundle:
+    if not isinstance(resources, Mapping):
+        raise errors.InvalidSpecError(f"bundle {index}: must be a mapping like {{'CPU': 1, 'GPU': 1}}, "
+                                      f"got {resources!r}")
+    for key, value in resources.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise errors.InvalidSpecError(f"bundle {index}: {key} must be a number, got {value!r}")
+    return common_pb2.Bundle(resources={str(k): float(v) for k, v in resources.items()})
+
+
+class SchedulerClient:
+    """Async client of one scheduler at ``address`` ("host:port")."""
+
+    def __init__(self, address: str, token: str, tls: TlsConfig | None = None, *,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = make_channel(address, token, tls)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "SchedulerClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def call(self, method: str, request, *, timeout: float | None = None):
+        """Call any Scheduler RPC by name with a request message (raises podium.errors)."""
+        try:
+            return await getattr(self._stub, method)(
+                request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, what=f"scheduler {self.address} {method}") from None
+
+    # ---- node agents
+
+    async def register_node(self, node: common_pb2.NodeInfo,
+                            running: Iterable[scheduler_pb2.RunningWorker] = ()
+                            ) -> scheduler_pb2.RegisterNodeResponse:
+        """Register (or re-register) a node; returns the lease and heartbeat interval."""
+        return await self.call("RegisterNode", scheduler_pb2.RegisterNodeRequest(
+            node=node, running=list(running)))
+
+    async def heartbeat(self, node_id: str, gpus: Iterable[common_pb2.GpuInfo] = (),
+                        processes: Iterable[common_pb2.ProcessMemory] = (),
+                        running: Iterable[scheduler_pb2.RunningWorker] = ()
+                        ) -> scheduler_pb2.HeartbeatResponse:
+        """Renew a node lease; the response says reregister / which workers to stop."""
+        return await self.call("Heartbeat", scheduler_pb2.HeartbeatRequest(
+            node_id=node_id, gpus=list(gpus), processes=list(processes), running=list(running)))
+
+    async def report_worker(self, worker_id: str, state: int, *, node_id: str = "", pid: int = 0,
+                            port: int = 0, exit: common_pb2.ExitInfo | None = None) -> None:
+        """Report a worker state change (WORKER_RUNNING with port, or EXITED/FAILED with exit)."""
+        request = scheduler_pb2.ReportWorkerRequest(worker_id=worker_id, state=state,
+                                                    node_id=node_id, pid=pid, port=port)
+        if exit is not None:
+            request.exit.CopyFrom(exit)
+        await self.call("ReportWorker", request)
+
+    # ---- sessions
+
+    async def open_session(self, description: str = "", lease_seconds: float = 0.0
+                           ) -> scheduler_pb2.OpenSessionResponse:
+        """Open a session; returns its id and granted lease."""
+        return await self.call("OpenSession", scheduler_pb2.OpenSessionRequest(
+            description=description, lease_seconds=lease_seconds))
+
+    async def keep_alive(self, session_id: str) -> bool:
+        """Renew a session; False if it had already expired."""
+        reply = await self.call("KeepAlive", scheduler_pb2.KeepAliveRequest(session_id=session_id))
+        return reply.alive
+
+    async def close_session(self, session_id: str) -> scheduler_pb2.CloseSessionResponse:
+        """Close a session and remove what it owns."""
+        return await self.call("CloseSession",
+                               scheduler_pb2.CloseSessionRequest(session_id=session_id))
+
+    # ---- placement groups
+
+    async def create_placement_group(self, name: str, bundles: Sequence[Mapping[str, float]],
+                                     strategy: Strategy | int | str = Strategy.PACK, *,
+                                     detached: bool = False, owner: str = ""
+                                     ) -> common_pb2.PlacementGroup:
+        """Create a group (CREATED or PENDING); InfeasibleError when it can never fit."""
+        request = scheduler_pb2.CreatePlacementGroupRequest(
+            name=name, bundles=[_bundle(b, i) for i, b in enumerate(bundles)],
+            strategy=_strategy(strategy), detached=detached, owner=owner)
+        return await self.call("CreatePlacementGroup", request)
+
+    async def wait_placement_group(self, group_id: str, timeout: float = 60.0
+                                   ) -> common_pb2.PlacementGroup:
+        """Wait until the group is CREATED (DeadlineExceededError says what is missing)."""
+        return await self.call("WaitPlacementGroup", scheduler_pb2.WaitPlacementGroupRequest(
+            id=group_id, timeout_seconds=timeout), timeout=timeout + _WAIT_MARGIN)
+
+    async def get_placement_group(self, group_id: str = "", name: str = ""
+                                  ) -> common_pb2.PlacementGroup:
+        """A group by id or by name."""
+        return await self.call("GetPlacementGroup",
+                               scheduler_pb2.GetPlacementGroupRequest(id=group_id, name=name))
+
+    async def remove_placement_group(self, group_id: str) -> int:
+        """Remove a group; returns how many workers were stopped with it."""
+        reply = await self.call("RemovePlacementGroup",
+                                scheduler_pb2.RemovePlacementGroupRequest(id=group_id))
+        return reply.removed_workers
+
+    # ---- workers
+
+    async def create_workers(self, specs: Sequence[common_pb2.WorkerSpec], *, owner: str = "",
+                             master_rank: int = 0, timeout: float = 60.0
+                             ) -> list[common_pb2.WorkerInfo]:
+        """Reserve slots and spawn workers; returns them STARTING, env filled in.
+
+        SlotFullError at once when a slot is full (nothing reserved then).
+        """
+        reply = await self.call("CreateWorkers", scheduler_pb2.CreateWorkersRequest(
+            specs=list(specs), owner=owner, master_rank=master_rank), timeout=timeout)
+        return list(reply.workers)
+
+    async def wait_workers(self, ids: Sequence[str], timeout: float = 60.0
+                           ) -> list[common_pb2.WorkerInfo]:
+        """Wait until all are RUNNING; WorkerDiedError if one failed or exited."""
+        reply = await self.call("WaitWorkers", scheduler_pb2.WaitWorkersRequest(
+            ids=list(ids), timeout_seconds=timeout), timeout=timeout + _WAIT_MARGIN)
+        return list(reply.workers)
+
+    async def get_workers(self, ids: Sequence[str] = (), names: Sequence[str] = (),
+                          group: str = "") -> list[common_pb2.WorkerInfo]:
+        """Workers by ids, by names, or every worker of a group in rank order."""
+        reply = await self.call("GetWorkers", scheduler_pb2.GetWorkersRequest(
+            ids=list(ids), names=list(names), group=group))
+        return list(reply.workers)
+
+    async def remove_workers(self, ids: Sequence[str], grace_seconds: float = 0.0) -> int:
+        """Stop workers and release their slots; returns how many were still live."""
+        reply = await self.call("RemoveWorkers", scheduler_pb2.RemoveWorkersRequest(
+            ids=list(ids), grace_seconds=grace_seconds), timeout=self.timeout + grace_seconds)
+        return reply.stopped
+
+    async def cluster_state(self) -> scheduler_pb2.ClusterState:
+        """Nodes, placement groups and workers."""
+        return await self.call("GetClusterState", scheduler_pb2.GetClusterStateRequest())

@@ -1,0 +1,164 @@
+"""``podium scheduler``: run the Scheduler gRPC service and its HTTP endpoints.
+
+:func:`main` is the command line; :func:`run_scheduler` starts the same thing
+inside a running event loop (integration tests, the embedded cluster) and returns
+a :class:`RunningScheduler` to stop it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from podium import errors
+from podium.auth import TlsConfig, resolve_token
+from podium.rpc import bind, make_server, start_server, use_uvloop
+from podium.scheduler.http import HttpServer
+from podium.scheduler.service import SchedulerConfig, SchedulerService
+from podium.scheduler.store import Store
+from podium.v1 import scheduler_pb2_grpc
+
+log = logging.getLogger("podium.scheduler")
+
+__all__ = ["RunningScheduler", "run_scheduler", "main", "parse_args", "write_port_file"]
+
+DEFAULT_STATE = os.path.join("~", ".podium", "scheduler.db")
+
+
+@dataclass
+class RunningScheduler:
+    """A started scheduler: its service, the bound ports, and how to stop it."""
+
+    service: SchedulerService
+    grpc_server: object
+    http: HttpServer
+    port: int
+    http_port: int
+    host: str
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the gRPC service."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the HTTP endpoints."""
+        scheme = "https" if self.service.config.tls else "http"
+        return f"{scheme}://{self.host}:{self.http_port}"
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop serving (in-flight RPCs get ``grace`` seconds), then close the state."""
+        self.http.ready = False
+        await self.http.stop()
+        await self.grpc_server.stop(grace)
+        await self.service.close()
+
+
+async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
+    """Load the state, start gRPC and HTTP (port 0 picks free ports), return the handle."""
+    store = Store(config.state)
+    service = SchedulerService(config, store)
+    server, health = make_server(config.token)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(service, server)
+    port = bind(server, config.host, config.port, config.tls)
+    await start_server(server, health)
+    service.start()
+    http = HttpServer(service, config)
+    try:
+        http_port = await http.start(config.host, config.http_port)
+    except BaseException:
+        await server.stop(0)
+        await service.close()
+        raise
+    http.ready = True
+    log.info("scheduler %s serving gRPC on %s:%d, HTTP on %d, state %s",
+             service.scheduler_id, config.host, port, http_port, config.state)
+    return RunningScheduler(service=service, grpc_server=server, http=http, port=port,
+                            http_port=http_port, host=config.host)
+
+
+def write_port_file(path: str, payload: dict) -> None:
+    """Write JSON atomically (tmp file + rename), so a reader never sees half of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle)
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The ``podium scheduler`` flags."""
+    p = argparse.ArgumentParser(prog="podium scheduler", description="Run the Podium scheduler.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
+    p.add_argument("--http-port", type=int, default=8265, help="HTTP port (0: any free port)")
+    p.add_argument("--state", default=DEFAULT_STATE,
+                   help="SQLite state file (default ~/.podium/scheduler.db; ':memory:' keeps none)")
+    p.add_argument("--token-file", default=None,
+                   help="cluster token file (created 0600 if missing; PODIUM_TOKEN wins)")
+    p.add_argument("--node-lease", type=float, default=10.0,
+                   help="seconds without heartbeat before a node is dead")
+    p.add_argument("--heartbeat-interval", type=float, default=2.0,
+                   help="heartbeat interval told to node agents")
+    p.add_argument("--session-lease", type=float, default=30.0,
+                   help="default controller session lease in seconds")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
+    p.add_argument("--tls-ca")
+    p.add_argument("--port-file", default=None,
+                   help='write {"port", "http_port", "pid"} as JSON here once serving')
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    for flag in ("node_lease", "heartbeat_interval", "session_lease"):
+        value = getattr(args, flag)
+        if not value > 0:
+            p.error(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+    return args
+
+
+async def _serve(config: SchedulerConfig, port_file: str | None) -> None:
+    running = await run_scheduler(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if port_file:
+        write_port_file(port_file, {"port": running.port, "http_port": running.http_port,
+                                    "pid": os.getpid()})
+    await stop.wait()
+    log.info("stopping")
+    await running.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``podium scheduler``; returns the exit status."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        tls = TlsConfig.from_paths(args.tls_cert, args.tls_key, args.tls_ca)
+        token = resolve_token(token_file=args.token_file, create=True)
+    except errors.PodiumError as exc:
+        print(f"podium scheduler: {exc}", file=sys.stderr)
+        return 2
+    config = SchedulerConfig(token=token, host=args.host, port=args.port, http_port=args.http_port,
+                             state=args.state, node_lease=args.node_lease,
+                             heartbeat_interval=args.heartbeat_interval,
+                             session_lease=args.session_lease, tls=tls)
+    use_uvloop()
+    try:
+        asyncio.run(_serve(config, args.port_file))
+    except errors.PodiumError as exc:
+        print(f"podium scheduler: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

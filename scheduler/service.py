@@ -1,0 +1,458 @@
+"""The Scheduler gRPC service: a thin async shell around :class:`ClusterModel`.
+
+Each RPC validates and mutates the model synchronously (one step of the event loop,
+so no lock is needed), writes what changed to the store in one transaction, wakes
+the waiters, and only then talks to node agents (reserve a port, spawn, stop).
+Waits (WaitPlacementGroup, WaitWorkers) are server-side waits on one
+``asyncio.Condition`` that every mutation notifies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from podium import errors
+from podium.auth import TlsConfig
+from podium.rpc import error_from_rpc, handle_errors, make_channel
+from podium.scheduler.model import LIVE_WORKER_STATES, ClusterModel, Effects
+from podium.scheduler.store import Store
+from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SchedulerConfig", "SchedulerService", "Metrics", "MAX_WAIT_SECONDS"]
+
+#: Longest a server-side wait may last, whatever the request asks.
+MAX_WAIT_SECONDS = 300.0
+# Deadline for one call to a node agent.
+_AGENT_TIMEOUT = 30.0
+
+
+@dataclass
+class SchedulerConfig:
+    """Everything a scheduler needs to run (CLI flags map onto these fields)."""
+
+    token: str
+    host: str = "127.0.0.1"
+    port: int = 50051
+    http_port: int = 8265
+    state: str = ":memory:"
+    node_lease: float = 10.0
+    heartbeat_interval: float = 2.0
+    session_lease: float = 30.0
+    tls: TlsConfig | None = None
+    #: How often the lease checker looks for expired nodes and sessions.
+    check_interval: float | None = None
+
+    def __repr__(self) -> str:  # never print the token
+        return (f"SchedulerConfig(host={self.host!r}, port={self.port}, http_port={self.http_port}, "
+                f"state={self.state!r}, node_lease={self.node_lease}, "
+                f"heartbeat_interval={self.heartbeat_interval}, session_lease={self.session_lease}, "
+                f"tls={'on' if self.tls else 'off'})")
+
+
+class Metrics:
+    """Prometheus metrics of one scheduler (own registry: tests run several in one process)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.rpcs = Counter("podium_scheduler_rpcs", "Scheduler RPCs by method and status code",
+                            ["method", "code"], registry=self.registry)
+        self.latency = Histogram("podium_scheduler_rpc_seconds", "Scheduler RPC latency",
+                                 ["method"], registry=self.registry,
+                                 buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5,
+                                          1, 2.5, 5, 10, 30, 60, 300))
+        self.nodes = Gauge("podium_scheduler_nodes", "Registered nodes by state", ["state"],
+                           registry=self.registry)
+        self.groups = Gauge("podium_scheduler_placement_groups", "Placement groups by state",
+                            ["state"], registry=self.registry)
+        self.workers = Gauge("podium_scheduler_workers", "Workers by state", ["state"],
+                             registry=self.registry)
+
+    def refresh(self, model: ClusterModel) -> None:
+        """Set the state gauges from the model (called on scrape)."""
+        for gauge, enum, records, attr in (
+                (self.nodes, common_pb2.NodeState, model.nodes.values(), "state"),
+                (self.groups, common_pb2.PlacementGroupState, model.groups.values(), "state"),
+                (self.workers, common_pb2.WorkerState, model.workers.values(), "state")):
+            counts = {name: 0 for name, value in enum.items() if value}
+            for record in records:
+                counts[enum.Name(getattr(record, attr))] += 1
+            for name, count in counts.items():
+                gauge.labels(state=name).set(count)
+
+
+def _metered(method):
+    """Count and time an RPC by method and final status code (inside handle_errors)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            return await method(self, request, context)
+        except errors.PodiumError as exc:
+            code = exc.code
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception:
+            code = "INTERNAL"
+            raise
+        finally:
+            self.metrics.rpcs.labels(method=name, code=code).inc()
+            self.metrics.latency.labels(method=name).observe(time.perf_counter() - start)
+    return wrapper
+
+
+def rpc(method):
+    """handle_errors + metering, for every Scheduler RPC."""
+    return handle_errors(_metered(method))
+
+
+def _wait_seconds(value: float, context) -> float:
+    """The server-side wait for a request: 0 means the cap; never past the call deadline."""
+    if not math.isfinite(value) or value < 0:
+        raise errors.InvalidArgumentError(f"timeout_seconds = {value!r} must be a finite number >= 0")
+    wait = min(value or MAX_WAIT_SECONDS, MAX_WAIT_SECONDS)
+    remaining = context.time_remaining() if context is not None else None
+    if remaining is not None:
+        # Answer with our own DEADLINE_EXCEEDED (which says what is pending) just
+        # before the caller's deadline cuts the call.
+        wait = min(wait, max(0.0, remaining - 0.05))
+    return wait
+
+
+class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
+    """Implements podium.v1.Scheduler over a ClusterModel and a Store."""
+
+    def __init__(self, config: SchedulerConfig, store: Store | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.scheduler_id = f"sched-{uuid.uuid4().hex[:12]}"
+        self.model = ClusterModel(node_lease=config.node_lease,
+                                  default_session_lease=config.session_lease)
+        self.store = store if store is not None else Store(":memory:")
+        self.store.load_into(self.model, clock())
+        self.metrics = Metrics()
+        self._changed = asyncio.Condition()
+        self._agents: dict[str, tuple[str, grpc.aio.Channel, node_pb2_grpc.NodeAgentStub]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._checker: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the background lease checker (call on the serving loop)."""
+        if self._checker is None:
+            self._checker = asyncio.get_running_loop().create_task(self._check_leases())
+
+    async def close(self) -> None:
+        """Stop background work and close agent channels."""
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+            self._checker = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for _, channel, _ in self._agents.values():
+            await channel.close()
+        self._agents.clear()
+        self.store.close()
+
+    async def _check_leases(self) -> None:
+        interval = self.config.check_interval or max(
+            0.05, min(self.config.node_lease, self.config.session_lease) / 4)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                effects = self.model.expire(self.clock())
+                await self._commit()
+                self._stop_later(effects)
+            except Exception:  # noqa: BLE001 - the checker must keep running
+                log.exception("lease check failed")
+
+    async def _commit(self) -> None:
+        """Persist what changed and wake the waiters."""
+        dirty = self.model.take_dirty()
+        if dirty:
+            self.store.save(self.model, dirty)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _wait_until(self, ready: Callable[[], bool], seconds: float) -> bool:
+        """Wait until ``ready()`` holds (checked after every change); False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        async with self._changed:
+            while not ready():
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    return ready()
+        return True
+
+    # ------------------------------------------------------------ node agents
+
+    def _agent(self, node_id: str) -> node_pb2_grpc.NodeAgentStub:
+        info = self.model.node(node_id).info
+        target = f"{info.address}:{info.agent_port}"
+        cached = self._agents.get(node_id)
+        if cached is not None and cached[0] == target:
+            return cached[2]
+        if cached is not None:
+            self._spawn(cached[1].close())
+        channel = make_channel(target, self.config.token, self.config.tls)
+        stub = node_pb2_grpc.NodeAgentStub(channel)
+        self._agents[node_id] = (target, channel, stub)
+        return stub
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _stop_on_agents(self, effects: Effects, grace: float = 0.0) -> None:
+        async def stop(node_id: str, ids: list[str]) -> None:
+            node = self.model.nodes.get(node_id)
+            if node is None or node.state != common_pb2.NODE_ALIVE:
+                return  # a dead node's workers are gone or will be told by its next heartbeat
+            try:
+                await self._agent(node_id).StopWorkers(
+                    node_pb2.StopWorkersRequest(worker_ids=ids, grace_seconds=grace),
+                    timeout=_AGENT_TIMEOUT + grace)
+            except errors.NotFoundError:
+                pass
+            except grpc.RpcError as exc:
+                # The slots are already free; the heartbeat's stop list retries.
+                log.warning("StopWorkers on node %s failed: %s", node_id,
+                            error_from_rpc(exc, what=f"node {node_id}"))
+        await asyncio.gather(*(stop(n, ids) for n, ids in effects.stop.items() if ids))
+
+    def _stop_later(self, effects: Effects) -> None:
+        if effects.stop:
+            self._spawn(self._stop_on_agents(effects))
+
+    # ------------------------------------------------------------ node agent RPCs
+
+    @rpc
+    async def RegisterNode(self, request, context):
+        """A node agent (re)announces itself."""
+        effects = self.model.register_node(request.node, request.running, self.clock())
+        await self._commit()
+        log.info("node %s registered at %s:%d (%d GPUs)", request.node.node_id,
+                 request.node.address, request.node.agent_port, len(request.node.gpus))
+        self._stop_later(effects)
+        return scheduler_pb2.RegisterNodeResponse(
+            lease_seconds=self.config.node_lease,
+            heartbeat_interval_seconds=self.config.heartbeat_interval,
+            scheduler_id=self.scheduler_id)
+
+    @rpc
+    async def Heartbeat(self, request, context):
+        """Renews a node lease; tells the agent to re-register or to stop stray workers."""
+        reregister, stop = self.model.heartbeat(request.node_id, request.gpus, request.processes,
+                                                request.running, self.clock())
+        await self._commit()
+        return scheduler_pb2.HeartbeatResponse(reregister=reregister, stop_worker_ids=stop)
+
+    @rpc
+    async def ReportWorker(self, request, context):
+        """A worker's state change, from its node agent."""
+        self.model.report_worker(request, self.clock())
+        await self._commit()
+        return scheduler_pb2.ReportWorkerResponse()
+
+    # ------------------------------------------------------------ sessions
+
+    @rpc
+    async def OpenSession(self, request, context):
+        """Opens a controller session."""
+        session = self.model.open_session(request.description, request.lease_seconds, self.clock())
+        await self._commit()
+        return scheduler_pb2.OpenSessionResponse(session_id=session.id,
+                                                 lease_seconds=session.lease_seconds)
+
+    @rpc
+    async def KeepAlive(self, request, context):
+        """Renews a session lease."""
+        alive = self.model.keep_alive(request.session_id, self.clock())
+        await self._commit()
+        return scheduler_pb2.KeepAliveResponse(alive=alive)
+
+    @rpc
+    async def CloseSession(self, request, context):
+        """Ends a session and removes what it owns."""
+        groups, workers, effects = self.model.close_session(request.session_id, self.clock())
+        await self._commit()
+        await self._stop_on_agents(effects)
+        return scheduler_pb2.CloseSessionResponse(removed_placement_groups=groups,
+                                                  removed_workers=workers)
+
+    # ------------------------------------------------------------ placement groups
+
+    @rpc
+    async def CreatePlacementGroup(self, request, context):
+        """Creates a group: CREATED, PENDING, or INFEASIBLE at once."""
+        group = self.model.create_placement_group(
+            request.name, [dict(b.resources) for b in request.bundles], request.strategy,
+            request.detached, request.owner, self.clock())
+        await self._commit()
+        return group
+
+    @rpc
+    async def WaitPlacementGroup(self, request, context):
+        """Waits until a group is CREATED."""
+        group = self.model.group(request.id)
+        seconds = _wait_seconds(request.timeout_seconds, context)
+        await self._wait_until(lambda: group.state != common_pb2.PG_PENDING, seconds)
+        if group.state == common_pb2.PG_CREATED:
+            return group
+        if group.state == common_pb2.PG_REMOVED:
+            raise errors.FailedPreconditionError(
+                f"placement group {group.name!r} was removed: {group.reason}")
+        raise errors.DeadlineExceededError(
+            f"placement group {group.name!r} still PENDING after {seconds:.1f}s: "
+            f"{self.model.pending_text(group)}")
+
+    @rpc
+    async def GetPlacementGroup(self, request, context):
+        """Looks a group up by id or name."""
+        return self.model.group(request.id, request.name)
+
+    @rpc
+    async def RemovePlacementGroup(self, request, context):
+        """Removes a group and stops its workers."""
+        count, effects = self.model.remove_placement_group(request.id, self.clock())
+        await self._commit()
+        await self._stop_on_agents(effects)
+        return scheduler_pb2.RemovePlacementGroupResponse(removed_workers=count)
+
+    # ------------------------------------------------------------ workers
+
+    @rpc
+    async def CreateWorkers(self, request, context):
+        """Reserves slots, reserves MASTER_PORT, and has the node agents spawn the workers."""
+        plan = self.model.plan_workers(request.specs, request.owner, request.master_rank)
+        port = plan.port
+        if plan.need_port:
+            try:
+                reply = await self._agent(plan.node_id).ReservePort(
+                    node_pb2.ReservePortRequest(), timeout=_AGENT_TIMEOUT)
+            except grpc.RpcError as exc:
+                raise errors.UnavailableError(
+                    f"cannot reserve MASTER_PORT on node {plan.node_id} ({plan.address}): "
+                    f"{error_from_rpc(exc)}", node=plan.node_id) from None
+            port = reply.port
+        # The awaits above let other RPCs run: create_workers validates again.
+        workers = self.model.create_workers(request.specs, request.owner, request.master_rank,
+                                            port, self.clock())
+        await self._commit()
+        by_node: dict[str, list[common_pb2.WorkerInfo]] = {}
+        for worker in workers:
+            by_node.setdefault(worker.node_id, []).append(worker)
+
+        async def spawn(node_id: str, batch: list[common_pb2.WorkerInfo]):
+            reserved = port if plan.need_port and node_id == plan.node_id else 0
+            reply = await self._agent(node_id).SpawnWorkers(
+                node_pb2.SpawnWorkersRequest(workers=batch, reserved_port=reserved),
+                timeout=_AGENT_TIMEOUT)
+            return node_id, reply
+
+        results = await asyncio.gather(*(spawn(n, b) for n, b in by_node.items()),
+                                       return_exceptions=True)
+        failed = [(node_id, r) for node_id, r in zip(by_node, results) if isinstance(r, BaseException)]
+        if failed:
+            node_id, exc = failed[0]
+            cause = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+            address = self.model.node(node_id).info.address
+            reason = f"spawn failed on node {node_id} ({address}): {cause}"
+            effects = self.model.fail_workers([w.id for w in workers], reason)
+            await self._commit()
+            # Stop what the other agents did start; the failed node gets it too (harmless).
+            self._stop_later(effects)
+            raise errors.UnavailableError(reason, node=node_id)
+        for _, reply in results:
+            for spawned in reply.workers:
+                if spawned.worker_id in self.model.workers:
+                    self.model.mark_spawned(spawned.worker_id, spawned.pid, spawned.log_path)
+        await self._commit()
+        return scheduler_pb2.CreateWorkersResponse(
+            workers=[self.model.worker(w.id) for w in workers])
+
+    @rpc
+    async def WaitWorkers(self, request, context):
+        """Waits until every listed worker is RUNNING; a dead one fails the wait."""
+        workers = [self.model.worker(i) for i in request.ids]
+        seconds = _wait_seconds(request.timeout_seconds, context)
+
+        def settled() -> bool:
+            return all(w.state == common_pb2.WORKER_RUNNING for w in workers) or any(
+                w.state not in LIVE_WORKER_STATES for w in workers)
+
+        await self._wait_until(settled, seconds)
+        for worker in workers:
+            if worker.state not in LIVE_WORKER_STATES:
+                raise _died(worker)
+        starting = [w for w in workers if w.state != common_pb2.WORKER_RUNNING]
+        if starting:
+            names = ", ".join(f"{w.spec.name} ({common_pb2.WorkerState.Name(w.state)} on "
+                              f"{w.node_id})" for w in starting[:10])
+            more = f" and {len(starting) - 10} more" if len(starting) > 10 else ""
+            raise errors.DeadlineExceededError(
+                f"{len(starting)} of {len(workers)} workers not RUNNING after {seconds:.1f}s: "
+                f"{names}{more}")
+        return scheduler_pb2.WaitWorkersResponse(workers=workers)
+
+    @rpc
+    async def GetWorkers(self, request, context):
+        """Looks workers up by ids, names or group."""
+        return scheduler_pb2.GetWorkersResponse(
+            workers=self.model.get_workers(request.ids, request.names, request.group))
+
+    @rpc
+    async def RemoveWorkers(self, request, context):
+        """Stops workers and releases their slots."""
+        grace = request.grace_seconds
+        if not math.isfinite(grace) or grace < 0:
+            raise errors.InvalidArgumentError(f"grace_seconds = {grace!r} must be >= 0")
+        stopped, effects = self.model.remove_workers(request.ids, self.clock())
+        await self._commit()
+        await self._stop_on_agents(effects, grace)
+        return scheduler_pb2.RemoveWorkersResponse(stopped=stopped)
+
+    @rpc
+    async def GetClusterState(self, request, context):
+        """Everything the scheduler knows."""
+        nodes, groups, workers = self.model.cluster_state()
+        return scheduler_pb2.ClusterState(scheduler_id=self.scheduler_id, nodes=nodes,
+                                          placement_groups=groups, workers=workers)
+
+
+def _died(worker: common_pb2.WorkerInfo) -> errors.WorkerDiedError:
+    exit_info = worker.exit
+    state = common_pb2.WorkerState.Name(worker.state)
+    reason = exit_info.reason or state
+    return errors.WorkerDiedError(
+        f"worker {worker.spec.name!r} ({worker.id}, rank {worker.spec.rank}) is {state}: {reason}",
+        exit_code=None if exit_info.signal or exit_info.exit_code < 0 else exit_info.exit_code,
+        signal=exit_info.signal or None, stderr_tail=exit_info.stderr_tail,
+        node=worker.node_id, rank=worker.spec.rank)
