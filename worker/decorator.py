@@ -226,13 +226,26 @@ async def _aresolve(future: Any) -> Any:
 
 
 async def _amaterialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Async twin of :func:`_materialize_futures`: ``await .aget()`` on each future."""
+    """Async twin of :func:`_materialize_futures`: ``await .aget()`` on each future,
+    all fetched concurrently."""
     kinds = _future_types()
     if not kinds or not (args or kwargs):
         return args, kwargs
-    args = tuple([await _aresolve(a) if isinstance(a, kinds) else a for a in args])
-    kwargs = {k: (await _aresolve(v) if isinstance(v, kinds) else v) for k, v in kwargs.items()}
-    return args, kwargs
+    arg_slots = [i for i, a in enumerate(args) if isinstance(a, kinds)]
+    kw_slots = [k for k, v in kwargs.items() if isinstance(v, kinds)]
+    if not arg_slots and not kw_slots:
+        return args, kwargs
+    import asyncio
+
+    values = await asyncio.gather(*(_aresolve(args[i]) for i in arg_slots),
+                                  *(_aresolve(kwargs[k]) for k in kw_slots))
+    new_args = list(args)
+    for i, value in zip(arg_slots, values[:len(arg_slots)]):
+        new_args[i] = value
+    new_kwargs = dict(kwargs)
+    for k, value in zip(kw_slots, values[len(arg_slots):]):
+        new_kwargs[k] = value
+    return tuple(new_args), new_kwargs
 
 
 # --------------------------------------------------------------------------- register
