@@ -1,0 +1,212 @@
+"""Worker hosts as real processes, started the way the node agent starts them:
+``python -m podium.worker.host --ready-fd N`` with the worker environment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from podium import errors, rpc
+from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.worker.client import WorkerClient
+
+READY_DEADLINE = 60.0
+
+
+class WorkerProcess:
+    """A worker host process and the port it announced on its ready fd."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, address: str, log_path: str) -> None:
+        self.proc = proc
+        self.port = port
+        self.address = f"{address}:{port}"
+        self.log_path = log_path
+
+    def log(self) -> str:
+        """What the process wrote to stderr/stdout so far."""
+        with open(self.log_path, errors="replace") as handle:
+            return handle.read()
+
+    def stop(self) -> None:
+        """Kill it if it still runs and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def spawn_worker(tmp_path, token: str, *, rank: int = 0, world_size: int = 1,
+                 address: str = "127.0.0.1", extra_env: dict | None = None) -> WorkerProcess:
+    """Start ``python -m podium.worker.host --ready-fd`` as the agent does; wait for its port."""
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ)
+    env.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": address,
+                "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "", "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1", "WG_PREFIX": "test", "WG_BACKEND": "podium",
+                "PODIUM_LOCAL_WORLD_SIZE": str(world_size), "RAY_LOCAL_WORLD_SIZE": str(world_size),
+                "PODIUM_WORKER_ID": f"w-test-{rank}", "PODIUM_NODE_ADDRESS": address,
+                "PODIUM_TOKEN": token, "PODIUM_SCHEDULER": ""})
+    env.update(extra_env or {})
+    log_path = str(tmp_path / f"worker-{rank}-{time.monotonic_ns()}.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "podium.worker.host", "--ready-fd", str(write_fd)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,))
+    os.close(write_fd)
+    try:
+        data = b""
+        deadline = time.monotonic() + READY_DEADLINE
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                proc.kill()
+                proc.wait(timeout=30)
+                with open(log_path, errors="replace") as handle:
+                    raise AssertionError(f"worker never became ready; log:\n{handle.read()}")
+            ready, _, _ = select.select([read_fd], [], [], min(left, 0.5))
+            if ready:
+                chunk = os.read(read_fd, 4096)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        os.close(read_fd)
+    port = json.loads(data.decode())["port"]
+    return WorkerProcess(proc, port, address, log_path)
+
+
+@pytest.fixture
+def worker(tmp_path, token):
+    """One worker process, rank 0."""
+    proc = spawn_worker(tmp_path, token)
+    yield proc
+    proc.stop()
+
+
+class Counter:
+    """Defined in a test module: the worker process cannot import it, so it travels by value."""
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    def add(self, n: int) -> int:
+        self.value += n
+        return self.value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def env(self, name: str) -> str:
+        return os.environ.get(name, "")
+
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "slept"
+
+
+def test_ready_fd_construct_by_value_and_call(worker, token, arun):
+    async def scenario():
+        client = WorkerClient(worker.address, token)
+        info = await client.start()
+        assert info.rank == 0 and info.worker_id == "w-test-0" and not info.constructed
+        assert info.pid == worker.proc.pid
+        await client.construct((Counter, (10,), {}))
+        assert await client.call("add", (5,)) == 15
+        assert await client.call("add", (), {"n": 1}) == 16
+        assert await client.call("env", ("WG_BACKEND",)) == "podium"
+        info = await client.describe()
+        assert info.constructed and info.class_name.endswith("Counter")
+        assert {m.name for m in info.methods} >= {"add", "pid", "env", "sleep"}
+        await client.close()
+    arun(scenario())
+
+
+def test_construct_by_import_path(worker, token, arun):
+    async def scenario():
+        client = WorkerClient(worker.address, token)
+        await client.start()
+        await client.construct(("collections:Counter", ("abracadabra",), {}))
+        assert await client.call("most_common", (1,)) == [("a", 5)]
+        await client.close()
+    arun(scenario())
+
+
+def test_constructor_error_keeps_worker_up(worker, token, arun):
+    async def scenario():
+        client = WorkerClient(worker.address, token)
+        await client.start()
+        with pytest.raises(errors.RemoteError) as caught:
+            await client.construct(("fractions:Fraction", ("not a number",), {}))
+        assert caught.value.remote_type == "ValueError" and caught.value.rank == 0
+        info = await client.describe()
+        assert not info.constructed
+        with pytest.raises(errors.FailedPreconditionError):
+            await client.call("limit_denominator")
+        await client.close()
+    arun(scenario())
+
+
+def test_missing_token_is_unauthenticated(worker, token):
+    channel = rpc.make_sync_channel(worker.address)
+    stub = worker_pb2_grpc.WorkerStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Describe(worker_pb2.DescribeRequest(), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Describe(worker_pb2.DescribeRequest(), timeout=10,
+                      metadata=rpc.token_metadata(token + "x"))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    channel.close()
+
+
+def test_wrong_token_fails_the_call_stream(worker, token, arun):
+    async def scenario():
+        good = WorkerClient(worker.address, token)
+        await good.start()  # Describe works with the right token
+        bad = WorkerClient(worker.address, token + "x")
+        with pytest.raises(errors.AuthenticationError):
+            await bad.start()
+        await good.close()
+        await bad.close()
+    arun(scenario())
+
+
+def test_killed_mid_call_fails_pending_calls_fast(worker, token, arun):
+    async def scenario():
+        client = WorkerClient(worker.address, token, rank=0)
+        await client.start()
+        await client.construct((Counter, (0,), {}))
+        pending = [asyncio.ensure_future(client.call("sleep", (60,))) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        for call in pending:
+            with pytest.raises(errors.UnavailableError) as caught:
+                await asyncio.wait_for(call, 20)
+            assert "rank 0" in str(caught.value) and worker.address in str(caught.value)
+        with pytest.raises(errors.UnavailableError):
+            await client.call("add", (1,))
+        await client.close()
+    arun(scenario())
+
+
+@pytest.mark.parametrize("how", ["rpc", "sigterm"])
+def test_shutdown_exits_zero(worker, token, arun, how):
+    async def scenario():
+        client = WorkerClient(worker.address, token)
+        await client.start()
+        await client.construct((Counter, (0,), {}))
+        if how == "rpc":
+            await client.shutdown("test over")
+        else:
+            worker.proc.send_signal(signal.SIGTERM)
+        await client.close()
+    arun(scenario())
+    assert worker.proc.wait(timeout=30) == 0, worker.log()

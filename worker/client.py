@@ -1,0 +1,433 @@
+"""The asyncio client of one worker process (``podium.v1.Worker``).
+
+Used by the controller SDK (on its own event-loop thread) and by workers (to
+fetch refs from peers). All methods must be awaited on one event loop.
+
+Calls share one long-lived bidirectional ``Calls`` stream: each call gets a
+call id, its frames are written under a lock (one writer at a time) and a
+single reader task hands every reply frame to the future of its call id, so
+calls overlap freely. When the stream or channel breaks, every pending call
+fails at once with UnavailableError naming the rank and address; a call past
+its timeout fails with DeadlineExceededError naming the method and rank (and
+the worker is told to drop it if it has not started).
+
+Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
+when the worker is on this host (same host name, learnt from Describe at
+:meth:`WorkerClient.start`), both ways; set ``PODIUM_DISABLE_SHM=1`` to keep
+everything on TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+from typing import Any
+
+import grpc
+
+from podium import codec, errors, framing, rpc, shm
+from podium.auth import TlsConfig
+from podium.refs import ObjectRef
+from podium.v1 import worker_pb2, worker_pb2_grpc
+
+__all__ = ["WorkerClient", "Payload", "prepare"]
+
+_CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
+_DEFAULT_SHM_THRESHOLD = 1 << 20
+#: The largest reply a client assembles (a bound against a misbehaving peer).
+MAX_REPLY_BYTES = 1 << 40
+
+
+class Payload:
+    """An encoded call payload, prepared once and sendable to many workers.
+
+    The chunk ``bytes`` are made on first use and reused for every worker, so a
+    shard several ranks receive is encoded and copied once.
+    """
+
+    __slots__ = ("encoded", "nbytes", "_chunks")
+
+    def __init__(self, encoded: codec.Encoded) -> None:
+        self.encoded = encoded
+        self.nbytes = encoded.nbytes
+        self._chunks: list[bytes] | None = None
+
+    @property
+    def chunks(self) -> list[bytes]:
+        """The wire form as chunk-sized bytes objects."""
+        if self._chunks is None:
+            segments = self.encoded.to_segments()
+            if self.nbytes <= framing.CHUNK_SIZE:
+                self._chunks = [b"".join(segments)]
+            else:
+                self._chunks = [bytes(chunk) for chunk in framing.iter_chunks(segments)]
+        return self._chunks
+
+    def segments(self) -> list[memoryview]:
+        """The wire form as zero-copy segments (for shared memory)."""
+        return self.encoded.to_segments()
+
+
+def prepare(value: Any) -> Payload:
+    """Encode ``value`` once into a :class:`Payload` (for :meth:`WorkerClient.call_encoded`)."""
+    return Payload(codec.encode(value))
+
+
+class _Pending:
+    __slots__ = ("future", "method", "assembler", "timer")
+
+    def __init__(self, future: asyncio.Future, method: str) -> None:
+        self.future = future
+        self.method = method
+        self.assembler: framing.Assembler | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class WorkerClient:
+    """Client of one worker: calls over a shared stream, plus Describe/Fetch/Release/Shutdown."""
+
+    def __init__(self, address: str, token: str, *, rank: int = -1, worker_id: str = "",
+                 tls: TlsConfig | None = None, shm_threshold: int = _DEFAULT_SHM_THRESHOLD) -> None:
+        self.address = address
+        self.rank = rank
+        self.worker_id = worker_id
+        self.shm_threshold = shm_threshold
+        #: Whether the worker shares this host (None until known).
+        self.same_host: bool | None = False if os.environ.get("PODIUM_DISABLE_SHM") else None
+        #: Bytes the last fetch moved (for counters).
+        self.last_fetch_bytes = 0
+        self._token = token
+        self._tls = tls
+        self._metadata = rpc.token_metadata(token)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: worker_pb2_grpc.WorkerStub | None = None
+        self._stream = None
+        self._reader: asyncio.Task | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._lock: asyncio.Lock | None = None
+        self._broken: errors.PodiumError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _who(self) -> str:
+        return f"worker rank {self.rank} at {self.address}" if self.rank >= 0 else f"worker at {self.address}"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def connect(self) -> None:
+        """Open the channel (no RPC); enough for describe/fetch/release/shutdown."""
+        if self._channel is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        # The token goes in per-call metadata rather than through a client
+        # interceptor: intercepted streams add a queue and a task per message.
+        if self._tls is not None:
+            options = list(rpc._CHANNEL_OPTIONS)
+            if self._tls.server_name:
+                options.append(("grpc.ssl_target_name_override", self._tls.server_name))
+            self._channel = grpc.aio.secure_channel(self.address, self._tls.channel_credentials(),
+                                                    options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.address, options=rpc._CHANNEL_OPTIONS)
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+
+    async def start(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
+        """Connect, learn whether the worker shares this host, open the call stream.
+
+        Returns the worker's Describe answer.
+        """
+        self.connect()
+        info = await self.describe(timeout=timeout)
+        if self.same_host is None:
+            self.same_host = info.hostname == socket.gethostname()
+        if self.rank < 0:
+            self.rank = info.rank
+        self.worker_id = self.worker_id or info.worker_id
+        self._lock = asyncio.Lock()
+        self._stream = self._stub.Calls(metadata=self._metadata)
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        return info
+
+    async def close(self) -> None:
+        """Fail pending calls, close the stream and the channel."""
+        self._fail_all(errors.UnavailableError(f"client of {self._who()} closed", rank=self.rank))
+        if self._stream is not None:
+            self._stream.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing anyway
+                pass
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = self._stub = self._stream = self._reader = None
+
+    # ---------------------------------------------------------------- reader
+
+    async def _read_loop(self) -> None:
+        stream = self._stream
+        try:
+            while True:
+                frame = await stream.read()
+                if frame is grpc.aio.EOF:
+                    raise errors.UnavailableError(f"{self._who()} ended the call stream",
+                                                  rank=self.rank)
+                self._on_frame(frame)
+        except asyncio.CancelledError:
+            raise
+        except errors.PodiumError as exc:
+            self._fail_all(exc)
+        except grpc.aio.AioRpcError as exc:
+            self._fail_all(self._stream_error(exc))
+        except Exception as exc:  # noqa: BLE001 - any reader failure must release the callers
+            self._fail_all(errors.UnavailableError(
+                f"call stream to {self._who()} failed: {type(exc).__name__}: {exc}", rank=self.rank))
+
+    def _stream_error(self, exc: grpc.aio.AioRpcError) -> errors.PodiumError:
+        err = rpc.error_from_rpc(exc, what=self._who())
+        if isinstance(err, (errors.AuthenticationError, errors.PermissionDeniedError)):
+            return err
+        return errors.UnavailableError(
+            f"lost the call stream to {self._who()}: {exc.code().name}: {exc.details()}",
+            rank=self.rank)
+
+    def _fail_all(self, exc: errors.PodiumError) -> None:
+        if self._broken is None:
+            self._broken = exc
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if p.timer is not None:
+                p.timer.cancel()
+            if not p.future.done():
+                p.future.set_exception(exc)
+
+    def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
+        p = self._pending.get(frame.call_id)
+        if p is None:
+            return  # a call that already timed out
+        if frame.HasField("header"):
+            header = frame.header
+            if not header.ok:
+                self._finish(frame.call_id, p, exc=rpc.error_from_info(header.error))
+                return
+            if header.HasField("ref"):
+                r = header.ref
+                self._finish(frame.call_id, p, ObjectRef(r.object_id, r.worker_id, r.owner_address,
+                                                         r.owner_rank, r.size_bytes, r.rows))
+                return
+            if header.shm_name:
+                self._finish(frame.call_id, p, _ShmReply(header.shm_name))
+                return
+            if frame.last:
+                self._finish(frame.call_id, p, frame.data)
+                return
+            try:
+                p.assembler = framing.Assembler(header.payload_size, MAX_REPLY_BYTES)
+            except errors.PodiumError as exc:
+                self._finish(frame.call_id, p, exc=exc)
+                return
+        if p.assembler is None:
+            self._finish(frame.call_id, p, exc=errors.DataLossError(
+                f"reply data for call {frame.call_id} without a header from {self._who()}"))
+            return
+        try:
+            p.assembler.add(frame.data)
+            if frame.last:
+                self._finish(frame.call_id, p, p.assembler.result())
+        except errors.PodiumError as exc:
+            self._finish(frame.call_id, p, exc=exc)
+
+    def _finish(self, call_id: int, p: _Pending, value: Any = None, exc: BaseException | None = None) -> None:
+        del self._pending[call_id]
+        if p.timer is not None:
+            p.timer.cancel()
+        if p.future.done():
+            return
+        if exc is not None:
+            p.future.set_exception(exc)
+        else:
+            p.future.set_result(value)
+
+    def _expire(self, call_id: int, timeout: float) -> None:
+        p = self._pending.pop(call_id, None)
+        if p is None or p.future.done():
+            return
+        p.future.set_exception(errors.DeadlineExceededError(
+            f"call {p.method!r} to {self._who()} did not answer within {timeout} s",
+            rank=self.rank, details={"method": p.method}))
+        # Tell the worker to drop it if it has not started (best effort).
+        self._loop.create_task(self._send_cancel(call_id))
+
+    async def _send_cancel(self, call_id: int) -> None:
+        try:
+            await self._write(worker_pb2.CallFrame(call_id=call_id,
+                                                   header=worker_pb2.CallHeader(kind=_CANCEL), last=True))
+        except Exception:  # noqa: BLE001 - the stream is gone: nothing to cancel
+            pass
+
+    # ---------------------------------------------------------------- calls
+
+    async def _write(self, frame: worker_pb2.CallFrame) -> None:
+        async with self._lock:
+            await self._stream.write(frame)
+
+    async def _roundtrip(self, kind: int, method: str, payload: Payload, hold: bool,
+                         timeout: float | None) -> Any:
+        if self._broken is not None:
+            raise self._broken
+        if self._stream is None:
+            raise errors.FailedPreconditionError(f"client of {self._who()} is not started")
+        call_id = next(self._ids)
+        future = self._loop.create_future()
+        p = _Pending(future, method)
+        self._pending[call_id] = p
+        if timeout is not None:
+            p.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
+        same_host = self.same_host is True
+        header = worker_pb2.CallHeader(kind=kind, method=method, payload_size=payload.nbytes,
+                                       hold_result=hold, timeout_seconds=timeout or 0.0,
+                                       reply_in_shm=same_host)
+        try:
+            if same_host and payload.nbytes >= self.shm_threshold:
+                name, _ = await asyncio.to_thread(shm.write_segments, payload.segments())
+                header.shm_name = name
+                try:
+                    await self._write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
+                except BaseException:
+                    shm.remove_segment(name)
+                    raise
+            else:
+                chunks = payload.chunks
+                last = len(chunks) - 1
+                for i, chunk in enumerate(chunks):
+                    if future.done():
+                        break  # timed out or failed while sending
+                    await self._write(worker_pb2.CallFrame(
+                        call_id=call_id, header=header if i == 0 else None, data=chunk, last=i == last))
+        except asyncio.CancelledError:
+            self._pending.pop(call_id, None)
+            raise
+        except errors.PodiumError:
+            self._pending.pop(call_id, None)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a write on a broken stream
+            err = self._broken or errors.UnavailableError(
+                f"cannot send {method!r} to {self._who()}: {type(exc).__name__}: {exc}", rank=self.rank)
+            self._fail_all(err)
+            raise err from None
+        try:
+            reply = await future
+        except asyncio.CancelledError:
+            if self._pending.pop(call_id, None) is not None:
+                if p.timer is not None:
+                    p.timer.cancel()
+                self._loop.create_task(self._send_cancel(call_id))
+            raise
+        if isinstance(reply, ObjectRef):
+            return reply
+        if isinstance(reply, _ShmReply):
+            return codec.decode(shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES))
+        return codec.decode(reply)
+
+    async def construct(self, payload_value: Any, *, timeout: float | None = None) -> None:
+        """Build the hosted object from ``(cls_or_import_path, args, kwargs)`` (or a prepared Payload).
+
+        A class that is not importable in the worker is pickled by value. A
+        constructor that raised comes back as RemoteError.
+        """
+        if not isinstance(payload_value, Payload):
+            from podium.worker.factory import by_value
+
+            with by_value(payload_value[0]):
+                payload_value = prepare(tuple(payload_value))
+        await self._roundtrip(_CONSTRUCT, "", payload_value, False, timeout)
+
+    async def call(self, method: str, args: Any = (), kwargs: dict | None = None, *,
+                   hold: bool = False, timeout: float | None = None) -> Any:
+        """Run ``method(*args, **kwargs)`` in the worker; the value, or an ObjectRef with ``hold``."""
+        payload = Payload(codec.encode((tuple(args), kwargs or {})))
+        return await self._roundtrip(_CALL, method, payload, hold, timeout)
+
+    async def call_encoded(self, method: str, payload: Payload | codec.Encoded, *,
+                           hold: bool = False, timeout: float | None = None) -> Any:
+        """Like :meth:`call` with an already encoded ``(args, kwargs)`` payload (see :func:`prepare`)."""
+        if not isinstance(payload, Payload):
+            payload = Payload(payload)
+        return await self._roundtrip(_CALL, method, payload, hold, timeout)
+
+    # ---------------------------------------------------------------- unary RPCs
+
+    def _rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> errors.PodiumError:
+        err = rpc.error_from_rpc(exc, what=f"{what} on {self._who()}")
+        if type(err) is errors.UnavailableError:
+            err = errors.UnavailableError(f"{what}: cannot reach {self._who()}: {exc.details()}",
+                                          rank=self.rank)
+        elif type(err) is errors.DeadlineExceededError and not exc.trailing_metadata():
+            err = errors.DeadlineExceededError(f"{what} on {self._who()} timed out", rank=self.rank)
+        return err
+
+    async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
+        """The worker's identity, state and method table."""
+        self.connect()
+        try:
+            return await self._stub.Describe(worker_pb2.DescribeRequest(), timeout=timeout,
+                                             metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Describe") from None
+
+    async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
+                    timeout: float | None = None) -> Any:
+        """The value ``ref`` names (or only rows ``[rows[0], rows[1])`` of it), from its owner."""
+        self.connect()
+        if self.same_host is None and ref.size_bytes >= self.shm_threshold:
+            self.same_host = (await self.describe(timeout=timeout or 30.0)).hostname == socket.gethostname()
+        request = worker_pb2.FetchRequest(object_id=ref.object_id,
+                                          reply_in_shm=bool(self.same_host) and ref.size_bytes >= self.shm_threshold)
+        if rows is not None:
+            request.has_rows = True
+            request.row_start, request.row_stop = int(rows[0]), int(rows[1])
+        assembler = None
+        try:
+            async for chunk in self._stub.Fetch(request, timeout=timeout, metadata=self._metadata):
+                if assembler is None:
+                    if chunk.shm_name:
+                        self.last_fetch_bytes = chunk.total_size
+                        return codec.decode(shm.read_segment(chunk.shm_name, max_size=MAX_REPLY_BYTES))
+                    assembler = framing.Assembler(chunk.total_size, MAX_REPLY_BYTES)
+                assembler.add(chunk.data)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, f"Fetch of {ref.object_id}") from None
+        if assembler is None:
+            raise errors.DataLossError(f"Fetch of {ref.object_id} from {self._who()} returned nothing")
+        self.last_fetch_bytes = assembler.total_size
+        return codec.decode(assembler.result())
+
+    async def release(self, object_ids, *, timeout: float | None = 30.0) -> int:
+        """Drop held results in the worker; returns how many were held."""
+        self.connect()
+        ids = [r.object_id if isinstance(r, ObjectRef) else r for r in object_ids]
+        try:
+            reply = await self._stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
+                                             timeout=timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Release") from None
+        return reply.released
+
+    async def shutdown(self, reason: str = "", *, timeout: float | None = 10.0) -> None:
+        """Ask the worker process to exit (it answers first)."""
+        self.connect()
+        try:
+            await self._stub.Shutdown(worker_pb2.ShutdownRequest(reason=reason), timeout=timeout,
+                                      metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Shutdown") from None
+
+
+class _ShmReply:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name

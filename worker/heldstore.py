@@ -1,0 +1,109 @@
+"""Results a worker keeps for later fetching (``hold_result`` calls), under a memory budget.
+
+Each held value is stored with its encoded form (:class:`podium.codec.Encoded`,
+whose buffers are the tensors' own memory, so holding both costs no copy) and
+its encoded size. The sum of sizes may not exceed the budget
+(``PODIUM_HOLD_BUDGET_BYTES``, default a quarter of the machine's RAM): a result
+that would exceed it is refused with ResourceExhaustedError rather than letting
+the worker run out of memory later. Release frees the entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import threading
+from typing import Any
+
+from podium.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+
+__all__ = ["HeldObject", "HeldStore", "default_budget"]
+
+
+def default_budget(env: dict[str, str] | None = None) -> int:
+    """The hold budget in bytes: ``PODIUM_HOLD_BUDGET_BYTES`` or 25% of physical RAM."""
+    env = os.environ if env is None else env
+    text = env.get("PODIUM_HOLD_BUDGET_BYTES")
+    if text:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"PODIUM_HOLD_BUDGET_BYTES must be an integer, got {text!r}") from exc
+        if value < 0:
+            raise InvalidArgumentError(f"PODIUM_HOLD_BUDGET_BYTES must be >= 0, got {value}")
+        return value
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+@dataclasses.dataclass
+class HeldObject:
+    """One held result."""
+
+    object_id: str
+    value: Any
+    #: The encoded form (podium.codec.Encoded), reused for whole-object fetches.
+    encoded: Any
+    size_bytes: int
+    rows: int
+
+
+class HeldStore:
+    """Held results keyed by object id, with a byte budget. Thread-safe."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._objects: dict[str, HeldObject] = {}
+        self._used = 0
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._prefix = f"o-{os.getpid():x}-"
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes held now."""
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def put(self, value: Any, encoded: Any, size_bytes: int, rows: int) -> HeldObject:
+        """Hold ``value``; ResourceExhaustedError when it would exceed the budget."""
+        with self._lock:
+            if self._used + size_bytes > self.budget_bytes:
+                raise ResourceExhaustedError(
+                    f"hold budget exceeded: holding a result of {size_bytes} bytes would exceed "
+                    f"the budget of {self.budget_bytes} bytes (PODIUM_HOLD_BUDGET_BYTES); "
+                    f"{len(self._objects)} results of {self._used} bytes are held. "
+                    f"Fetch and release earlier results, or raise the budget",
+                    details={"budget_bytes": str(self.budget_bytes), "size_bytes": str(size_bytes),
+                             "held_bytes": str(self._used), "held_count": str(len(self._objects))})
+            held = HeldObject(f"{self._prefix}{next(self._ids)}", value, encoded, size_bytes, rows)
+            self._objects[held.object_id] = held
+            self._used += size_bytes
+            return held
+
+    def get(self, object_id: str) -> HeldObject:
+        """The held object (NotFoundError naming the id when it is unknown or released)."""
+        held = self._objects.get(object_id)
+        if held is None:
+            raise NotFoundError(f"no held result {object_id!r} in this worker (never held here, "
+                                f"or already released)", details={"object_id": object_id})
+        return held
+
+    def release(self, object_ids) -> int:
+        """Drop the given ids; returns how many were held. Unknown ids are ignored."""
+        released = 0
+        with self._lock:
+            for object_id in object_ids:
+                held = self._objects.pop(object_id, None)
+                if held is not None:
+                    self._used -= held.size_bytes
+                    released += 1
+        return released
+
+    def clear(self) -> None:
+        """Drop everything."""
+        with self._lock:
+            self._objects.clear()
+            self._used = 0
