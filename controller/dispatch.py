@@ -1,0 +1,489 @@
+"""Dispatch and collect functions: how one WorkerGroup call is split over ranks and stitched back.
+
+This is verl's ``single_controller/base/decorator.py`` registry, controller side. A
+*dispatch function* ``dispatch_fn(worker_group, *args, **kwargs) -> (args, kwargs)`` turns
+the caller's arguments into per-rank arguments (lists of length ``world_size`` that the
+execute step slices, see :func:`slice_for_ranks`); a *collect function*
+``collect_fn(worker_group, outputs) -> result`` turns the per-rank outputs back into one
+value. ``DISPATCH_MODE_FN_REGISTRY`` maps every predefined :class:`~podium.worker.Dispatch`
+member to its pair; custom modes are added with :func:`register_dispatch_mode`.
+
+Where Podium deliberately differs from verl (each fixes a sharp edge of
+VERL_REFERENCE.md section 3):
+
+* ``Dispatch.RANK_ZERO`` has no dispatch function in verl either, but verl only fails with
+  a bare ``KeyError`` while binding. :func:`get_predefined_dispatch_fn` raises a
+  :class:`ValueError` (also a ``KeyError``) that says to use ``Execute.RANK_ZERO``.
+* ``DP_COMPUTE`` accepts tuples and slices them like lists (verl sends the whole tuple to
+  every rank).
+* Auto-padding never mutates the caller's DataProto: ranks receive chunks of a padded copy.
+* ``DP_COMPUTE_METRIC``: padding is removed by dropping only the metrics of ranks whose
+  chunk was pure padding (verl drops the last ``pad`` workers' metrics, real rows included).
+* nd-mesh dispatch collects in data-parallel order (verl: global-rank order, which permutes
+  rows when dp ranks do not increase with rank), keeps one collector per dp rank, works with
+  keyword-only calls, and replicates non-data arguments instead of asserting.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict
+
+from podium.protocol import PADDING_SIZE_KEY, DataProto
+from podium.refs import DataProtoFuture
+from podium.worker.decorator import Dispatch, Execute
+
+__all__ = [
+    "DISPATCH_MODE_FN_REGISTRY",
+    "PADDED_ROWS_KEY",
+    "PADDING_SIZE_KEY",
+    "collect_all_to_all",
+    "collect_dp_compute",
+    "collect_dp_compute_data_proto",
+    "collect_lazy_compute_data_proto",
+    "collect_nd_compute",
+    "concat_tensordict",
+    "dispatch_all_to_all",
+    "dispatch_direct_rollout_fn",
+    "dispatch_dp_compute",
+    "dispatch_dp_compute_data_proto",
+    "dispatch_dp_compute_data_proto_with_func",
+    "dispatch_lazy_compute_data_proto",
+    "dispatch_nd_compute",
+    "dispatch_one_to_all",
+    "get_predefined_dispatch_fn",
+    "get_predefined_execute_fn",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "register_dispatch_mode",
+    "resolve_dispatch_mode",
+    "slice_for_ranks",
+    "split_tensordict",
+    "unpad_output",
+    "update_dispatch_mode",
+]
+
+#: Podium's companion of PADDING_SIZE_KEY: the padded row count, so that per-rank outputs
+#: (DP_COMPUTE_METRIC) can be trimmed by which ranks held real rows.
+PADDED_ROWS_KEY = "_podium_padded_rows_x123d"
+
+
+# ---------------------------------------------------------------------------------------
+# data helpers
+
+
+def _is_future(value: Any) -> bool:
+    return isinstance(value, DataProtoFuture)
+
+
+def _is_data(value: Any) -> bool:
+    return isinstance(value, (DataProto, TensorDict)) or _is_future(value)
+
+
+def split_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
+    """Split a TensorDict into ``chunks`` equal parts along its batch dim.
+
+    Jagged nested tensors (``layout=torch.jagged``) are split by row and re-nested, so
+    each part keeps exactly its rows (verl's ``chunk_tensordict``). The length must divide.
+    """
+    n = td.batch_size[0]
+    if n % chunks:
+        raise AssertionError(f"only support equal chunk. Got size of TensorDict {n} and chunk {chunks}.")
+    size = n // chunks
+    nested = {key for key, value in td.items(include_nested=True, leaves_only=True)
+              if isinstance(value, torch.Tensor) and value.is_nested}
+    if not nested:
+        return [td[i * size:(i + 1) * size].contiguous() for i in range(chunks)]
+    plain = td.exclude(*nested)
+    parts = [plain[i * size:(i + 1) * size].contiguous() for i in range(chunks)]
+    for key in nested:
+        rows = td.get(key).unbind()
+        for i, part in enumerate(parts):
+            part.set(key, torch.nested.as_nested_tensor(list(rows[i * size:(i + 1) * size]),
+                                                         layout=torch.jagged))
+    return parts
+
+
+def concat_tensordict(parts: list[TensorDict]) -> TensorDict:
+    """Concatenate TensorDicts along the batch dim; jagged nested tensors are re-nested."""
+    nested = {key for key, value in parts[0].items(include_nested=True, leaves_only=True)
+              if isinstance(value, torch.Tensor) and value.is_nested}
+    if not nested:
+        return torch.cat(parts, dim=0)
+    out = torch.cat([p.exclude(*nested) for p in parts], dim=0)
+    for key in nested:
+        rows = [row for p in parts for row in p.get(key).unbind()]
+        out.set(key, torch.nested.as_nested_tensor(rows, layout=torch.jagged))
+    return out
+
+
+def _chunk(value: Any, chunks: int) -> list:
+    if isinstance(value, TensorDict):
+        return split_tensordict(value, chunks)
+    return value.chunk(chunks)
+
+
+def _concat(outputs: list) -> Any:
+    first = outputs[0]
+    if _is_future(first) or _looks_like_ref(first):
+        return _future_concat(outputs)
+    if isinstance(first, TensorDict):
+        return concat_tensordict(outputs)
+    return DataProto.concat(outputs)
+
+
+def _looks_like_ref(value: Any) -> bool:
+    # Refs of blocking=False calls: podium.refs.ObjectRef, or the controller's pending refs.
+    from podium.refs import ObjectRef
+    if isinstance(value, ObjectRef):
+        return True
+    try:
+        from podium.controller.futures import PendingRef
+    except ImportError:  # pragma: no cover - the controller package is partially imported
+        return False
+    return isinstance(value, PendingRef)
+
+
+def _future_concat(outputs: list) -> Any:
+    from podium.controller.futures import concat_refs
+    return concat_refs(outputs)
+
+
+# ---------------------------------------------------------------------------------------
+# predefined dispatch / collect functions (verl names)
+
+
+def dispatch_one_to_all(worker_group, *args, **kwargs):
+    """Every rank gets the same value: each argument becomes ``[value] * world_size``."""
+    ws = worker_group.world_size
+    args = tuple([arg] * ws for arg in args)
+    kwargs = {k: [v] * ws for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def dispatch_all_to_all(worker_group, *args, **kwargs):
+    """Arguments unchanged; the execute step's slicing rule decides what each rank gets."""
+    return args, kwargs
+
+
+def collect_all_to_all(worker_group, output):
+    """The list of per-rank outputs, in rank order."""
+    return output
+
+
+def dispatch_direct_rollout_fn(worker_group, *args, **kwargs):
+    """Forbidden, as in verl: direct rollout methods are called on the workers themselves."""
+    raise NotImplementedError("Direct rollout call is forbidden.")
+
+
+def collect_direct_rollout_fn(worker_group, output):
+    """Forbidden, as in verl."""
+    raise NotImplementedError("Direct rollout call is forbidden.")
+
+
+def dispatch_dp_compute(worker_group, *args, **kwargs):
+    """Each argument must be a list or tuple of ``world_size`` items; rank i gets item i.
+
+    Podium differs: tuples are sliced like lists (verl passes the assert, then sends the
+    whole tuple to every rank because its slicing rule only slices lists).
+    """
+    ws = worker_group.world_size
+    for arg in list(args) + list(kwargs.values()):
+        if not isinstance(arg, (tuple, list)) or len(arg) != ws:
+            raise AssertionError(
+                f"DP_COMPUTE needs every argument to be a list or tuple of world_size={ws} "
+                f"items, got {type(arg).__name__}"
+                + (f" of length {len(arg)}" if isinstance(arg, (tuple, list)) else ""))
+    args = tuple(list(arg) for arg in args)
+    kwargs = {k: list(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def collect_dp_compute(worker_group, output):
+    """The list of per-rank outputs (must have ``world_size`` entries)."""
+    if len(output) != worker_group.world_size:
+        raise AssertionError(f"expected {worker_group.world_size} outputs, got {len(output)}")
+    return output
+
+
+def _split_args_kwargs_data_proto(chunks: int, *args, **kwargs):
+    """Chunk every DataProto/TensorDict/DataProtoFuture argument into ``chunks`` parts."""
+    return (tuple(_chunk(arg, chunks) for arg in args),
+            {k: _chunk(v, chunks) for k, v in kwargs.items()})
+
+
+def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs):
+    """Pad padding-enabled DataProtos to a multiple of ``chunks`` (on copies), then chunk.
+
+    Returns ``(args, kwargs)`` where kwargs also carries ``PADDING_SIZE_KEY`` (and
+    ``PADDED_ROWS_KEY``) when some argument had padding enabled, as verl does.
+    """
+    data_len = None
+    padding_size = None
+
+    def pad_and_chunk(value):
+        nonlocal data_len, padding_size
+        if isinstance(value, DataProto) and value.is_padding_enabled():
+            if data_len is None:
+                data_len = len(value)
+                padding_size = (chunks - data_len % chunks) if data_len % chunks else 0
+            elif len(value) != data_len:
+                raise AssertionError(
+                    f"padding-enabled DataProtos must have the same length: {data_len} != {len(value)}")
+            if padding_size:
+                value = value.padded(padding_size)
+        return _chunk(value, chunks)
+
+    split_args = tuple(pad_and_chunk(arg) for arg in args)
+    split_kwargs = {k: pad_and_chunk(v) for k, v in kwargs.items()}
+    if padding_size is not None:
+        split_kwargs[PADDING_SIZE_KEY] = padding_size
+        split_kwargs[PADDED_ROWS_KEY] = data_len + padding_size
+    return split_args, split_kwargs
+
+
+def _check_data_args(mode: str, args, kwargs) -> None:
+    for arg in list(args) + list(kwargs.values()):
+        if not _is_data(arg):
+            raise AssertionError(
+                f"{mode} needs DataProto, TensorDict or DataProtoFuture arguments, "
+                f"got {type(arg).__name__}")
+
+
+def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
+    """Chunk every data argument into ``world_size`` parts (auto-padding a copy if enabled)."""
+    _check_data_args("DP_COMPUTE_PROTO", args, kwargs)
+    return _split_args_kwargs_data_proto_with_auto_padding(worker_group.world_size, *args, **kwargs)
+
+
+def dispatch_dp_compute_data_proto_with_func(worker_group, *args, **kwargs):
+    """``args[0]`` is a function replicated to every rank; the rest is chunked (no padding)."""
+    if not args or not callable(args[0]):
+        raise AssertionError("DP_COMPUTE_PROTO_WITH_FUNC needs a function as its first argument")
+    _check_data_args("DP_COMPUTE_PROTO_WITH_FUNC", args[1:], kwargs)
+    ws = worker_group.world_size
+    split_args, split_kwargs = _split_args_kwargs_data_proto(ws, *args[1:], **kwargs)
+    return ([args[0]] * ws,) + split_args, split_kwargs
+
+
+def collect_dp_compute_data_proto(worker_group, output):
+    """Concatenate per-rank DataProtos (or TensorDicts); refs become a DataProtoFuture."""
+    for value in output:
+        if not (_is_data(value) or _looks_like_ref(value)):
+            raise AssertionError(f"expected DataProto outputs, got {type(value).__name__}")
+    return _concat(list(output))
+
+
+# ---------------------------------------------------------------------------------------
+# nd-mesh dispatch
+
+
+def _mesh_info(worker_group, attr: str, query: str, mesh_name: str) -> list:
+    cache = getattr(worker_group, attr, None)
+    if cache is None:
+        cache = {}
+        setattr(worker_group, attr, cache)
+    if mesh_name not in cache:
+        info = list(getattr(worker_group, query)(mesh_name))
+        if len(info) != worker_group.world_size:
+            raise AssertionError(
+                f"{query}({mesh_name!r}) returned {len(info)} entries for world_size "
+                f"{worker_group.world_size}")
+        cache[mesh_name] = info
+    return cache[mesh_name]
+
+
+def dispatch_nd_compute(dp_rank_mapping: list[int], dp_size: int, worker_group, *args, **kwargs):
+    """Rank i gets chunk ``dp_rank_mapping[i]`` of each data argument (no padding).
+
+    Ranks that share a dp rank receive the very same chunk object, so the execute step
+    encodes it once and sends those bytes to each of them. Non-data arguments are
+    replicated (verl asserts instead).
+    """
+    def fan_out(value):
+        if _is_data(value):
+            parts = _chunk(value, dp_size)
+            if len(parts) != dp_size:
+                raise AssertionError(f"could not split {type(value).__name__} into {dp_size} parts")
+            return [parts[d] for d in dp_rank_mapping]
+        return [value] * len(dp_rank_mapping)
+
+    return (tuple(fan_out(a) for a in args), {k: fan_out(v) for k, v in kwargs.items()})
+
+
+def collect_nd_compute(collect_mask: list[bool], dp_rank_mapping: list[int] | None, worker_group, output):
+    """Outputs of the collecting ranks, ordered by dp rank (one per dp rank)."""
+    if len(output) != worker_group.world_size:
+        raise AssertionError(f"expected {worker_group.world_size} outputs, got {len(output)}")
+    chosen: dict[int, Any] = {}
+    for rank, (keep, value) in enumerate(zip(collect_mask, output)):
+        if not keep:
+            continue
+        dp = dp_rank_mapping[rank] if dp_rank_mapping is not None else rank
+        chosen.setdefault(dp, value)  # a second collector of the same dp would duplicate rows
+    return [chosen[dp] for dp in sorted(chosen)]
+
+
+def dispatch_lazy_compute_data_proto(mesh_name: str, worker_group, *args, **kwargs):
+    """Mesh dispatch: query (once, cached) each rank's dp rank for ``mesh_name``, then split."""
+    mapping = _mesh_info(worker_group, "_dispatch_info", "_query_dispatch_info", mesh_name)
+    dp_size = max(mapping) + 1
+    return dispatch_nd_compute(mapping, dp_size, worker_group, *args, **kwargs)
+
+
+def collect_lazy_compute_data_proto(mesh_name: str, worker_group, *args, **kwargs):
+    """Mesh collect: concatenate the collect-mask ranks' outputs in dp order."""
+    mask = _mesh_info(worker_group, "_collect_info", "_query_collect_info", mesh_name)
+    mapping = getattr(worker_group, "_dispatch_info", {}).get(mesh_name)
+    output = collect_nd_compute(mask, mapping, worker_group, *args, **kwargs)
+    for value in output:
+        if not (_is_data(value) or _looks_like_ref(value)):
+            raise AssertionError(f"expected DataProto or TensorDict outputs, got {type(value).__name__}")
+    return _concat(output)
+
+
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]:
+    """The ``dispatch_mode`` dict for mesh ``mesh_name`` (verl's helper of the same name)."""
+    return {
+        "dispatch_fn": functools.partial(dispatch_lazy_compute_data_proto, mesh_name),
+        "collect_fn": functools.partial(collect_lazy_compute_data_proto, mesh_name),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# registry
+
+
+DISPATCH_MODE_FN_REGISTRY: dict[Any, dict[str, Callable]] = {
+    Dispatch.ONE_TO_ALL: {"dispatch_fn": dispatch_one_to_all, "collect_fn": collect_all_to_all},
+    Dispatch.ALL_TO_ALL: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
+    Dispatch.DP_COMPUTE: {"dispatch_fn": dispatch_dp_compute, "collect_fn": collect_dp_compute},
+    Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": dispatch_dp_compute_data_proto,
+                                "collect_fn": collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {"dispatch_fn": dispatch_dp_compute_data_proto_with_func,
+                                          "collect_fn": collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": dispatch_dp_compute_data_proto,
+                                 "collect_fn": collect_all_to_all},
+    Dispatch.DIRECT_ROLLOUT_METHOD: {"dispatch_fn": dispatch_direct_rollout_fn,
+                                     "collect_fn": collect_direct_rollout_fn},
+}
+
+
+class RankZeroDispatchError(ValueError, KeyError):
+    """``Dispatch.RANK_ZERO`` was used; it has no dispatch function (use Execute.RANK_ZERO).
+
+    Also a ``KeyError`` so code written against verl's behaviour still catches it.
+    """
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+def get_predefined_dispatch_fn(dispatch_mode) -> dict[str, Callable]:
+    """The ``{"dispatch_fn", "collect_fn"}`` pair registered for ``dispatch_mode``."""
+    if dispatch_mode is getattr(Dispatch, "RANK_ZERO", None) and dispatch_mode not in DISPATCH_MODE_FN_REGISTRY:
+        raise RankZeroDispatchError(
+            "Dispatch.RANK_ZERO has no dispatch function (verl does not implement it either); "
+            "to run a method on rank 0 only use @register(execute_mode=Execute.RANK_ZERO)")
+    return DISPATCH_MODE_FN_REGISTRY[dispatch_mode]
+
+
+def register_dispatch_mode(dispatch_mode_name: str, dispatch_fn: Callable, collect_fn: Callable) -> None:
+    """Add a new ``Dispatch`` member named ``dispatch_mode_name`` with its two functions.
+
+    As in verl the member is registered per process (and pickles by name): register the
+    same mode in every process that unpickles it (workers import the defining module).
+    """
+    dispatch_mode = Dispatch.register(dispatch_mode_name)
+    _check_dispatch_mode(dispatch_mode)
+    if dispatch_mode in DISPATCH_MODE_FN_REGISTRY:
+        raise AssertionError(f"dispatch_mode_name {dispatch_mode_name} already exists")
+    DISPATCH_MODE_FN_REGISTRY[dispatch_mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
+
+
+def update_dispatch_mode(dispatch_mode, dispatch_fn: Callable, collect_fn: Callable) -> None:
+    """Replace the functions of an existing dispatch mode."""
+    if not isinstance(dispatch_mode, Dispatch) or dispatch_mode not in DISPATCH_MODE_FN_REGISTRY:
+        raise AssertionError(f"dispatch_mode {dispatch_mode} not found")
+    DISPATCH_MODE_FN_REGISTRY[dispatch_mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
+
+
+def get_predefined_execute_fn(execute_mode) -> dict[str, str]:
+    """The WorkerGroup method that executes ``execute_mode`` (``execute_all`` / ``execute_rank_zero``)."""
+    table = {Execute.ALL: {"execute_fn_name": "execute_all"},
+             Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"}}
+    return table[execute_mode]
+
+
+def _check_dispatch_mode(dispatch_mode) -> None:
+    if not (isinstance(dispatch_mode, Dispatch) or (
+            isinstance(dispatch_mode, dict) and "dispatch_fn" in dispatch_mode and "collect_fn" in dispatch_mode)):
+        raise AssertionError(f"dispatch_mode {dispatch_mode!r} is not supported")
+
+
+def _check_execute_mode(execute_mode) -> None:
+    if not isinstance(execute_mode, Execute):
+        raise AssertionError(f"execute_mode {execute_mode!r} is not supported")
+
+
+def resolve_dispatch_mode(dispatch_mode) -> tuple[Callable, Callable]:
+    """``(dispatch_fn, collect_fn)`` for a Dispatch member or a custom dict."""
+    if isinstance(dispatch_mode, dict):
+        _check_dispatch_mode(dispatch_mode)
+        return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
+    fns = get_predefined_dispatch_fn(dispatch_mode)
+    return fns["dispatch_fn"], fns["collect_fn"]
+
+
+# ---------------------------------------------------------------------------------------
+# execute-side helpers
+
+
+def slice_for_ranks(n: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
+    """verl's ``execute_all_async`` slicing rule: the (args, kwargs) each of ``n`` ranks gets.
+
+    If every positional argument and every keyword value is a ``list`` (tuples do not count)
+    of length ``n``, rank i gets the i-th element of each; otherwise every rank gets the
+    arguments as they are. No arguments at all counts as sliced (every rank gets none).
+    """
+    values = list(args) + list(kwargs.values())
+    if all(isinstance(v, list) and len(v) == n for v in values):
+        return [(tuple(a[i] for a in args), {k: v[i] for k, v in kwargs.items()}) for i in range(n)]
+    return [(tuple(args), dict(kwargs)) for _ in range(n)]
+
+
+def unpad_output(output: Any, padding_size: int, padded_rows: int | None, world_size: int) -> Any:
+    """Remove auto-padding from a collected output.
+
+    A DataProto/TensorDict keeps its first ``len - pad`` rows; a DataProtoFuture gets the
+    matching row range. A per-rank list (``world_size`` entries, e.g. DP_COMPUTE_METRIC)
+    keeps the outputs of ranks whose chunk held at least one real row; another list drops
+    its last ``pad`` entries (verl's rule); anything else is returned as is.
+    """
+    if not padding_size:
+        return output
+    if isinstance(output, (DataProto, TensorDict)):
+        return output[:len(output) - padding_size]
+    if isinstance(output, DataProtoFuture):
+        from podium.controller.futures import unpadded_future
+        return unpadded_future(output, padding_size)
+    if isinstance(output, list):
+        if padded_rows is not None and len(output) == world_size:
+            real = padded_rows - padding_size
+            per_rank = padded_rows // world_size
+            return output[:math.ceil(real / per_rank)] if per_rank else output
+        return output[:-padding_size]
+    return output
+
+
+def unique_payload_groups(per_rank: list[tuple[tuple, dict]]) -> list[list[int]]:
+    """Group ranks whose arguments are the very same objects, so their payload is encoded once."""
+    groups: dict[tuple, list[int]] = {}
+    for rank, (args, kwargs) in enumerate(per_rank):
+        key = tuple(id(a) for a in args) + tuple((k, id(v)) for k, v in sorted(kwargs.items()))
+        groups.setdefault(key, []).append(rank)
+    return list(groups.values())
+

@@ -1,0 +1,310 @@
+"""Results of ``blocking=False`` calls: handles that exist before the result does.
+
+A non-blocking WorkerGroup call returns at once. Each rank's result stays in its worker
+(the call is made with ``hold_result``), and the caller gets:
+
+* a :class:`PendingRef` per rank for list-collect modes (Ray's ``ObjectRef`` role): it
+  becomes a :class:`podium.refs.ObjectRef` once the call finished;
+* a :class:`PendingDataProtoFuture` for concat modes (``DP_COMPUTE_PROTO`` and friends):
+  a :class:`podium.refs.DataProtoFuture` whose refs are filled in when the producers
+  finish. ``chunk(n)``/``slice`` on it stay lazy, so handing it to another group's call
+  does not block the controller; padding is removed through its row range (verl returns
+  the future padded).
+
+Pass either to another WorkerGroup call and the consuming workers fetch the rows they need
+straight from the producing workers (worker to worker); :func:`get` fetches values into the
+controller, :func:`wait` waits for some of them like ``ray.wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from typing import Any, Iterable
+
+from podium.errors import DeadlineExceededError
+from podium.refs import DataProtoFuture, ObjectRef
+
+__all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "resolve_args",
+           "is_pending", "unpadded_future"]
+
+
+class PendingRef:
+    """One rank's held result of a ``blocking=False`` call (becomes an ObjectRef)."""
+
+    __slots__ = ("_future", "rank", "method", "__weakref__")
+
+    def __init__(self, future: concurrent.futures.Future, rank: int, method: str) -> None:
+        self._future = future
+        self.rank = rank
+        self.method = method
+
+    def done(self) -> bool:
+        """True once the call finished (successfully or not)."""
+        return self._future.done()
+
+    def ref(self, timeout: float | None = None) -> ObjectRef:
+        """The ObjectRef, waiting up to ``timeout`` seconds for the call to finish.
+
+        Raises the call's error (RemoteError, WorkerDiedError, ...).
+        """
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise DeadlineExceededError(
+                f"{self.method} on rank {self.rank} did not finish within {timeout}s") from None
+
+    async def aref(self) -> ObjectRef:
+        """The ObjectRef, awaited on the runtime's loop."""
+        return await asyncio.wrap_future(self._future)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The value: waits for the call, then fetches the result from its worker."""
+        return get(self, timeout=timeout)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"PendingRef({self.method} rank {self.rank}, {state})"
+
+
+class PendingDataProtoFuture(DataProtoFuture):
+    """A DataProtoFuture over results that may still be computing.
+
+    ``refs``/``start``/``stop`` (and everything built on them, e.g. ``len()``) wait for the
+    producers; ``chunk``, ``slice`` and ``unpadded`` stay lazy.
+    """
+
+    __slots__ = ("_source", "_op", "_resolved", "_lock")
+
+    def __init__(self, source: list[PendingRef | ObjectRef] | "PendingDataProtoFuture",
+                 op: tuple | None = None) -> None:
+        # DataProtoFuture.__init__ validates refs we do not have yet: not called on purpose.
+        self._source = source
+        self._op = op
+        self._resolved: DataProtoFuture | None = None
+        self._lock = threading.Lock()
+
+    # ---- laziness ---------------------------------------------------------------------
+
+    def _pending_refs(self) -> list[PendingRef]:
+        node = self
+        while isinstance(node._source, PendingDataProtoFuture):
+            node = node._source
+        return [r for r in node._source if isinstance(r, PendingRef)]
+
+    def done(self) -> bool:
+        """True once every producing call finished."""
+        return all(r.done() for r in self._pending_refs())
+
+    def _apply(self, base: DataProtoFuture) -> DataProtoFuture:
+        if self._op is None:
+            return base
+        kind = self._op[0]
+        if kind == "chunk":
+            _, i, n = self._op
+            return base.chunk(n)[i]
+        if kind == "slice":
+            _, a, b = self._op
+            return base.slice(a, b)
+        if kind == "unpad":
+            return base.slice(0, len(base) - self._op[1])
+        raise AssertionError(f"unknown op {self._op!r}")
+
+    def resolved(self, timeout: float | None = None) -> DataProtoFuture:
+        """The plain DataProtoFuture, waiting up to ``timeout`` for the producers."""
+        if self._resolved is None:
+            if isinstance(self._source, PendingDataProtoFuture):
+                base = self._source.resolved(timeout)
+            else:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                refs = [r.ref(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                        if isinstance(r, PendingRef) else r for r in self._source]
+                base = DataProtoFuture(refs)
+            with self._lock:
+                self._resolved = self._apply(base)
+        return self._resolved
+
+    async def aresolved(self) -> DataProtoFuture:
+        """The plain DataProtoFuture, awaited on the runtime's loop."""
+        if self._resolved is None:
+            if isinstance(self._source, PendingDataProtoFuture):
+                base = await self._source.aresolved()
+            else:
+                refs = [await r.aref() if isinstance(r, PendingRef) else r for r in self._source]
+                base = DataProtoFuture(refs)
+            self._resolved = self._apply(base)
+        return self._resolved
+
+    # ---- the DataProtoFuture surface --------------------------------------------------
+
+    @property
+    def refs(self):  # type: ignore[override]
+        """The producers' refs (waits for them)."""
+        return self.resolved().refs
+
+    @property
+    def start(self):  # type: ignore[override]
+        """First row (waits for the producers)."""
+        return self.resolved().start
+
+    @property
+    def stop(self):  # type: ignore[override]
+        """End row (waits for the producers)."""
+        return self.resolved().stop
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        """``chunks`` lazy futures over equal row ranges (checked when resolved)."""
+        if self._resolved is not None:
+            return self._resolved.chunk(chunks)
+        return [PendingDataProtoFuture(self, ("chunk", i, chunks)) for i in range(chunks)]
+
+    def slice(self, start: int, stop: int) -> DataProtoFuture:
+        """Rows ``[start, stop)``, lazily."""
+        if self._resolved is not None:
+            return self._resolved.slice(start, stop)
+        return PendingDataProtoFuture(self, ("slice", start, stop))
+
+    def unpadded(self, padding_size: int) -> DataProtoFuture:
+        """The same future without its last ``padding_size`` rows, lazily."""
+        if not padding_size:
+            return self
+        return PendingDataProtoFuture(self, ("unpad", padding_size))
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for the producers, then fetch and concatenate the covered rows."""
+        return get(self, timeout=timeout)
+
+    async def aget(self, timeout: float | None = None) -> Any:
+        """Async :meth:`get` (on the runtime's loop)."""
+        resolved = await self.aresolved()
+        return await resolved.aget(timeout)
+
+    def __reduce__(self):
+        resolved = self.resolved()
+        return (DataProtoFuture, (resolved.refs, resolved.start, resolved.stop))
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        if self._resolved is not None:
+            return repr(self._resolved)
+        return f"PendingDataProtoFuture({'done' if self.done() else 'pending'}, op={self._op})"
+
+
+def unpadded_future(future: DataProtoFuture, padding_size: int) -> DataProtoFuture:
+    """``future`` without its last ``padding_size`` rows (lazily when still pending)."""
+    if isinstance(future, PendingDataProtoFuture):
+        return future.unpadded(padding_size)
+    return future.slice(0, len(future) - padding_size) if padding_size else future
+
+
+def concat_refs(outputs: list) -> DataProtoFuture:
+    """A DataProtoFuture over per-rank outputs (ObjectRefs, PendingRefs or futures)."""
+    flat: list = []
+    for value in outputs:
+        if isinstance(value, PendingDataProtoFuture) or (
+                isinstance(value, DataProtoFuture) and not isinstance(value, PendingDataProtoFuture)):
+            raise TypeError("cannot concatenate DataProtoFutures; collect refs instead")
+        flat.append(value)
+    if all(isinstance(v, ObjectRef) for v in flat):
+        return DataProtoFuture.concat(flat)
+    return PendingDataProtoFuture(flat)
+
+
+def is_pending(value: Any) -> bool:
+    """True for a PendingRef or a PendingDataProtoFuture."""
+    return isinstance(value, (PendingRef, PendingDataProtoFuture))
+
+
+async def _resolve_one(value: Any) -> Any:
+    if isinstance(value, PendingRef):
+        return await value.aref()
+    if isinstance(value, PendingDataProtoFuture):
+        return await value.aresolved()
+    return value
+
+
+async def resolve_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Replace top-level pending handles by real ObjectRefs / DataProtoFutures (on the loop)."""
+    if not any(is_pending(v) for v in list(args) + list(kwargs.values())):
+        return args, kwargs
+    args = tuple([await _resolve_one(a) for a in args])
+    kwargs = {k: await _resolve_one(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+async def _aget_value(value: Any) -> Any:
+    if isinstance(value, PendingRef):
+        value = await value.aref()
+    if isinstance(value, PendingDataProtoFuture):
+        value = await value.aresolved()
+    if isinstance(value, ObjectRef):
+        from podium.refs import get_resolver
+        return await get_resolver().fetch(value)
+    if isinstance(value, DataProtoFuture):
+        return await value.aget()
+    return value
+
+
+def get(refs_or_future: Any, timeout: float | None = None) -> Any:
+    """The value(s) of refs or futures (``ray.get``): a list in, a list out.
+
+    Accepts PendingRef, ObjectRef, DataProtoFuture (pending or not), or a list of them;
+    other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout;
+    DeadlineExceededError when it runs out.
+    """
+    from podium.controller.runtime import get_runtime
+    rt = get_runtime()
+    if isinstance(refs_or_future, (list, tuple)):
+        async def all_of():
+            return list(await asyncio.gather(*(_aget_value(v) for v in refs_or_future)))
+        return rt.run(all_of(), timeout=timeout, what="get")
+    return rt.run(_aget_value(refs_or_future), timeout=timeout, what="get")
+
+
+def _done(value: Any) -> bool:
+    if isinstance(value, (PendingRef, PendingDataProtoFuture)):
+        return value.done()
+    return True
+
+
+def _underlying(values: Iterable[Any]) -> list[concurrent.futures.Future]:
+    out = []
+    for value in values:
+        if isinstance(value, PendingRef):
+            out.append(value._future)
+        elif isinstance(value, PendingDataProtoFuture):
+            out.extend(r._future for r in value._pending_refs())
+    return out
+
+
+def wait(refs: list, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
+    """Wait until ``num_returns`` of ``refs`` are done or ``timeout`` passes (``ray.wait``).
+
+    Returns ``(ready, not_ready)`` keeping the input order within each list. A finished call
+    counts as ready even when it failed (``get`` raises its error).
+    """
+    refs = list(refs)
+    if not 0 <= num_returns <= len(refs):
+        raise ValueError(f"num_returns must be in [0, {len(refs)}], got {num_returns}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        ready = [r for r in refs if _done(r)]
+        if len(ready) >= num_returns:
+            break
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            break
+        pending = [f for f in _underlying(refs) if not f.done()]
+        if not pending:
+            continue
+        concurrent.futures.wait(pending, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+    ready_ids = {id(r) for r in ready[:num_returns]} if num_returns else set()
+    ready_list = [r for r in refs if id(r) in ready_ids]
+    return ready_list, [r for r in refs if id(r) not in ready_ids]
