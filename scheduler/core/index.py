@@ -8,7 +8,8 @@ point at ranks:
   group needing W whole GPUs on one node starts looking at bucket W (best fit) and
   walks up; SPREAD walks down from the emptiest nodes.
 * ``partial``: ``(largest free units on a partly used GPU, rank)`` ascending, so a
-  fractional bundle finds the partly used GPU that fits it most tightly first.
+  fractional bundle tries first the nodes whose roomiest partly used GPU fits it most
+  tightly (the GPU inside the node is then chosen by best fit, see fit.py).
 * ``cpu``: ``(free CPU units, rank)`` ascending, for CPU-only groups.
 
 A snapshot builds its index once (O(n log n)); ``apply``/``release`` derive the next

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, Strategy
+from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, Strategy, validate_bundles
 from podium.scheduler.core.index import index_of
 
 __all__ = ["GpuView", "NodeView", "Snapshot", "PlacementRequest", "BundleAssignment",
@@ -105,14 +105,20 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """A placement group to place: its bundles, in order, and the strategy."""
+    """A placement group to place: its bundles, in order, and the strategy.
+
+    Bundles may be given as BundleSpecs or as user mappings (``{"CPU": 1, "GPU": 1}``)
+    and the strategy as a name or wire int; both are validated here
+    (InvalidSpecError: no bundles, a bad bundle, an unknown strategy).
+    """
 
     bundles: tuple[BundleSpec, ...]
     strategy: Strategy
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bundles, tuple):
-            object.__setattr__(self, "bundles", tuple(self.bundles))
+        if not (isinstance(self.bundles, tuple)
+                and all(type(b) is BundleSpec for b in self.bundles) and self.bundles):
+            object.__setattr__(self, "bundles", validate_bundles(self.bundles))
         object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
 
 

@@ -27,8 +27,6 @@ def place(request: PlacementRequest, snapshot: Snapshot) -> Placement | Infeasib
     if not snapshot.nodes:
         return Infeasible("no nodes registered", {})
     bundles = request.bundles
-    if not bundles:
-        raise InvalidArgumentError("a placement request needs at least one bundle")
     ix = index_of(snapshot)
     answer = attempt(ix, bundles, request.strategy)
     if answer is not None:

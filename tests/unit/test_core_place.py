@@ -285,3 +285,14 @@ def test_infeasible_lists_every_node_with_numbers():
     assert result.node_reasons == {
         n.node_id: "4 GPUs, bundle group needs 5 on one node (STRICT_PACK)" for n in nodes}
     assert "5 x {CPU: 1, GPU: 1}" in result.message and "12 GPUs" in result.message
+
+
+def test_request_accepts_user_forms_and_validates():
+    request = PlacementRequest([{"CPU": 1, "GPU": 1}] * 2, "strict_pack")
+    assert request == req(2, S.STRICT_PACK)
+    with pytest.raises(ValueError, match="at least one bundle"):
+        PlacementRequest((), S.PACK)
+    with pytest.raises(ValueError, match="bundle 0: .*'TPU'"):
+        PlacementRequest([{"TPU": 1}], S.PACK)
+    with pytest.raises(ValueError, match="unknown placement strategy"):
+        PlacementRequest([{"GPU": 1}], 0)
