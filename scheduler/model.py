@@ -525,8 +525,7 @@ class ClusterModel:
             result = core.place(core.PlacementRequest(specs, strat), snapshot)
             if isinstance(result, core.Infeasible):
                 raise errors.InfeasibleError(
-                    f"placement group {name!r} ({strat.name}, "
-                    f"{', '.join(s.describe() for s in specs)}) can never fit: {result.message}",
+                    f"placement group {name!r} can never fit: {result.message}",
                     node_reasons=dict(result.node_reasons))
         self.groups[group.id] = group
         self._specs[group.id] = specs
