@@ -1,0 +1,449 @@
+"""The node agent against a recording scheduler: real gRPC servers on port 0, real processes.
+
+The workers are ``agent_fake_worker.py``, which follows the same bootstrap
+contract as ``podium.worker.host`` (ready fd, one JSON line) and can be told to
+crash, ignore SIGTERM, or stay silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+import uvloop
+
+from podium import errors, rpc
+from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from podium.worker.agent import AgentConfig, run_agent
+from podium.worker.gpus import fake_uuid
+
+TOKEN = "agent-test-token"
+FAKE_WORKER = pathlib.Path(__file__).with_name("agent_fake_worker.py")
+WAIT = 10.0  # every wait's deadline; generous for a loaded 2-core box
+
+
+def run(coro):
+    """Run a test coroutine on a uvloop loop, as the agent runs in production."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+async def eventually(predicate, what: str, timeout: float = WAIT):
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class RecordingScheduler(scheduler_pb2_grpc.SchedulerServicer):
+    """Records what the agent sends; answers like a scheduler would."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.registrations: list[scheduler_pb2.RegisterNodeRequest] = []
+        self.heartbeats: list[scheduler_pb2.HeartbeatRequest] = []
+        self.reports: list[scheduler_pb2.ReportWorkerRequest] = []
+        self.reregister_next = False
+        self.stop_next: list[str] = []
+
+    async def RegisterNode(self, request, context):
+        self.registrations.append(request)
+        return scheduler_pb2.RegisterNodeResponse(lease_seconds=5, heartbeat_interval_seconds=self.interval,
+                                                  scheduler_id="sched-test")
+
+    async def Heartbeat(self, request, context):
+        self.heartbeats.append(request)
+        response = scheduler_pb2.HeartbeatResponse(reregister=self.reregister_next,
+                                                   stop_worker_ids=self.stop_next)
+        self.reregister_next, self.stop_next = False, []
+        return response
+
+    async def ReportWorker(self, request, context):
+        self.reports.append(request)
+        return scheduler_pb2.ReportWorkerResponse()
+
+    def report(self, worker_id: str, state: int):
+        """The first report of that worker in that state, or None."""
+        return next((r for r in self.reports if r.worker_id == worker_id and r.state == state), None)
+
+
+async def start_scheduler(port: int = 0):
+    server, health = rpc.make_server(TOKEN)
+    recorder = RecordingScheduler()
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(recorder, server)
+    port = rpc.bind(server, "127.0.0.1", port)
+    await rpc.start_server(server, health)
+    return server, recorder, port
+
+
+@contextlib.asynccontextmanager
+async def node(tmp_path, **overrides):
+    """A recording scheduler and an agent with 2 fake GPUs whose workers are the fake worker."""
+    server, recorder, port = await start_scheduler()
+    config = AgentConfig(scheduler=f"127.0.0.1:{port}", node_id="node-a", cpus=4, fake_gpus=2,
+                         log_dir=str(tmp_path / "logs"), token=TOKEN, stop_grace=2.0,
+                         worker_command=[sys.executable, str(FAKE_WORKER)])
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    agent = await run_agent(config)
+    channel = rpc.make_channel(agent.address, TOKEN)
+    try:
+        yield recorder, agent, node_pb2_grpc.NodeAgentStub(channel)
+    finally:
+        await agent.stop(grace=0.5)
+        await channel.close()
+        await server.stop(None)
+
+
+def worker(worker_id: str, **env) -> common_pb2.WorkerInfo:
+    """A WorkerInfo as the scheduler fills it in (env includes the system variables)."""
+    system = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+              "CUDA_VISIBLE_DEVICES": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+              "PODIUM_LOCAL_WORLD_SIZE": "1", "RAY_LOCAL_WORLD_SIZE": "1", "WG_PREFIX": "grp",
+              "WG_BACKEND": "podium", "PODIUM_WORKER_ID": worker_id,
+              "PODIUM_NODE_ADDRESS": "127.0.0.1"}
+    system.update(env)
+    return common_pb2.WorkerInfo(id=worker_id, spec=common_pb2.WorkerSpec(name=f"grp_{worker_id}"),
+                                 node_id="node-a", node_address="127.0.0.1", env=system)
+
+
+async def spawn_running(stub, recorder, *infos, reserved_port: int = 0):
+    """Spawn workers and wait until each is reported RUNNING."""
+    response = await stub.SpawnWorkers(node_pb2.SpawnWorkersRequest(workers=infos,
+                                                                    reserved_port=reserved_port),
+                                       timeout=WAIT)
+    for info in infos:
+        await eventually(lambda: recorder.report(info.id, common_pb2.WORKER_RUNNING),
+                         f"{info.id} RUNNING")
+    return response
+
+
+async def rpc_error(call):
+    """The podium error a failing call raises."""
+    with pytest.raises(grpc.RpcError) as caught:
+        await call
+    return rpc.error_from_rpc(caught.value)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_registers_and_heartbeats_with_fake_gpus(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            await eventually(lambda: len(recorder.heartbeats) >= 2, "two heartbeats")
+            info = recorder.registrations[0].node
+            assert (info.node_id, info.address, info.agent_port, info.cpus) == (
+                "node-a", "127.0.0.1", agent.port, 4.0)
+            assert [(g.index, g.uuid, g.name) for g in info.gpus] == [
+                (0, fake_uuid("node-a", 0), "Fake GPU"), (1, fake_uuid("node-a", 1), "Fake GPU")]
+            assert all(g.memory_total_bytes == 80 * 1024**3 for g in info.gpus)
+            beat = recorder.heartbeats[-1]
+            assert beat.node_id == "node-a" and len(beat.gpus) == 2 and list(beat.running) == []
+            assert agent.scheduler_id == "sched-test"
+            remote = await stub.GetNodeInfo(node_pb2.GetNodeInfoRequest(), timeout=WAIT)
+            assert remote.node_id == "node-a" and len(remote.gpus) == 2
+
+    run(body())
+
+
+def test_reregisters_when_asked_and_after_the_scheduler_comes_back(tmp_path):
+    async def body():
+        # A port nobody serves yet: the agent must keep retrying, not crash.
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        config = AgentConfig(scheduler=f"127.0.0.1:{port}", node_id="node-late", fake_gpus=1,
+                             log_dir=str(tmp_path / "logs"), token=TOKEN)
+        agent = await run_agent(config)
+        try:
+            await asyncio.sleep(0.3)
+            assert agent.registrations == 0
+            server, recorder, _ = await start_scheduler(port)
+            await eventually(lambda: recorder.heartbeats, "first heartbeat after the scheduler came up")
+            recorder.reregister_next = True
+            await eventually(lambda: len(recorder.registrations) >= 2, "re-registration on request")
+            await server.stop(None)
+            await eventually(lambda: not agent.registered.is_set(), "the agent noticing the outage")
+            server, recorder, _ = await start_scheduler(port)
+            await eventually(lambda: recorder.registrations, "registration after the outage")
+            await server.stop(None)
+        finally:
+            await agent.stop()
+
+    run(body())
+
+
+def test_agent_module_never_imports_torch():
+    code = "import sys, podium.worker.agent; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- spawning
+
+
+def test_spawn_reports_running_with_exact_env_and_log_files(tmp_path):
+    async def body():
+        env_file = tmp_path / "env.json"
+        async with node(tmp_path) as (recorder, agent, stub):
+            info = worker("w-1", FAKE_ENV_FILE=str(env_file), USER_VAR="x=1 y")
+            response = await spawn_running(stub, recorder, info)
+            spawned = response.workers[0]
+            running = recorder.report("w-1", common_pb2.WORKER_RUNNING)
+            assert spawned.worker_id == "w-1" and spawned.pid == running.pid > 0
+            assert running.port > 0 and running.node_id == "node-a"
+            env = json.loads(env_file.read_text())
+            for key, value in info.env.items():
+                assert env[key] == value, key
+            assert env["PODIUM_TOKEN"] == TOKEN
+            assert env["PODIUM_SCHEDULER"] == agent.config.scheduler
+            assert env["PYTHONUNBUFFERED"] == "1"
+            assert "PODIUM_TOKEN_FILE" not in env
+            out = pathlib.Path(spawned.log_path)
+            assert out == tmp_path / "logs" / "w-1.out"
+            assert (tmp_path / "logs" / "w-1.err").exists()
+            await eventually(lambda: "ready" in out.read_text(), "the worker's stdout in its log")
+            assert "grp_w-1" in out.read_text().splitlines()[0]
+            listed = await stub.ListWorkers(node_pb2.ListWorkersRequest(), timeout=WAIT)
+            assert [(w.id, w.state, w.pid, w.port) for w in listed.workers] == [
+                ("w-1", common_pb2.WORKER_RUNNING, running.pid, running.port)]
+            await eventually(lambda: recorder.heartbeats and any(
+                r.worker_id == "w-1" for r in recorder.heartbeats[-1].running),
+                             "the worker in a heartbeat")
+            # Spawning the same id again is harmless: same process.
+            again = await stub.SpawnWorkers(node_pb2.SpawnWorkersRequest(workers=[info]), timeout=WAIT)
+            assert again.workers[0].pid == spawned.pid
+
+    run(body())
+
+
+def test_spawns_several_workers_in_one_request(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            infos = [worker(f"w-{i}", RANK=str(i), WORLD_SIZE="3") for i in range(3)]
+            response = await spawn_running(stub, recorder, *infos)
+            assert [w.worker_id for w in response.workers] == ["w-0", "w-1", "w-2"]
+            assert len({w.pid for w in response.workers}) == 3
+
+    run(body())
+
+
+@pytest.mark.parametrize("mode, exit_code, reason_part, tail_part", [
+    ("crash", 3, "exited before it was ready", "fatal: the fake worker was told to crash"),
+    ("no_port", -1, "closed its ready pipe without a port", ""),
+])
+def test_worker_that_never_becomes_ready_fails(tmp_path, mode, exit_code, reason_part, tail_part):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            response = await stub.SpawnWorkers(
+                node_pb2.SpawnWorkersRequest(workers=[worker("w-bad", FAKE_MODE=mode)]), timeout=WAIT)
+            failed = await eventually(lambda: recorder.report("w-bad", common_pb2.WORKER_FAILED),
+                                      "FAILED report")
+            assert failed.exit.exit_code == exit_code
+            assert reason_part in failed.exit.reason
+            assert tail_part in failed.exit.stderr_tail
+            assert not failed.exit.requested
+            assert recorder.report("w-bad", common_pb2.WORKER_RUNNING) is None
+            await eventually(lambda: not alive(response.workers[0].pid), "the broken worker gone")
+
+    run(body())
+
+
+def test_bad_worker_ids_are_rejected_before_anything_starts(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            for bad in (["../evil"], ["w-1", "w-1"], [""]):
+                request = node_pb2.SpawnWorkersRequest(workers=[worker(i) for i in bad])
+                error = await rpc_error(stub.SpawnWorkers(request, timeout=WAIT))
+                assert isinstance(error, errors.InvalidArgumentError), bad
+            assert agent.spawner.workers() == []
+
+    run(body())
+
+
+# ---------------------------------------------------------------- reaping and stopping
+
+
+def test_sigkilled_worker_is_reported_with_signal_and_stderr_tail(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            await spawn_running(stub, recorder, worker("w-k", FAKE_LINES="60"))
+            pid = recorder.report("w-k", common_pb2.WORKER_RUNNING).pid
+            os.kill(pid, signal.SIGKILL)
+            exited = await eventually(lambda: recorder.report("w-k", common_pb2.WORKER_EXITED),
+                                      "EXITED report within 2 s", timeout=2.0)
+            assert (exited.exit.exit_code, exited.exit.signal, exited.exit.reason) == (
+                -1, 9, "killed by SIGKILL")
+            assert not exited.exit.requested
+            tail = exited.exit.stderr_tail.splitlines()
+            assert tail == [f"err line {i}" for i in range(10, 60)]
+
+    run(body())
+
+
+def test_stop_workers_terminates_then_kills_after_grace(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            child_file = tmp_path / "child.pid"
+            await spawn_running(stub, recorder, worker("w-polite"),
+                                worker("w-stubborn", FAKE_MODE="ignore_term",
+                                       FAKE_CHILD_PID_FILE=str(child_file)))
+            child = int(child_file.read_text())
+            response = await stub.StopWorkers(
+                node_pb2.StopWorkersRequest(worker_ids=["w-polite", "w-stubborn"], grace_seconds=0.5),
+                timeout=WAIT)
+            assert response.stopped == 2
+            polite = await eventually(lambda: recorder.report("w-polite", common_pb2.WORKER_EXITED),
+                                      "polite EXITED")
+            stubborn = await eventually(lambda: recorder.report("w-stubborn", common_pb2.WORKER_EXITED),
+                                        "stubborn EXITED")
+            assert (polite.exit.exit_code, polite.exit.signal, polite.exit.requested) == (0, 0, True)
+            assert (stubborn.exit.exit_code, stubborn.exit.signal, stubborn.exit.requested) == (-1, 9, True)
+            assert stubborn.exit.reason == "stopped by request"
+            await eventually(lambda: not alive(child), "the stubborn worker's child gone")
+            again = await stub.StopWorkers(node_pb2.StopWorkersRequest(worker_ids=["w-polite"]),
+                                           timeout=WAIT)
+            assert again.stopped == 0
+
+    run(body())
+
+
+def test_heartbeat_stop_list_stops_workers(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            await spawn_running(stub, recorder, worker("w-unwanted"))
+            recorder.stop_next = ["w-unwanted", "w-never-heard-of"]
+            exited = await eventually(lambda: recorder.report("w-unwanted", common_pb2.WORKER_EXITED),
+                                      "EXITED after the heartbeat said stop")
+            assert exited.exit.requested
+
+    run(body())
+
+
+def test_unknown_worker_ids_are_not_found(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            error = await rpc_error(stub.StopWorkers(
+                node_pb2.StopWorkersRequest(worker_ids=["w-nope"]), timeout=WAIT))
+            assert isinstance(error, errors.NotFoundError)
+            stream = stub.TailLog(node_pb2.TailLogRequest(worker_id="w-nope"), timeout=WAIT)
+            error = await rpc_error(stream.read())
+            assert isinstance(error, errors.NotFoundError)
+
+    run(body())
+
+
+def test_agent_stop_leaves_no_process_behind(tmp_path):
+    async def body():
+        child_file = tmp_path / "child.pid"
+        async with node(tmp_path) as (recorder, agent, stub):
+            await spawn_running(stub, recorder, worker("w-a"),
+                                worker("w-b", FAKE_MODE="ignore_term", FAKE_CHILD_PID_FILE=str(child_file)))
+            pids = [r.pid for r in recorder.reports] + [int(child_file.read_text())]
+            await agent.stop(grace=0.3)
+            for wid in ("w-a", "w-b"):
+                assert recorder.report(wid, common_pb2.WORKER_EXITED).exit.requested
+            await eventually(lambda: not any(alive(pid) for pid in pids), "every process gone")
+
+    run(body())
+
+
+# ---------------------------------------------------------------- logs
+
+
+def test_tail_log_last_lines_then_follow_until_exit(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            await spawn_running(stub, recorder, worker("w-log", FAKE_LINES="5", FAKE_TICK="0.05"))
+            await eventually(lambda: "ready" in (tmp_path / "logs" / "w-log.out").read_text(), "ready line")
+            lines = [(line.stream, line.text) async for line in stub.TailLog(
+                node_pb2.TailLogRequest(worker_id="w-log", last_lines=2), timeout=WAIT)]
+            assert ("stderr", "err line 3") in lines and ("stderr", "err line 4") in lines
+            assert len([s for s, _ in lines if s == "stdout"]) == 2
+            whole = [line.text async for line in stub.TailLog(
+                node_pb2.TailLogRequest(worker_id="w-log"), timeout=WAIT)]
+            assert whole[:6] == [f"out line {i}" for i in range(5)] + ["ready"]
+            assert not any(text.startswith("###") for text in whole)
+
+            stream = stub.TailLog(node_pb2.TailLogRequest(worker_id="w-log", last_lines=1, follow=True),
+                                  timeout=WAIT)
+            seen = []
+            async for line in stream:
+                seen.append(line.text)
+                if len([t for t in seen if t.startswith("tick")]) >= 5:
+                    break
+            assert len(set(seen)) == len(seen)  # no line twice
+            stream.cancel()
+            # A follower ends by itself when the worker exits.
+            follower = stub.TailLog(node_pb2.TailLogRequest(worker_id="w-log", last_lines=1, follow=True),
+                                    timeout=WAIT)
+            first = await follower.read()
+            assert first.worker_id == "w-log"
+            await stub.StopWorkers(node_pb2.StopWorkersRequest(worker_ids=["w-log"], grace_seconds=1),
+                                   timeout=WAIT)
+            async for _ in follower:
+                pass
+            assert await follower.code() == grpc.StatusCode.OK
+
+    run(body())
+
+
+# ---------------------------------------------------------------- ports
+
+
+def can_bind(port: int) -> bool:
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def test_reserve_port_holds_until_spawn_or_expiry(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            held = (await stub.ReservePort(node_pb2.ReservePortRequest(), timeout=WAIT)).port
+            assert held > 0 and not can_bind(held)
+            await spawn_running(stub, recorder, worker("w-master", MASTER_PORT=str(held)),
+                                reserved_port=held)
+            assert can_bind(held) and agent.ports.held() == []
+
+            brief = (await stub.ReservePort(node_pb2.ReservePortRequest(hold_seconds=0.2), timeout=WAIT)).port
+            assert not can_bind(brief)
+            await eventually(lambda: can_bind(brief), "the hold to expire")
+
+            error = await rpc_error(stub.ReservePort(node_pb2.ReservePortRequest(hold_seconds=-1),
+                                                     timeout=WAIT))
+            assert isinstance(error, errors.InvalidArgumentError)
+
+    run(body())

@@ -1,0 +1,489 @@
+"""Worker processes of one node: start them, watch them become ready, reap them, stop them.
+
+Bootstrap contract with ``podium.worker.host`` (keep both sides exactly alike):
+the agent runs ``[sys.executable, "-m", "podium.worker.host", "--ready-fd", W]``
+where ``W`` is the write end of a pipe passed with ``pass_fds``; cwd is the agent's
+cwd; env is the agent's environment (minus ``PODIUM_TOKEN_FILE``) plus
+``WorkerInfo.env`` plus ``PODIUM_TOKEN``/``PODIUM_SCHEDULER`` when absent and
+``PYTHONUNBUFFERED=1``. Once it serves, the worker writes exactly one JSON line
+``{"port": 12345}`` to ``W`` and closes it. A pipe closed without that line, or a
+process that exits first, makes the worker FAILED.
+
+Each worker runs in its own session (``start_new_session``), so its pid is also
+its process group id and ``killpg`` reaches the whole tree it started.
+
+If the agent itself is SIGKILLed, the kernel kills the workers: the command runs
+behind a tiny exec shim (``python -I -S -c ...``, ~20 ms) that sets
+``prctl(PR_SET_PDEATHSIG, SIGKILL)``, checks the agent is still its parent, and
+``execvp``s the worker command in the same process (same pid, the exact argv
+above; the death signal survives exec). Why not a ``preexec_fn``: it forces a
+real fork() of the multi-threaded agent, which runs gRPC's fork handlers and
+can hang the child before exec; without it Popen uses vfork(), which runs no
+handlers. The death signal fires when the *thread* that spawned the child ends,
+so spawning happens on the event loop thread, which lives as long as the agent.
+Grandchildren a worker starts are not covered; the worker's process group is
+killed whenever the worker ends, which catches them in every other case.
+
+Reaping uses a pidfd per child watched by the event loop: the loop wakes the
+moment a child dies, so EXITED is reported within milliseconds, with the exit
+code or signal and the last lines of its stderr file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import Callable, Iterable, Mapping, Sequence
+
+from podium.errors import InvalidArgumentError, NotFoundError
+from podium.v1 import common_pb2, node_pb2, scheduler_pb2
+
+log = logging.getLogger(__name__)
+
+#: The command that starts a worker process; ``--ready-fd N`` is appended.
+DEFAULT_WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "podium.worker.host")
+
+#: Lines of stderr that travel with an exit report.
+STDERR_TAIL_LINES = 50
+
+#: First characters of the header line the agent writes at the top of each log file.
+HEADER_PREFIX = "### podium worker "
+
+#: Longest we wait for a process to die after SIGKILL before giving up on it.
+_KILL_WAIT_SECONDS = 5.0
+
+#: How long a worker that closed its ready pipe without a port may take to exit on its own.
+_EOF_EXIT_WAIT_SECONDS = 1.0
+
+#: Runs before the worker command: die with the agent (argv: agent pid, command...).
+_PDEATHSIG_SHIM = ("import ctypes,os,sys;"
+                   "ctypes.CDLL(None).prctl(1,9,0,0,0);"  # PR_SET_PDEATHSIG, SIGKILL
+                   "os.getppid()==int(sys.argv[1]) or os._exit(1);"  # the agent died already
+                   "os.execvp(sys.argv[2],sys.argv[2:])")
+_HAS_PRCTL = sys.platform.startswith("linux")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
+
+Reporter = Callable[[scheduler_pb2.ReportWorkerRequest], None]
+
+
+def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
+    """The argv that starts a worker: the shim (Linux) then ``command --ready-fd N``."""
+    argv = [*command, "--ready-fd", str(ready_fd)]
+    if not _HAS_PRCTL:
+        return argv
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *argv]
+
+
+def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
+               scheduler: str, worker_id: str = "", node_address: str = "") -> dict[str, str]:
+    """The environment of a worker process (see the module docstring).
+
+    ``env`` (the scheduler's WorkerInfo.env) wins over ``base``; the token, the
+    scheduler address, the worker id and node address are only filled in when absent.
+    """
+    out = {k: v for k, v in base.items() if k != "PODIUM_TOKEN_FILE"}
+    out.update(env)
+    defaults = {"PODIUM_TOKEN": token, "PODIUM_SCHEDULER": scheduler,
+                "PODIUM_WORKER_ID": worker_id, "PODIUM_NODE_ADDRESS": node_address}
+    for key, value in defaults.items():
+        if value and key not in env:
+            out[key] = value
+    out["PYTHONUNBUFFERED"] = "1"
+    return out
+
+
+def read_tail(path: str | os.PathLike, lines: int = STDERR_TAIL_LINES, *,
+              end: int | None = None, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last ``lines`` lines of a log file (0: all), without the agent's header lines.
+
+    ``end`` stops reading at that byte offset (so a follower can go on from
+    exactly there). With ``lines`` set, reads at most ``max_bytes`` before the
+    end, so a huge log costs no more than that.
+    """
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END) if end is None else end
+            start = max(0, size - max_bytes) if lines else 0
+            handle.seek(start)
+            data = handle.read(size - start)
+    except FileNotFoundError:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    out = text.split("\n")
+    if start > 0:
+        out = out[1:]  # the first piece is a partial line
+    if out and out[-1] == "":
+        out.pop()
+    out = [line for line in out if not line.startswith(HEADER_PREFIX)]
+    return out[-lines:] if lines else out
+
+
+def stderr_tail(path: str | os.PathLike, lines: int = STDERR_TAIL_LINES) -> str:
+    """The last lines of a stderr file joined as one string (for ExitInfo.stderr_tail)."""
+    return "\n".join(read_tail(path, lines))
+
+
+def exit_info(returncode: int, stderr_path: str | os.PathLike, *, requested: bool = False,
+              reason: str = "") -> common_pb2.ExitInfo:
+    """ExitInfo for a process that ended with ``returncode`` (Popen style: -N = signal N)."""
+    if returncode < 0:
+        sig = -returncode
+        try:
+            how = f"killed by {signal.Signals(sig).name}"
+        except ValueError:
+            how = f"killed by signal {sig}"
+        code = -1
+    else:
+        sig, code, how = 0, returncode, f"exited with code {returncode}"
+    if requested:
+        how = "stopped by request"
+    elif reason:
+        how = f"{reason} ({how})"
+    return common_pb2.ExitInfo(exit_code=code, signal=sig, stderr_tail=stderr_tail(stderr_path),
+                               reason=how, requested=requested)
+
+
+class ManagedWorker:
+    """One worker process the agent started, and what it knows about it."""
+
+    def __init__(self, info: common_pb2.WorkerInfo, out_path: pathlib.Path,
+                 err_path: pathlib.Path) -> None:
+        self.info = info
+        self.out_path = out_path
+        self.err_path = err_path
+        self.pid = 0
+        self.port = 0
+        self.state = common_pb2.WORKER_STARTING
+        self.exit: common_pb2.ExitInfo | None = None
+        self.stop_requested = False
+        self.proc: subprocess.Popen | None = None
+        loop = asyncio.get_running_loop()
+        #: Resolves to the Popen return code when the process is reaped.
+        self.exited: asyncio.Future[int] = loop.create_future()
+        #: Resolves to the ready line's bytes (b"" when the pipe closed without one).
+        self.ready: asyncio.Future[bytes] = loop.create_future()
+        self.task: asyncio.Task | None = None
+        #: Stops watching the ready pipe (set by the spawner).
+        self.close_ready: Callable[[], None] = lambda: None
+
+    @property
+    def id(self) -> str:
+        """Worker id ("w-...")."""
+        return self.info.id
+
+    @property
+    def alive(self) -> bool:
+        """True until the process has been reaped."""
+        return self.pid > 0 and not self.exited.done()
+
+    def to_proto(self) -> common_pb2.WorkerInfo:
+        """WorkerInfo with this agent's view (state, pid, port, exit, log path)."""
+        out = common_pb2.WorkerInfo()
+        out.CopyFrom(self.info)
+        out.state, out.pid, out.port, out.log_path = self.state, self.pid, self.port, str(self.out_path)
+        if self.exit is not None:
+            out.exit.CopyFrom(self.exit)
+        return out
+
+
+class Spawner:
+    """Starts, watches, reaps and stops the worker processes of one node.
+
+    Every state change goes to ``report`` (a non-blocking callable the agent
+    forwards to the scheduler's ReportWorker). All methods run on the event
+    loop thread.
+    """
+
+    def __init__(self, *, log_dir: str | os.PathLike, node_id: str, node_address: str,
+                 scheduler: str, token: str, report: Reporter,
+                 command: Sequence[str] | None = None, stop_grace: float = 5.0,
+                 base_env: Mapping[str, str] | None = None) -> None:
+        self.log_dir = pathlib.Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id = node_id
+        self.node_address = node_address
+        self.scheduler = scheduler
+        self.token = token
+        self.command = tuple(command or DEFAULT_WORKER_COMMAND)
+        self.stop_grace = stop_grace
+        self._report = report
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._workers: dict[str, ManagedWorker] = {}
+
+    # ------------------------------------------------------------ queries
+
+    def get(self, worker_id: str) -> ManagedWorker:
+        """The worker with that id; NotFoundError when this agent never started it."""
+        try:
+            return self._workers[worker_id]
+        except KeyError:
+            raise NotFoundError(f"no worker {worker_id!r} on node {self.node_id}",
+                                node=self.node_id) from None
+
+    def workers(self) -> list[ManagedWorker]:
+        """Every worker this agent started, alive or not, in start order."""
+        return list(self._workers.values())
+
+    def running(self) -> list[scheduler_pb2.RunningWorker]:
+        """The workers whose process is alive (for RegisterNode and Heartbeat)."""
+        return [scheduler_pb2.RunningWorker(worker_id=w.id, pid=w.pid, port=w.port)
+                for w in self._workers.values() if w.alive]
+
+    def worker_of_pid(self, pid: int) -> str:
+        """Id of the worker whose process tree ``pid`` belongs to, or ""."""
+        by_pid = {w.pid: w.id for w in self._workers.values() if w.alive}
+        if pid in by_pid:
+            return by_pid[pid]
+        try:
+            # Workers lead their own process group, so a helper process they
+            # started (a CUDA-using subprocess) maps back through its pgid.
+            return by_pid.get(os.getpgid(pid), "")
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------ spawning
+
+    def validate(self, workers: Sequence[common_pb2.WorkerInfo]) -> None:
+        """InvalidArgumentError unless every worker id is usable and unique in the request."""
+        seen = set()
+        for info in workers:
+            if not _SAFE_ID.match(info.id):
+                raise InvalidArgumentError(
+                    f"bad worker id {info.id!r}: letters, digits and ._:@+=- only (it names log files)")
+            if info.id in seen:
+                raise InvalidArgumentError(f"worker id {info.id!r} appears twice in one request")
+            seen.add(info.id)
+
+    async def spawn(self, workers: Sequence[common_pb2.WorkerInfo]) -> list[node_pb2.SpawnedWorker]:
+        """Start one process per WorkerInfo; returns at once with their pids.
+
+        Readiness is reported later (RUNNING or FAILED). A worker id that is
+        already known is not started again (a retried request is harmless).
+        Validation happens before anything starts.
+        """
+        self.validate(workers)
+        out = []
+        for info in workers:
+            known = self._workers.get(info.id)
+            if known is None:
+                known = self._start(info)
+            out.append(node_pb2.SpawnedWorker(worker_id=known.id, pid=known.pid,
+                                              log_path=str(known.out_path)))
+        return out
+
+    def _start(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
+        worker = ManagedWorker(info, self.log_dir / f"{info.id}.out", self.log_dir / f"{info.id}.err")
+        self._workers[info.id] = worker
+        env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
+                         worker_id=info.id, node_address=self.node_address)
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
+        read_fd, write_fd = os.pipe()
+        try:
+            with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
+                out.write(header.encode())
+                err.write(header.encode())
+                out.flush()
+                err.flush()
+                # No preexec_fn, so Popen can vfork (see the module docstring).
+                worker.proc = subprocess.Popen(
+                    launch_argv(self.command, write_fd), pass_fds=(write_fd,),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=os.getcwd(), env=env,
+                    start_new_session=True)
+        except OSError as exc:
+            os.close(read_fd)
+            worker.state = common_pb2.WORKER_FAILED
+            worker.exit = common_pb2.ExitInfo(exit_code=-1, reason=f"spawn failed: {exc}")
+            worker.exited.set_result(-1)
+            worker.ready.set_result(b"")
+            log.error("worker %s: spawn failed: %s", info.id, exc)
+            self._send(worker)
+            return worker
+        finally:
+            os.close(write_fd)
+        worker.pid = worker.proc.pid
+        log.info("worker %s (%s) started, pid %d", info.id, info.spec.name, worker.pid)
+        self._watch_exit(worker)
+        self._watch_ready(worker, read_fd)
+        worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
+                                                             name=f"supervise-{info.id}")
+        return worker
+
+    def _watch_exit(self, worker: ManagedWorker) -> None:
+        loop = asyncio.get_running_loop()
+        proc = worker.proc
+
+        def reaped(returncode: int) -> None:
+            if not worker.exited.done():
+                worker.exited.set_result(returncode)
+
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            # No pidfd (old kernel): a waiting thread per worker does the same job.
+            threading.Thread(target=lambda: loop.call_soon_threadsafe(reaped, proc.wait()),
+                             name=f"reap-{worker.id}", daemon=True).start()
+            return
+
+        def on_readable() -> None:
+            code = proc.poll()
+            if code is None:  # spurious wake-up; the process is still there
+                return
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            reaped(code)
+
+        loop.add_reader(pidfd, on_readable)
+
+    def _watch_ready(self, worker: ManagedWorker, read_fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        os.set_blocking(read_fd, False)
+        buffer = bytearray()
+
+        closed = False
+
+        def finish(line: bytes) -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                loop.remove_reader(read_fd)
+                os.close(read_fd)
+            if not worker.ready.done():
+                worker.ready.set_result(line)
+
+        def on_readable() -> None:
+            try:
+                chunk = os.read(read_fd, 4096)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                finish(bytes(buffer))
+                return
+            buffer.extend(chunk)
+            if b"\n" in buffer or len(buffer) > 65536:
+                finish(bytes(buffer))
+
+        loop.add_reader(read_fd, on_readable)
+        worker.close_ready = lambda: finish(b"")
+
+    async def _supervise(self, worker: ManagedWorker) -> None:
+        await asyncio.wait({worker.ready, worker.exited}, return_when=asyncio.FIRST_COMPLETED)
+        port, problem = 0, ""
+        if worker.ready.done():
+            port, problem = _parse_ready(worker.ready.result())
+        if port and not worker.stop_requested:
+            worker.port = port
+            worker.state = common_pb2.WORKER_RUNNING
+            log.info("worker %s ready on port %d", worker.id, port)
+            self._send(worker)
+        elif not port and not worker.exited.done():
+            # The pipe closes a moment before the exit is reaped; give a dying
+            # process that moment so its own exit code is what we report.
+            await asyncio.wait({worker.exited}, timeout=_EOF_EXIT_WAIT_SECONDS)
+            if worker.exited.done() and not worker.ready.result().strip():
+                problem = ""  # it simply died before it was ready
+            elif not worker.exited.done():
+                # Closed its ready pipe without a usable line but still runs: it
+                # is broken and nobody can reach it. End it rather than leak it.
+                log.warning("worker %s: %s; killing it", worker.id, problem)
+                self._kill_group(worker, signal.SIGKILL)
+        returncode = await worker.exited
+        if not worker.ready.done():
+            # A helper process inherited the pipe's write end; stop listening.
+            worker.close_ready()
+        self._kill_group(worker, signal.SIGKILL)  # helpers it left behind
+        requested = worker.stop_requested
+        if worker.state == common_pb2.WORKER_RUNNING or requested:
+            worker.state = common_pb2.WORKER_EXITED
+            worker.exit = exit_info(returncode, worker.err_path, requested=requested)
+        else:
+            worker.state = common_pb2.WORKER_FAILED
+            worker.exit = exit_info(returncode, worker.err_path,
+                                    reason=problem or "exited before it was ready")
+        log.info("worker %s %s: %s", worker.id, common_pb2.WorkerState.Name(worker.state),
+                 worker.exit.reason)
+        self._send(worker)
+
+    def _send(self, worker: ManagedWorker) -> None:
+        request = scheduler_pb2.ReportWorkerRequest(worker_id=worker.id, state=worker.state,
+                                                    pid=worker.pid, port=worker.port,
+                                                    node_id=self.node_id)
+        if worker.exit is not None:
+            request.exit.CopyFrom(worker.exit)
+        try:
+            self._report(request)
+        except Exception:  # noqa: BLE001 - a broken reporter must not stop reaping
+            log.exception("reporting worker %s failed", worker.id)
+
+    # ------------------------------------------------------------ stopping
+
+    def _kill_group(self, worker: ManagedWorker, sig: int) -> None:
+        if worker.pid <= 0:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, sig)
+
+    async def stop(self, worker_ids: Iterable[str], grace: float = 0.0) -> int:
+        """SIGTERM each worker's process group, SIGKILL what is left after ``grace``
+        seconds (0: the spawner's default), and wait until they are reaped.
+
+        Unknown ids raise NotFoundError before anything is stopped. Returns how many
+        were alive. Their exit is reported EXITED with ``requested``.
+        """
+        workers = [self.get(worker_id) for worker_id in worker_ids]
+        return await self._stop(workers, grace)
+
+    async def stop_all(self, grace: float = 0.0) -> int:
+        """Stop every live worker (agent shutdown)."""
+        return await self._stop(self.workers(), grace)
+
+    async def _stop(self, workers: list[ManagedWorker], grace: float) -> int:
+        grace = grace if grace > 0 else self.stop_grace
+        alive = [w for w in workers if w.alive]
+        for worker in alive:
+            worker.stop_requested = True
+            if worker.state in (common_pb2.WORKER_STARTING, common_pb2.WORKER_RUNNING):
+                worker.state = common_pb2.WORKER_STOPPING
+            self._kill_group(worker, signal.SIGTERM)
+        if not alive:
+            return 0
+        await asyncio.wait([w.exited for w in alive], timeout=grace)
+        for worker in alive:
+            if not worker.exited.done():
+                log.info("worker %s ignored SIGTERM for %.1f s; sending SIGKILL", worker.id, grace)
+                self._kill_group(worker, signal.SIGKILL)
+        _, pending = await asyncio.wait([w.exited for w in alive], timeout=_KILL_WAIT_SECONDS)
+        for worker in alive:
+            if worker in pending:
+                log.error("worker %s (pid %d) survived SIGKILL", worker.id, worker.pid)
+        # Let the supervisors write their reports before the caller moves on.
+        tasks = [w.task for w in alive if w.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=_KILL_WAIT_SECONDS)
+        return len(alive)
+
+
+def _parse_ready(line: bytes) -> tuple[int, str]:
+    """(port, "") from a ready line, or (0, why it is unusable)."""
+    if not line.strip():
+        return 0, "closed its ready pipe without a port"
+    try:
+        port = json.loads(line.decode("utf-8", errors="replace").strip())["port"]
+        if isinstance(port, int) and 0 < port < 65536:
+            return port, ""
+    except (ValueError, KeyError, TypeError):
+        pass
+    return 0, f"bad ready line {line[:200]!r}"
