@@ -1,0 +1,267 @@
+"""The worker host in-process: a real grpc.aio server on port 0 and a real WorkerClient."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import cloudpickle
+import pytest
+import torch
+
+from podium import codec, errors
+from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.worker.client import WorkerClient, prepare
+from podium.worker.decorator import Dispatch, register
+from podium.worker.host import start_host
+
+
+class Echo:
+    """A hosted object with one of everything a test needs."""
+
+    def __init__(self, tag: str = "echo") -> None:
+        self.tag = tag
+        self.ran: list[str] = []
+        self.loop_thread = threading.get_ident()
+
+    def echo(self, value):
+        return value
+
+    def add(self, a, b):
+        return a + b
+
+    def thread_id(self):
+        return threading.get_ident()
+
+    def record(self, name: str):
+        self.ran.append(name)
+        return len(self.ran)
+
+    def history(self):
+        return list(self.ran)
+
+    def sleep(self, seconds: float, name: str = ""):
+        time.sleep(seconds)
+        if name:
+            self.ran.append(name)
+        return name
+
+    def fail(self, message: str):
+        raise KeyError(message)
+
+    async def async_add(self, a, b):
+        await asyncio.sleep(0)
+        return a + b, threading.get_ident()
+
+    async def async_wait(self, seconds: float):
+        await asyncio.sleep(seconds)
+        return "waited"
+
+    async def async_fail(self):
+        raise RuntimeError("async boom")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def scored(self, data):
+        return data
+
+    @register(dispatch_mode={"dispatch_fn": len, "collect_fn": list})
+    def custom(self, data):
+        return data
+
+
+@contextlib.asynccontextmanager
+async def hosted(token: str, *, env: dict | None = None, construct: bool = True,
+                 tcp_only: bool = False):
+    """A started host with a started client (constructed with Echo unless told not to)."""
+    host = await start_host("127.0.0.1", token=token, env={"RANK": "2", "WORLD_SIZE": "4",
+                                                            "PODIUM_WORKER_ID": "w-echo", **(env or {})})
+    client = WorkerClient(host.address, token, rank=2)
+    try:
+        await client.start()
+        if tcp_only:
+            client.same_host = False
+        if construct:
+            await client.construct((Echo, (), {"tag": "t"}))
+        yield host, client
+    finally:
+        await client.close()
+        await host.stop(grace=0.2)
+
+
+def test_construct_call_and_describe(token, arun):
+    async def scenario():
+        async with hosted(token) as (host, client):
+            assert await client.call("add", (2, 3)) == 5
+            info = await client.describe()
+            assert (info.worker_id, info.rank, info.world_size, info.constructed) == ("w-echo", 2, 4, True)
+            assert info.class_name.endswith("Echo")
+            methods = {m.name: m for m in info.methods}
+            assert methods["scored"].registered and methods["scored"].dispatch_mode == "DP_COMPUTE_PROTO"
+            assert methods["async_add"].is_async and not methods["add"].registered
+            custom = cloudpickle.loads(methods["custom"].dispatch_payload)
+            assert methods["custom"].dispatch_mode == "CUSTOM" and custom["dispatch_fn"] is len
+    arun(scenario())
+
+
+def test_construct_by_import_path(token, arun):
+    async def scenario():
+        async with hosted(token, construct=False) as (_, client):
+            await client.construct(("collections:OrderedDict", (), {"a": 1}))
+            assert await client.call("keys") is not None
+            assert await client.call("get", ("a",)) == 1
+            with pytest.raises(errors.FailedPreconditionError, match="once"):
+                await client.construct(("collections:OrderedDict", (), {}))
+    arun(scenario())
+
+
+def test_call_before_construct_is_a_precondition_error(token, arun):
+    async def scenario():
+        async with hosted(token, construct=False) as (_, client):
+            with pytest.raises(errors.FailedPreconditionError, match="CONSTRUCT"):
+                await client.call("echo", (1,))
+    arun(scenario())
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_100_mib_tensor_round_trip_is_bit_exact(token, arun, transport):
+    generator = torch.Generator().manual_seed(7)
+    tensor = torch.randint(0, 256, (100 * 1024 * 1024,), dtype=torch.uint8, generator=generator)
+    strided = torch.randn(3072, 6144, generator=generator).t()  # 72 MiB, not contiguous
+
+    async def scenario():
+        async with hosted(token, tcp_only=transport == "tcp") as (_, client):
+            assert client.same_host is (transport == "shm")
+            back = await client.call("echo", (tensor,))
+            assert back.dtype == tensor.dtype and torch.equal(back, tensor)
+            del back
+            back = await client.call("echo", (strided,))
+            assert back.shape == strided.shape and torch.equal(back, strided)
+    arun(scenario(), timeout=240)
+
+
+@pytest.mark.parametrize("method, args, error, checks", [
+    ("fail", ("no such key",), errors.RemoteError,
+     {"remote_type": "KeyError", "in_traceback": "in fail", "message": "no such key"}),
+    ("async_fail", (), errors.RemoteError,
+     {"remote_type": "RuntimeError", "in_traceback": "in async_fail", "message": "async boom"}),
+    ("add", (1,), errors.RemoteError,
+     {"remote_type": "TypeError", "message": "missing 1 required positional argument"}),
+    ("add", (1, 2, 3), errors.RemoteError, {"remote_type": "TypeError", "message": "positional"}),
+    ("ad", (1, 2), errors.UnknownMethodError, {"message": "did you mean add"}),
+    ("__init__", (), errors.UnknownMethodError, {"message": "__init__"}),
+    ("tag", (), errors.UnknownMethodError, {"message": "'tag'"}),
+])
+def test_errors_reach_the_caller_and_the_worker_keeps_serving(token, arun, method, args, error, checks):
+    async def scenario():
+        async with hosted(token) as (_, client):
+            with pytest.raises(error) as caught:
+                await client.call(method, args)
+            exc = caught.value
+            assert exc.rank == 2
+            assert checks["message"] in exc.message
+            if "remote_type" in checks:
+                assert exc.remote_type == checks["remote_type"]
+                assert "Traceback" in exc.traceback
+            if "in_traceback" in checks:
+                assert checks["in_traceback"] in exc.traceback
+            assert await client.call("add", (1, 1)) == 2
+    arun(scenario())
+
+
+def test_async_method_runs_on_the_loop(token, arun):
+    async def scenario():
+        async with hosted(token) as (_, client):
+            total, thread = await client.call("async_add", (4, 5))
+            assert total == 9
+            assert thread == threading.get_ident()  # in-process: the test's loop thread
+            assert thread != await client.call("thread_id")
+    arun(scenario())
+
+
+def test_sync_methods_run_on_one_thread_in_arrival_order(token, arun):
+    async def scenario():
+        async with hosted(token) as (_, client):
+            names = [f"c{i}" for i in range(20)]
+            calls = [client.call("record", (name,)) for name in names]
+            calls += [client.call("thread_id") for _ in range(5)]
+            results = await asyncio.gather(*calls)
+            assert results[:20] == list(range(1, 21))
+            assert len(set(results[20:])) == 1 and results[20] != threading.get_ident()
+            assert await client.call("history") == names
+    arun(scenario())
+
+
+def test_replies_interleave_by_completion(token, arun):
+    async def scenario():
+        async with hosted(token) as (_, client):
+            slow = asyncio.ensure_future(client.call("async_wait", (3.0,)))
+            assert await client.call("add", (1, 2)) == 3
+            assert not slow.done()
+            assert await slow == "waited"
+    arun(scenario())
+
+
+def test_timeout_names_method_and_rank_and_cancels_unstarted_call(token, arun):
+    async def scenario():
+        async with hosted(token) as (_, client):
+            blocker = asyncio.ensure_future(client.call("sleep", (2.0, "blocker")))
+            await asyncio.sleep(0.2)
+            with pytest.raises(errors.DeadlineExceededError) as caught:
+                await client.call("sleep", (0, "late"), timeout=0.3)
+            assert "'sleep'" in str(caught.value) and "rank 2" in str(caught.value)
+            assert await blocker == "blocker"
+            # The timed-out call was dropped before it started.
+            assert await client.call("history") == ["blocker"]
+    arun(scenario())
+
+
+def test_payload_over_the_maximum_is_refused_before_reading(token, arun):
+    async def scenario():
+        async with hosted(token, env={"PODIUM_MAX_PAYLOAD_BYTES": "65536"}, tcp_only=True) as (_, client):
+            with pytest.raises(errors.PayloadTooLargeError, match="65536"):
+                await client.call("echo", (b"x" * 1_000_000,))
+            assert await client.call("echo", (b"small",)) == b"small"
+    arun(scenario())
+
+
+def test_garbage_call_frame_gets_data_loss_and_the_stream_keeps_serving(token, arun):
+    async def scenario():
+        async with hosted(token) as (host, client):
+            # A raw stream, so the test controls every byte of the frame.
+            from podium import rpc
+
+            channel = rpc.make_channel(host.address, token)
+            stream = worker_pb2_grpc.WorkerStub(channel).Calls()
+            garbage = b"\x00garbage, not a payload\xff" * 3
+            await stream.write(worker_pb2.CallFrame(call_id=1, header=worker_pb2.CallHeader(
+                kind=worker_pb2.CALL, method="echo", payload_size=len(garbage)), data=garbage, last=True))
+            reply = await asyncio.wait_for(stream.read(), 10)
+            assert reply.call_id == 1 and not reply.header.ok
+            assert reply.header.error.type == "DataLossError"
+            assert "not a Podium payload" in reply.header.error.message
+            good = b"".join(codec.encode(((1, 2), {})).to_segments())
+            await stream.write(worker_pb2.CallFrame(call_id=2, header=worker_pb2.CallHeader(
+                kind=worker_pb2.CALL, method="add", payload_size=len(good)), data=good, last=True))
+            reply = await asyncio.wait_for(stream.read(), 10)
+            assert reply.call_id == 2 and reply.header.ok
+            assert codec.decode(reply.data) == 3
+            # Data for a call that never had a header is refused, not guessed at.
+            await stream.write(worker_pb2.CallFrame(call_id=9, data=b"abc", last=True))
+            reply = await asyncio.wait_for(stream.read(), 10)
+            assert reply.call_id == 9 and reply.header.error.type == "DataLossError"
+            stream.cancel()
+            await channel.close()
+            assert await client.call("add", (2, 2)) == 4
+    arun(scenario())
+
+
+def test_one_payload_encoded_once_serves_several_workers(token, arun):
+    async def scenario():
+        async with hosted(token) as (_, a), hosted(token) as (_, b):
+            payload = prepare(((torch.arange(10),), {}))
+            first = await a.call_encoded("echo", payload)
+            second = await b.call_encoded("echo", payload)
+            assert torch.equal(first, second) and torch.equal(first, torch.arange(10))
+    arun(scenario())
