@@ -65,11 +65,12 @@ class NodeView:
         return tuple(sorted(self.gpus, key=lambda g: g.index))
 
     @cached_property
-    def capacity_key(self) -> tuple:
-        """Everything capacity-related, hashable: nodes with equal keys fit the same
-        bundles (the reasons of a failed placement are computed once per key)."""
-        return (self.total_cpu_units, self.free_cpu_units,
-                tuple((g.free_units, g.total_units) for g in self.gpus_by_index))
+    def capacity_key(self) -> str:
+        """Everything capacity-related: nodes with equal keys fit the same bundles (the
+        reasons of a failed placement are worded once per key). A str, because a str
+        caches its hash and a nested tuple is rehashed on every lookup."""
+        gpus = ",".join(f"{g.free_units}/{g.total_units}" for g in self.gpus_by_index)
+        return f"{self.total_cpu_units}/{self.free_cpu_units}|{gpus}"
 
     def as_idle(self) -> "NodeView":
         """The same node with everything free: the capacity feasibility is judged on."""

@@ -115,7 +115,7 @@ def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy
     can_hold_one = 0
     spread_nodes: list[str] = []
     # Many nodes are in the same state (idle, full, half used): word each state once.
-    by_state: dict[tuple, tuple[str | None, bool]] = {}
+    by_state: dict[str, tuple[str | None, bool]] = {}
     for view in ix.views:
         known = by_state.get(view.capacity_key)
         if known is None:
