@@ -41,6 +41,7 @@ __all__ = [
     "Execute",
     "register",
     "get_registration",
+    "is_async_method",
     "method_table",
 ]
 
@@ -114,7 +115,7 @@ class DynamicEnum(metaclass=DynamicEnumMeta):
         # By name, through the class found by import: the receiver reuses its
         # own member instead of building a second one that compares unequal.
         module = importlib.import_module(type(self).__module__)
-        return getattr, (getattr(module, type(self).__qualname__), self.name)
+        return _member_by_name, (getattr(module, type(self).__qualname__), self.name)
 
     @classmethod
     def register(cls, name: str) -> DynamicEnum:
@@ -140,6 +141,17 @@ class DynamicEnum(metaclass=DynamicEnumMeta):
     def from_name(cls, name: str) -> DynamicEnum | None:
         """The member called ``name`` (case-insensitive), or None."""
         return cls._registry.get(name.upper())
+
+
+def _member_by_name(enum_cls: DynamicEnumMeta, name: str) -> DynamicEnum:
+    """Unpickle a member: the receiver's own, registered on the fly when unknown.
+
+    verl fails here when a custom Dispatch mode was registered only in the
+    controller's script; a worker needs just the member (its dispatch and
+    collect functions run on the controller), so Podium adds it.
+    """
+    member = enum_cls.from_name(name)
+    return member if member is not None else enum_cls.register(name)
 
 
 class Dispatch(DynamicEnum):
@@ -318,12 +330,18 @@ def _mode_name(mode: Any) -> str:
     return str(mode)
 
 
-def _is_async(method: Any) -> bool:
+def is_async_method(method: Any) -> bool:
+    """Whether calling ``method`` returns a coroutine (``async def``, or an object
+    with an ``async def __call__``)."""
     if inspect.iscoroutinefunction(method):
         return True
     # A callable object with an async __call__ (rare, but bindable).
     call = getattr(type(method), "__call__", None)
     return not inspect.isroutine(method) and inspect.iscoroutinefunction(call)
+
+
+#: Former private name, still imported by the worker host.
+_is_async = is_async_method
 
 
 def method_table(obj_or_cls: Any) -> list[dict]:
@@ -353,12 +371,12 @@ def method_table(obj_or_cls: Any) -> list[dict]:
                 continue
             rows.append({"name": name, "dispatch_mode": "", "dispatch": None, "execute_mode": "",
                          "blocking": True, "materialize_futures": False,
-                         "is_async": _is_async(member), "registered": False})
+                         "is_async": is_async_method(member), "registered": False})
             continue
         rows.append({"name": name, "dispatch_mode": _mode_name(reg["dispatch_mode"]),
                      "dispatch": reg["dispatch_mode"],
                      "execute_mode": _mode_name(reg["execute_mode"]),
                      "blocking": bool(reg["blocking"]),
                      "materialize_futures": bool(reg["materialize_futures"]),
-                     "is_async": _is_async(member), "registered": True})
+                     "is_async": is_async_method(member), "registered": True})
     return rows

@@ -145,6 +145,8 @@ def _modules_of(obj: Any, seen: set[int], out: set[str]) -> None:
         return
     if isinstance(obj, types.FunctionType):
         out.add(obj.__module__)
+    elif isinstance(obj, types.ModuleType):
+        out.add(obj.__name__)
 
 
 _lock = threading.Lock()
@@ -155,10 +157,12 @@ _held: dict[str, int] = {}
 def by_value(*objs: Any) -> Iterator[None]:
     """Pickle the not-importable modules behind ``objs`` by value while inside.
 
-    ``objs`` are classes, functions or ClassWithInitArgs (then its class, the
-    classes of its top-level arguments and, for colocated classes, every role
-    class). A module that was already registered by value stays registered.
-    Nesting and concurrent use from several threads are safe.
+    ``objs`` are classes, functions, modules or ClassWithInitArgs (then its
+    class, the classes of its top-level arguments and, for colocated classes,
+    every role class). Only modules named this way are covered: when a class's
+    methods use a *second* local module, name that module too. A module that was
+    already registered by value stays registered. Nesting and concurrent use
+    from several threads are safe.
     """
     names: set[str] = set()
     seen: set[int] = set()

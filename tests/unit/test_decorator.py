@@ -91,6 +91,23 @@ def test_members_unpickle_to_the_receivers_member_in_a_fresh_process():
     assert out.stdout.split() == [b"DP_COMPUTE_PROTO", b"RANK_ZERO"]
 
 
+def test_a_custom_member_unknown_to_the_receiver_is_added_there():
+    # verl raises AttributeError here (sharp edge 23); the worker needs only the name.
+    member = Dispatch.register("controller_only_mode")
+    try:
+        payload = pickle.dumps(member)
+    finally:
+        Dispatch.remove("controller_only_mode")
+    code = ("import pickle, sys\n"
+            "from podium.worker import Dispatch\n"
+            "m = pickle.loads(sys.stdin.buffer.read())\n"
+            "assert m is Dispatch.CONTROLLER_ONLY_MODE is Dispatch.from_name('controller_only_mode')\n"
+            "print(m.name)\n")
+    out = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == b"CONTROLLER_ONLY_MODE"
+
+
 # --------------------------------------------------------------------------- register
 
 
