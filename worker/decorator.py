@@ -222,6 +222,8 @@ def _materialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     kinds = _future_types()
     if not kinds or not (args or kwargs):
         return args, kwargs
+    if not any(isinstance(v, kinds) for v in (*args, *kwargs.values())):
+        return args, kwargs  # the common case: no copies on the call path
     args = tuple(a.get() if isinstance(a, kinds) else a for a in args)
     kwargs = {k: (v.get() if isinstance(v, kinds) else v) for k, v in kwargs.items()}
     return args, kwargs
