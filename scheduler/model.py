@@ -81,12 +81,16 @@ class Effects:
 
 @dataclass
 class Dirty:
-    """Ids of the records changed since the last :meth:`ClusterModel.take_dirty`."""
+    """Ids of the records changed since the last :meth:`ClusterModel.take_dirty`.
 
-    nodes: set[str] = field(default_factory=set)
-    groups: set[str] = field(default_factory=set)
-    workers: set[str] = field(default_factory=set)
-    sessions: set[str] = field(default_factory=set)
+    Each field is an insertion-ordered set (a dict of ids to None) in first-change
+    order, which for new records is creation order: the store keeps that order.
+    """
+
+    nodes: dict[str, None] = field(default_factory=dict)
+    groups: dict[str, None] = field(default_factory=dict)
+    workers: dict[str, None] = field(default_factory=dict)
+    sessions: dict[str, None] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.nodes or self.groups or self.workers or self.sessions)
@@ -146,10 +150,10 @@ class ClusterModel:
         return dirty
 
     def _touch(self, *, nodes=(), groups=(), workers=(), sessions=()) -> None:
-        self._dirty.nodes.update(nodes)
-        self._dirty.groups.update(groups)
-        self._dirty.workers.update(workers)
-        self._dirty.sessions.update(sessions)
+        self._dirty.nodes.update(dict.fromkeys(nodes))
+        self._dirty.groups.update(dict.fromkeys(groups))
+        self._dirty.workers.update(dict.fromkeys(workers))
+        self._dirty.sessions.update(dict.fromkeys(sessions))
         self.version += 1
 
     def restore(self, nodes: Iterable[common_pb2.NodeStatus],
@@ -408,7 +412,7 @@ class ClusterModel:
         node.processes.extend(processes)
         # A heartbeat is frequent and only refreshes readings: persist it, but do not
         # wake waiters (version) for it.
-        self._dirty.nodes.add(node_id)
+        self._dirty.nodes[node_id] = None
         effects = self._reconcile_running(node_id, running, now, registering=False)
         return False, effects.stop.get(node_id, [])
 
@@ -464,7 +468,7 @@ class ClusterModel:
         if session is None:
             return False
         session.renewed_at = now
-        self._dirty.sessions.add(session_id)
+        self._dirty.sessions[session_id] = None
         return True
 
     def close_session(self, session_id: str, now: float) -> tuple[int, int, Effects]:

@@ -281,5 +281,5 @@ def test_dirty_tracking_names_exactly_the_changed_records():
     model.take_dirty()
     pg = model.create_placement_group("p", [ONE_GPU], 1, False, "", now=0)
     dirty = model.take_dirty()
-    assert dirty.groups == {pg.id} and not dirty.workers and not dirty.nodes
+    assert list(dirty.groups) == [pg.id] and not dirty.workers and not dirty.nodes
     assert not model.take_dirty()
