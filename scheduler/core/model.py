@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, Strategy, validate_bundles
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
 from podium.scheduler.core.index import index_of
 
 __all__ = ["GpuView", "NodeView", "Snapshot", "PlacementRequest", "BundleAssignment",
@@ -53,8 +53,8 @@ class NodeView:
     def idle(cls, node_id: str, address: str, *, cpus: float, gpus: int,
              memory_total_bytes: int = 0) -> "NodeView":
         """A node with nothing reserved: ``cpus`` CPUs and ``gpus`` GPUs indexed 0..gpus-1."""
-        return cls(node_id=node_id, address=address, total_cpu_units=round(cpus * CPU_UNITS),
-                   free_cpu_units=round(cpus * CPU_UNITS),
+        cpu = cpu_units(cpus)
+        return cls(node_id=node_id, address=address, total_cpu_units=cpu, free_cpu_units=cpu,
                    gpus=tuple(GpuView(index=i, uuid=f"GPU-{node_id}-{i}", free_units=GPU_UNITS,
                                       memory_total_bytes=memory_total_bytes)
                               for i in range(gpus)))
