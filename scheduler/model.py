@@ -126,11 +126,13 @@ class ClusterModel:
     """The whole scheduler state and every operation on it (see the module docstring)."""
 
     def __init__(self, *, node_lease: float = 10.0, default_session_lease: float = 30.0,
-                 new_id: Callable[[str], str] = _new_id) -> None:
+                 max_ended: int = 10_000, new_id: Callable[[str], str] = _new_id) -> None:
         #: Seconds without a heartbeat before a node is marked DEAD.
         self.node_lease = node_lease
         #: Lease of a session that asks for 0 seconds.
         self.default_session_lease = default_session_lease
+        #: How many ended workers (and, separately, removed groups) are remembered.
+        self.max_ended = max_ended
         self.nodes: dict[str, common_pb2.NodeStatus] = {}
         # Insertion order is creation order: pending groups are retried in it.
         self.groups: dict[str, common_pb2.PlacementGroup] = {}
@@ -433,7 +435,24 @@ class ClusterModel:
                 effects.merge(more)
         if effects.stop or self._dirty:
             self._promote_pending()
+        self.prune()
         return effects
+
+    def prune(self) -> None:
+        """Forget the oldest ended workers and removed groups beyond ``max_ended`` each.
+
+        They are kept so a controller can still read how a worker ended; a long
+        run that creates and removes many worker groups must not grow without bound.
+        """
+        ended = [w.id for w in self.workers.values() if w.state in _TERMINAL]
+        for worker_id in ended[:max(0, len(ended) - self.max_ended)]:
+            del self.workers[worker_id]
+            self._touch(workers=[worker_id])
+        removed = [g.id for g in self.groups.values() if g.state == common_pb2.PG_REMOVED]
+        for group_id in removed[:max(0, len(removed) - self.max_ended)]:
+            del self.groups[group_id]
+            del self._specs[group_id]
+            self._touch(groups=[group_id])
 
     def _node_died(self, node: common_pb2.NodeStatus, now: float) -> Effects:
         node_id = node.info.node_id

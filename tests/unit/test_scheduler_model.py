@@ -283,3 +283,15 @@ def test_dirty_tracking_names_exactly_the_changed_records():
     dirty = model.take_dirty()
     assert list(dirty.groups) == [pg.id] and not dirty.workers and not dirty.nodes
     assert not model.take_dirty()
+
+
+def test_prune_forgets_the_oldest_ended_records_only():
+    model = _model(max_ended=2)
+    pg = model.create_placement_group("p", [{"CPU": 8, "GPU": 1}], 1, False, "", now=0)
+    workers = model.create_workers([_spec(pg.id, r, world=5, num_gpus=0.125) for r in range(5)],
+                                   "", 0, 1, now=0)
+    model.remove_workers([w.id for w in workers[:4]], now=1)
+    model.take_dirty()
+    model.expire(now=2)
+    assert list(model.workers) == [w.id for w in workers[2:]]
+    assert set(model.take_dirty().workers) == {workers[0].id, workers[1].id}
