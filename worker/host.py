@@ -791,4 +791,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module, not this __main__ copy: user code that imports
+    # podium.worker.host (current_host()) must see the running host's state.
+    from podium.worker import host as _host
+
+    sys.exit(_host.main())
