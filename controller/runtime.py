@@ -1,0 +1,449 @@
+"""The controller runtime: ``init()``/``shutdown()``, the event-loop thread, the session.
+
+``init()`` is Podium's ``ray.init()``. With an address (argument or ``PODIUM_ADDRESS``) it
+joins a running cluster; without one it starts an *embedded* cluster: one scheduler and one
+node agent on 127.0.0.1, as child processes with a fresh random token, faking GPUs when NVML
+finds none. Either way it opens a controller session (kept alive in the background); what
+the session creates (placement groups, workers) is removed when it closes, and the scheduler
+reclaims it if this process dies without closing.
+
+Every gRPC client of the controller runs on ONE background thread with a uvloop event
+loop; the synchronous API submits coroutines there and waits with a deadline (the default
+call timeout comes from ``init(call_timeout=...)`` or ``PODIUM_CALL_TIMEOUT``, 3600 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import pathlib
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any, Coroutine
+
+from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
+
+__all__ = ["init", "shutdown", "is_initialized", "get_runtime", "Runtime", "DEFAULT_CALL_TIMEOUT"]
+
+log = logging.getLogger("podium.controller")
+
+#: Default deadline of one synchronous API call, in seconds.
+DEFAULT_CALL_TIMEOUT = 3600.0
+#: Fake GPUs of an embedded cluster on a machine without NVML GPUs.
+DEFAULT_FAKE_GPUS = 8
+#: How long the embedded services may take to come up.
+STARTUP_TIMEOUT = 60.0
+#: Deadline of waiting for a placement group / for workers to start.
+PLACEMENT_TIMEOUT = float(os.environ.get("PODIUM_PLACEMENT_TIMEOUT", "300"))
+
+_runtime: "Runtime | None" = None
+_runtime_lock = threading.Lock()
+
+
+def _nvml_gpu_count() -> int:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library, no GPU: all mean "none"
+        return 0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    # The embedded services must not outlive the controller, even if it is SIGKILLed.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _LoopThread:
+    """One daemon thread running a uvloop (or asyncio) event loop forever."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+            self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="podium-controller-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
+
+
+class _Resolver:
+    """Fetches refs for the controller process (``podium.refs.set_resolver``)."""
+
+    def __init__(self, runtime: "Runtime") -> None:
+        self._runtime = runtime
+
+    async def fetch(self, ref, rows=None):
+        client = await self._runtime.fetch_client(ref.owner_address)
+        value = await client.fetch(ref, rows)
+        self._runtime.stats["fetches"] += 1
+        self._runtime.stats["fetched_bytes"] += client.last_fetch_bytes
+        return value
+
+    def run_sync(self, coro, timeout):
+        return self._runtime.run(coro, timeout=timeout, what="fetch")
+
+
+class Runtime:
+    """The controller's connection to a cluster (one per process; see :func:`init`)."""
+
+    def __init__(self, *, address: str, token: str, call_timeout: float,
+                 processes: list[subprocess.Popen] | None = None, log_dir: str | None = None) -> None:
+        self.address = address
+        self.token = token
+        self.call_timeout = call_timeout
+        self.placement_timeout = PLACEMENT_TIMEOUT
+        self.log_dir = log_dir
+        self.processes = list(processes or [])
+        self.session_id = ""
+        #: Controller-side counters (fetches made through the resolver, bytes fetched).
+        self.stats = {"fetches": 0, "fetched_bytes": 0}
+        self._loop_thread = _LoopThread()
+        self.loop = self._loop_thread.loop
+        self.scheduler = None
+        self._keepalive: asyncio.Task | None = None
+        self._fetch_clients: dict[str, Any] = {}
+        self._pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._groups: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._pg_users: dict[str, set[int]] = {}
+        self._closed = False
+
+    # ---- running coroutines -----------------------------------------------------------
+
+    def run(self, coro: Coroutine, timeout: float | None = None, *, what: str = "call") -> Any:
+        """Run ``coro`` on the loop thread and wait for it (``timeout``: the call timeout)."""
+        if self._closed:
+            coro.close()
+            raise FailedPreconditionError("the podium controller runtime is shut down; call init()")
+        if threading.current_thread() is self._loop_thread.thread:
+            coro.close()
+            raise FailedPreconditionError("a blocking podium call was made on the runtime's own loop")
+        timeout = self.call_timeout if timeout is None else timeout
+        future = self._loop_thread.submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise DeadlineExceededError(f"{what} did not finish within {timeout:g}s") from None
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        """Schedule ``coro`` on the loop thread without waiting."""
+        return self._loop_thread.submit(coro)
+
+    # ---- session ----------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        from podium.scheduler.client import SchedulerClient
+        self.scheduler = SchedulerClient(self.address, self.token)
+        reply = await self.scheduler.open_session(
+            description=f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}")
+        self.session_id = reply.session_id
+        lease = reply.lease_seconds or 30.0
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(lease))
+
+    async def _keep_alive(self, lease: float) -> None:
+        interval = max(0.5, lease / 3)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self.scheduler.keep_alive(self.session_id):
+                    log.error("podium session %s expired: its workers are gone", self.session_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the scheduler may be restarting: keep trying
+                log.warning("podium session keep-alive failed: %s", exc)
+
+    async def fetch_client(self, address: str):
+        """A started WorkerClient to ``address`` for fetching refs (cached)."""
+        client = self._fetch_clients.get(address)
+        if client is None:
+            from podium.worker.client import WorkerClient
+            client = WorkerClient(address, self.token)
+            client.connect()
+            self._fetch_clients[address] = client
+        return client
+
+    # ---- placement groups -------------------------------------------------------------
+
+    async def create_placement_groups(self, pool, strategy: str, name: str | None) -> list[Any]:
+        """Create one placement group per pool entry, wait for all, sort by node address."""
+        from podium.resources import sort_key_address
+        created = []
+        try:
+            for i, n in enumerate(pool.store):
+                pg = await self.scheduler.create_placement_group(
+                    pool.pg_name(i, name), [pool.bundle()] * n, strategy,
+                    detached=pool.detached, owner="" if pool.detached else self.session_id)
+                created.append(pg)
+            ready = await asyncio.gather(*(self.scheduler.wait_placement_group(
+                pg.id, timeout=self.placement_timeout) for pg in created))
+        except BaseException:
+            for pg in created:
+                with contextlib.suppress(Exception):
+                    await self.scheduler.remove_placement_group(pg.id)
+            raise
+        order = sorted(range(len(ready)), key=lambda i: (
+            sort_key_address(ready[i].placements[0].node_address) if ready[i].placements else (3, 0, ""), i))
+        return [ready[i] for i in order]
+
+    def track_pool(self, pool) -> None:
+        """Remember a pool with placement groups (reset when its groups are removed)."""
+        self._pools.add(pool)
+
+    def track_group(self, group) -> None:
+        """Remember a live WorkerGroup (shut down with the runtime)."""
+        self._groups.add(group)
+
+    def acquire_pgs(self, user: int, pg_ids: list[str]) -> None:
+        """Record that WorkerGroup ``user`` runs in these placement groups."""
+        for pg_id in pg_ids:
+            self._pg_users.setdefault(pg_id, set()).add(user)
+
+    async def release_pgs(self, user: int, pg_ids: list[str]) -> None:
+        """Forget ``user``; remove placement groups nobody uses any more (not detached ones)."""
+        unused = []
+        for pg_id in pg_ids:
+            users = self._pg_users.get(pg_id)
+            if users is None:
+                continue
+            users.discard(user)
+            if not users:
+                del self._pg_users[pg_id]
+                unused.append(pg_id)
+        if not unused:
+            return
+        for pool in list(self._pools):
+            if pool.pgs is not None and not pool.detached and any(pg.id in unused for pg in pool.pgs):
+                pool.pgs = None
+        for pg_id in unused:
+            with contextlib.suppress(Exception):
+                await self.scheduler.remove_placement_group(pg_id)
+
+    async def cluster_state(self):
+        """The scheduler's ClusterState."""
+        return await self.scheduler.cluster_state()
+
+    # ---- teardown ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut down groups, close the session, stop the embedded services and the loop."""
+        if self._closed:
+            return
+        for group in list(self._groups):
+            with contextlib.suppress(Exception):
+                group.shutdown()
+        with contextlib.suppress(Exception):
+            self.run(self._close_async(), timeout=30, what="shutdown")
+        self._closed = True
+        self._loop_thread.stop()
+        for proc in reversed(self.processes):
+            _stop_process(proc)
+
+    async def _close_async(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for client in self._fetch_clients.values():
+            with contextlib.suppress(Exception):
+                await client.close()
+        if self.scheduler is not None:
+            if self.session_id:
+                with contextlib.suppress(Exception):
+                    await self.scheduler.close_session(self.session_id)
+            with contextlib.suppress(Exception):
+                await self.scheduler.close()
+
+
+def _stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(5)
+
+
+def _wait_port_file(path: pathlib.Path, proc: subprocess.Popen, what: str, log_path: pathlib.Path,
+                    timeout: float = STARTUP_TIMEOUT) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            with contextlib.suppress(ValueError):
+                return json.loads(path.read_text())
+        if proc.poll() is not None:
+            tail = log_path.read_text()[-2000:] if log_path.exists() else ""
+            raise UnavailableError(f"the embedded {what} exited with code {proc.returncode}:\n{tail}")
+        time.sleep(0.05)
+    raise DeadlineExceededError(f"the embedded {what} did not start within {timeout:g}s (log: {log_path})")
+
+
+def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None
+                    ) -> tuple[str, str, list[subprocess.Popen], str]:
+    token = secrets.token_urlsafe(32)
+    root = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
+    root.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PODIUM_TOKEN=token, PYTHONUNBUFFERED="1")
+    env.pop("PODIUM_TOKEN_FILE", None)
+    if num_gpus is None:
+        num_gpus = DEFAULT_FAKE_GPUS if _nvml_gpu_count() == 0 else None
+    gpus_for_cpu = num_gpus if num_gpus is not None else _nvml_gpu_count()
+    if num_cpus is None:
+        # Bundle CPUs are colocation slots (verl asks max_colocate_count per bundle), not
+        # cores: offer enough for every GPU to hold a full default bundle of 10 and more.
+        num_cpus = max(os.cpu_count() or 1, 16 * max(gpus_for_cpu, DEFAULT_FAKE_GPUS))
+    processes: list[subprocess.Popen] = []
+    try:
+        sched_file, sched_log = root / "scheduler.port.json", root / "scheduler.log"
+        with open(sched_log, "ab") as out:
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "podium.cli", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                 "--http-port", "0", "--state", ":memory:", "--port-file", str(sched_file)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent))
+        port = _wait_port_file(sched_file, processes[0], "scheduler", sched_log)["port"]
+        address = f"127.0.0.1:{port}"
+        node_file, node_log = root / "node.port.json", root / "node.log"
+        cmd = [sys.executable, "-m", "podium.cli", "node", "--scheduler", address, "--host", "127.0.0.1",
+               "--port-file", str(node_file), "--cpus", str(num_cpus), "--log-dir", str(root / "workers")]
+        if num_gpus is not None:
+            cmd += ["--fake-gpus", str(num_gpus)]
+        with open(node_log, "ab") as out:
+            processes.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
+        _wait_port_file(node_file, processes[1], "node agent", node_log)
+    except BaseException:
+        for proc in reversed(processes):
+            _stop_process(proc)
+        raise
+    return address, token, processes, str(root)
+
+
+async def _wait_nodes(runtime: Runtime, timeout: float = STARTUP_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await runtime.scheduler.cluster_state()
+        if state.nodes:
+            return
+        if time.monotonic() > deadline:
+            raise DeadlineExceededError(f"no node registered with {runtime.address} within {timeout:g}s")
+        await asyncio.sleep(0.05)
+
+
+def init(address: str | None = None, token: str | None = None, *, num_gpus: int | None = None,
+         num_cpus: float | None = None, call_timeout: float | None = None,
+         log_dir: str | None = None, ignore_reinit_error: bool = True) -> Runtime:
+    """Connect this process to a Podium cluster (``ray.init``).
+
+    ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
+    with ``token`` (else ``PODIUM_TOKEN``, else the token file). Without one, an embedded
+    scheduler and node agent start on 127.0.0.1 (``num_gpus`` fake GPUs; by default the real
+    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs) and stop
+    at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
+    blocking call (``PODIUM_CALL_TIMEOUT``, else 3600 s). A second ``init()`` returns the
+    running runtime.
+    """
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            if not ignore_reinit_error:
+                raise FailedPreconditionError("podium.controller.init() was already called")
+            return _runtime
+        if call_timeout is None:
+            call_timeout = float(os.environ.get("PODIUM_CALL_TIMEOUT", DEFAULT_CALL_TIMEOUT))
+        address = address or os.environ.get("PODIUM_ADDRESS") or None
+        processes: list[subprocess.Popen] = []
+        if address:
+            from podium.auth import resolve_token
+            token = resolve_token(token)
+        else:
+            address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir)
+        runtime = Runtime(address=address, token=token, call_timeout=call_timeout,
+                          processes=processes, log_dir=log_dir)
+        try:
+            runtime.run(runtime._open(), timeout=STARTUP_TIMEOUT, what="OpenSession")
+            runtime.run(_wait_nodes(runtime), timeout=STARTUP_TIMEOUT + 5, what="waiting for nodes")
+        except BaseException:
+            runtime.close()
+            raise
+        from podium.refs import set_resolver
+        set_resolver(_Resolver(runtime))
+        _runtime = runtime
+        _register_atexit()
+        return runtime
+
+
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Tear down every WorkerGroup of this process, close the session and stop an embedded
+    cluster. Safe to call twice; ``init()`` may be called again afterwards."""
+    global _runtime
+    with _runtime_lock:
+        runtime, _runtime = _runtime, None
+    if runtime is None:
+        return
+    try:
+        runtime.close()
+    finally:
+        from podium.refs import get_resolver, set_resolver
+        with contextlib.suppress(Exception):
+            if isinstance(get_resolver(), _Resolver):
+                set_resolver(None)
+
+
+def is_initialized() -> bool:
+    """True between :func:`init` and :func:`shutdown`."""
+    return _runtime is not None
+
+
+def get_runtime(auto_init: bool = True) -> Runtime:
+    """The runtime of this process; like Ray, the first use calls :func:`init` if needed."""
+    if _runtime is None:
+        if not auto_init:
+            raise FailedPreconditionError("podium.controller.init() has not been called")
+        return init()
+    return _runtime
+
