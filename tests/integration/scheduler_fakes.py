@@ -30,7 +30,7 @@ def node_info(node_id: str, address: str, agent_port: int, gpus: int = 4,
 class FakeAgent(node_pb2_grpc.NodeAgentServicer):
     """A NodeAgent that records calls and reports spawned workers RUNNING.
 
-    ``fail_spawn``: SpawnWorkers fails UNAVAILABLE. ``auto_run``: after a spawn,
+    ``fail_spawn`` / ``fail_reserve``: SpawnWorkers / ReservePort fail UNAVAILABLE. ``auto_run``: after a spawn,
     report each worker RUNNING to the scheduler (as a real agent does).
     """
 
@@ -40,6 +40,7 @@ class FakeAgent(node_pb2_grpc.NodeAgentServicer):
     scheduler: str = ""
     auto_run: bool = True
     fail_spawn: bool = False
+    fail_reserve: bool = False
     spawned: list = field(default_factory=list)
     stopped: list = field(default_factory=list)
     reserved: list = field(default_factory=list)
@@ -99,6 +100,8 @@ class FakeAgent(node_pb2_grpc.NodeAgentServicer):
 
     @rpc.handle_errors
     async def ReservePort(self, request, context):
+        if self.fail_reserve:
+            raise errors.UnavailableError(f"{self.node_id}: no free port")
         port = next(self._ports)
         self.reserved.append(port)
         return node_pb2.ReservePortResponse(port=port)

@@ -140,3 +140,15 @@ def test_master_from_an_earlier_call_of_the_same_group(token, arun):
             assert {w.env["MASTER_PORT"] for w in first + second} == {first[0].env["MASTER_PORT"]}
             assert {w.env["MASTER_ADDR"] for w in first + second} == {first[0].node_address}
     arun(scenario())
+
+
+def test_master_port_failure_names_the_node_and_reserves_nothing(token, arun):
+    async def scenario():
+        async with Cluster(token) as c:
+            pg = await c.client.create_placement_group("p", [{"CPU": 1, "GPU": 1}], "PACK")
+            master = next(a for a in c.agents if a.node_id == pg.placements[0].node_id)
+            master.fail_reserve = True
+            with pytest.raises(errors.UnavailableError, match=f"MASTER_PORT on node {master.node_id}"):
+                await c.client.create_workers(_specs(pg.id, 1))
+            assert not (await c.client.cluster_state()).workers and not master.spawned
+    arun(scenario())
