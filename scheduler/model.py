@@ -334,7 +334,7 @@ class ClusterModel:
         """Add a node or refresh a known one (its placements stay).
 
         ``running`` are the workers the agent has alive: known live workers of this
-        node get their pid/port; RUNNING workers of this node the agent no longer
+        node get their pid/port; spawned workers of this node the agent no longer
         has are marked EXITED (the agent restarted without them); running workers
         the scheduler does not want are returned in ``Effects.stop``.
         """
@@ -383,9 +383,11 @@ class ClusterModel:
             if changed:
                 self._touch(workers=[worker.id])
         if registering:
+            # A worker the agent spawned (it has a pid) but no longer lists died with
+            # the previous agent; one without a pid may still be in an in-flight spawn.
             for worker in self.workers.values():
-                if (worker.node_id == node_id and worker.state == common_pb2.WORKER_RUNNING
-                        and worker.id not in alive_ids):
+                if (worker.node_id == node_id and worker.state in LIVE_WORKER_STATES
+                        and worker.pid and worker.id not in alive_ids):
                     self._end_worker(worker, common_pb2.WORKER_EXITED, common_pb2.ExitInfo(
                         exit_code=-1, reason=f"not running on node {node_id} after it re-registered"))
         return effects

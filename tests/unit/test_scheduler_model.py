@@ -295,3 +295,20 @@ def test_prune_forgets_the_oldest_ended_records_only():
     model.expire(now=2)
     assert list(model.workers) == [w.id for w in workers[2:]]
     assert set(model.take_dirty().workers) == {workers[0].id, workers[1].id}
+
+
+def test_re_registration_reattaches_running_workers_and_ends_lost_ones():
+    model = _model(nodes=(2,))
+    pg = model.create_placement_group("p", [ONE_GPU] * 3, 1, False, "", now=0)
+    kept, lost, unspawned = model.create_workers(
+        [_spec(pg.id, r, bundle=r, world=3) for r in range(3)], "", 0, 1, now=0)
+    model.mark_spawned(kept.id, 11, "/log/kept")
+    model.mark_spawned(lost.id, 12, "/log/lost")
+    effects = model.register_node(_node(2), [
+        scheduler_pb2.RunningWorker(worker_id=kept.id, pid=11, port=9001),
+        scheduler_pb2.RunningWorker(worker_id="w-unknown", pid=13)], now=1)
+    assert effects.stop == {"node-2": ["w-unknown"]}
+    assert (kept.state, kept.port) == (common_pb2.WORKER_RUNNING, 9001)
+    assert lost.state == common_pb2.WORKER_EXITED and "re-registered" in lost.exit.reason
+    assert unspawned.state == common_pb2.WORKER_STARTING
+    assert pg.state == common_pb2.PG_CREATED
