@@ -9,7 +9,8 @@ else it does is chosen by environment variables, so tests can script failures:
   the ready fd without a line and keeps running), ``exit_after_ready`` (exits 0
   once ready).
 - ``FAKE_ENV_FILE``: dump the environment there as JSON before becoming ready.
-- ``FAKE_CHILD_PID_FILE``: start a long-sleeping child process and write its pid there.
+- ``FAKE_CHILD_PID_FILE``: start a long-sleeping child process and write its pid there
+  (``{pid}`` in the path becomes this worker's pid).
 - ``FAKE_LINES``: print that many numbered lines to stdout and stderr at start.
 - ``FAKE_TICK``: once ready, print "tick N" to stdout every that many seconds.
 
@@ -36,7 +37,7 @@ def main() -> int:
         print(f"err line {i}", file=sys.stderr)
     if os.environ.get("FAKE_CHILD_PID_FILE"):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(os.environ["FAKE_CHILD_PID_FILE"], "w") as handle:
+        with open(os.environ["FAKE_CHILD_PID_FILE"].replace("{pid}", str(os.getpid())), "w") as handle:
             handle.write(str(child.pid))
     if mode == "crash":
         print("fatal: the fake worker was told to crash", file=sys.stderr)
