@@ -1,0 +1,241 @@
+"""Every dispatch mode through real worker processes on the embedded cluster.
+
+One module-scoped ``init()`` (scheduler + node agent child processes, 8 fake GPUs) and one
+4-rank WorkerGroup serve every test here; the cluster is shut down at the end.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from podium import controller
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn
+from podium.errors import RemoteError
+from podium.protocol import DataProto
+from podium.worker import Dispatch, Execute, Worker, register
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _two_per_rank(worker_group, x):
+    return ([x, x + 2] * (worker_group.world_size // 2),), {}
+
+
+def _collect_sorted(worker_group, outputs):
+    return sorted(outputs)
+
+
+class Echo(Worker):
+    """A worker with one method per dispatch mode."""
+
+    def __init__(self, offset: int = 0) -> None:
+        super().__init__()
+        self.offset = offset
+        # [dp=2, tp=2]: ranks 0,1 are dp 0 and ranks 2,3 dp 1; tp 0 collects
+        self._register_dispatch_collect_info("mesh", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+        # dp ranks that decrease with the rank: verl would return rows permuted
+        self._register_dispatch_collect_info("rev", dp_rank=1 - self.rank // 2, is_collect=self.rank % 2 == 0)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def one(self, x, y=0):
+        return (self.rank, x, y)
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def every(self, x):
+        return (self.rank, x)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def dp(self, x):
+        return x * 10 + self.rank
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def add_rank(self, data):
+        data.batch["a"] += self.rank + self.offset
+        return data
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def metric(self, data):
+        return {"rank": self.rank, "rows": len(data)}
+
+    @register(dispatch_mode={"dispatch_fn": _two_per_rank, "collect_fn": _collect_sorted})
+    def custom(self, x):
+        return x + self.rank
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("mesh"))
+    def mesh_add(self, data):
+        data.batch["a"] += 100 * self.rank
+        return data
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rev"))
+    def rev_add(self, data):
+        data.batch["a"] += 100 * self.rank
+        return data
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def rank0(self, x):
+        return (self.rank, x)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def rank0_one(self, x):
+        return (self.rank, x)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def env(self, keys):
+        return {k: os.environ.get(k) for k in keys}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail(self):
+        if self.rank == 1:
+            raise ValueError(f"boom from rank {self.rank}")
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def allreduce(self):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        gathered = torch.zeros(2 * self.world_size)
+        dist.all_gather_into_tensor(gathered, torch.tensor([float(self.rank)] * 2))
+        return t.item(), gathered.tolist()
+
+    def plain(self, x):
+        """Not registered: callable through execute_all_sync only."""
+        return x * 2 + self.rank
+
+
+@pytest.fixture(scope="module")
+def wg():
+    controller.init()
+    try:
+        yield WorkerGroup(ResourcePool([4], use_gpu=True, max_colocate_count=4),
+                          ClassWithInitArgs(Echo, offset=0), name_prefix="echo")
+    finally:
+        controller.shutdown()
+
+
+def proto(n: int, padding: bool = False) -> DataProto:
+    return DataProto.from_dict(tensors={"a": torch.zeros(n, dtype=torch.long)},
+                               non_tensors={"s": np.array([str(i) for i in range(n)], dtype=object)},
+                               auto_padding=padding)
+
+
+def test_surface(wg):
+    assert wg.world_size == 4
+    assert wg.worker_names == [f"echoEcho_0:{i}" for i in range(4)]
+    assert [w.rank for w in wg.workers] == [0, 1, 2, 3]
+    assert wg.master_address == "127.0.0.1" and int(wg.master_port) > 0
+    assert type(wg.add_rank).__name__ == "add_rank"
+    assert not hasattr(wg, "plain")
+
+
+def test_one_to_all_and_all_to_all(wg):
+    assert wg.one(7, y=1) == [(r, 7, 1) for r in range(4)]
+    assert wg.every([10, 11, 12, 13]) == [(r, 10 + r) for r in range(4)]
+    assert wg.every(5) == [(r, 5) for r in range(4)]
+    assert wg.every((1, 2, 3, 4)) == [(r, (1, 2, 3, 4)) for r in range(4)]
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3, 4], (1, 2, 3, 4)])
+def test_dp_compute(wg, value):
+    assert wg.dp(value) == [10, 21, 32, 43]
+
+
+def test_dp_compute_proto_with_padding_keeps_the_callers_batch(wg):
+    data = proto(10, padding=True)
+    out = wg.add_rank(data)
+    assert out.batch["a"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert out.non_tensor_batch["s"].tolist() == [str(i) for i in range(10)]
+    assert len(data) == 10 and data.batch["a"].tolist() == [0] * 10
+    assert wg.add_rank(proto(8)).batch["a"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_metric_keeps_ranks_with_real_rows(wg):
+    assert [m["rows"] for m in wg.metric(proto(10, padding=True))] == [3, 3, 3, 3]
+    assert [m["rank"] for m in wg.metric(proto(1, padding=True))] == [0]
+
+
+def test_custom_dict_mode(wg):
+    assert wg.custom(8) == [8, 10, 11, 13]
+
+
+def test_with_func_generator(wg):
+    def plus_ten(worker, data):
+        data.batch["a"] += 10 + worker.rank
+        return data
+
+    assert wg.execute_with_func_generator(plus_ten, proto(4)).batch["a"].tolist() == [10, 11, 12, 13]
+
+
+def test_mesh_dispatch_dp2_tp2(wg):
+    data = DataProto.from_dict(tensors={"a": torch.tensor([1, 2])})
+    # dp 0 (ranks 0, 1) gets [1], dp 1 (ranks 2, 3) gets [2]; ranks 0 and 2 collect
+    assert wg.mesh_add(data).batch["a"].tolist() == [1, 202]
+    assert wg._dispatch_info["mesh"] == [0, 0, 1, 1]
+    assert wg._collect_info["mesh"] == [True, False, True, False]
+    # keyword-only call
+    assert wg.mesh_add(data=data).batch["a"].tolist() == [1, 202]
+
+
+def test_mesh_collect_in_dp_order(wg):
+    data = DataProto.from_dict(tensors={"a": torch.tensor([1, 2])})
+    # rank 2 is dp 0 (gets 1, adds 200), rank 0 is dp 1 (gets 2, adds 0): dp order -> [201, 2]
+    assert wg.rev_add(data).batch["a"].tolist() == [201, 2]
+
+
+def test_execute_rank_zero(wg):
+    assert wg.rank0(5) == (0, 5)
+    assert wg.rank0_one(7) == (0, 7)  # verl sends rank 0 [7, 7, 7, 7]
+    assert wg.execute_rank_zero_sync("plain", 3) == 6
+    assert wg.execute_func_rank_zero(lambda a, b: a + b, 2, 3) == 5
+    assert controller.get(wg.execute_rank_zero("plain", 1)) == 2
+
+
+def test_execute_all_sync_and_async(wg):
+    assert wg.execute_all_sync("plain", 1) == [2, 3, 4, 5]
+    assert wg.execute_all_sync("plain", [1, 2, 3, 4]) == [2, 5, 8, 11]
+    refs = wg.execute_all_async("plain", 0)
+    assert controller.get(refs) == [0, 1, 2, 3]
+
+
+def test_remote_error_names_rank_and_traceback(wg):
+    with pytest.raises(RemoteError) as info:
+        wg.fail()
+    err = info.value
+    assert err.rank == 1
+    assert "boom from rank 1" in str(err)
+    assert "ValueError" in err.remote_type
+    assert "in fail" in err.traceback  # by-value code has no source lines
+    assert wg.one(1)[0] == (0, 1, 0)  # still serving
+
+
+def test_env_each_rank_sees(wg):
+    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PODIUM_LOCAL_WORLD_SIZE",
+            "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND",
+            "CUDA_VISIBLE_DEVICES"]
+    envs = wg.env(keys)
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1"
+        assert env["PODIUM_LOCAL_WORLD_SIZE"] == env["RAY_LOCAL_WORLD_SIZE"] == "4"
+        assert env["MASTER_ADDR"] == wg.master_address and env["MASTER_PORT"] == str(wg.master_port)
+        assert env["WG_PREFIX"] == "echo" and env["WG_BACKEND"] == "podium"
+        assert env["CUDA_VISIBLE_DEVICES"] == str(rank)
+
+
+def test_torch_distributed_gloo(wg):
+    results = wg.allreduce()
+    assert [r[0] for r in results] == [10.0] * 4
+    assert results[0][1] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_non_blocking_and_wait(wg):
+    future = wg.execute_all_async("plain", 5)
+    ready, not_ready = controller.wait(future, num_returns=4, timeout=60)
+    assert len(ready) == 4 and not not_ready
+    assert controller.get(ready) == [10, 11, 12, 13]
