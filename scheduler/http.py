@@ -57,7 +57,29 @@ def _bundle_units(group: common_pb2.PlacementGroup, index: int) -> BundleSpec:
 
 
 def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
-    """The GPU map of the cluster (the /v1/placement document; shape in the README)."""
+    """The GPU map of the cluster: the /v1/placement document.
+
+    ::
+
+        {"scheduler_id": str,
+         "nodes": [{"node_id", "address", "hostname", "agent_port", "state": "NODE_ALIVE",
+                    "last_heartbeat": unix s, "cpus_total": float, "cpus_reserved": float,
+                    "gpus": [{"index", "uuid", "name", "memory_total_bytes", "memory_used_bytes",
+                              "reserved_fraction": 0.5, "reserved_fraction_text": "1/2",
+                              "bundles": [{"placement_group_id", "placement_group", "bundle_index",
+                                           "gpu_fraction": 1.0, "gpu_fraction_text": "1"}],
+                              "workers": [{"worker_id", "name", "group", "rank", "state", "pid",
+                                           "port", "placement_group_id", "bundle_index",
+                                           "gpu_fraction": 0.333..., "gpu_fraction_text": "1/3",
+                                           "memory_used_bytes": int}]}]}],
+         "placement_groups": [{"id", "name", "state", "strategy", "detached", "owner",
+                               "created_at", "reason",
+                               "bundles": [{"index", "resources": {"CPU", "GPU"}, "node_id",
+                                            "node_address", "gpu_indices", "gpu_uuids"}]}]}
+
+    Removed groups and ended workers are left out. A worker's memory is the
+    heartbeat's ProcessMemory for its pid on that GPU (by worker id when no pid).
+    """
     groups = [g for g in model.groups.values() if g.state != common_pb2.PG_REMOVED]
     # (node, gpu index) -> bundles owning part or all of it
     owners: dict[tuple[str, int], list[dict]] = {}
