@@ -32,9 +32,9 @@ def _spec(pg_id, rank=0, bundle=0, world=1, name=None, group="wg", num_gpus=1.0,
 
 def _state(model: ClusterModel) -> tuple:
     """Everything observable, serialized, to prove a failed call changed nothing."""
-    return (tuple(n.SerializeToString() for n in model.nodes.values()),
-            tuple(g.SerializeToString() for g in model.groups.values()),
-            tuple(w.SerializeToString() for w in model.workers.values()),
+    return (tuple(n.SerializeToString(deterministic=True) for n in model.nodes.values()),
+            tuple(g.SerializeToString(deterministic=True) for g in model.groups.values()),
+            tuple(w.SerializeToString(deterministic=True) for w in model.workers.values()),
             tuple(sorted(model.sessions)))
 
 
