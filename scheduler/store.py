@@ -11,11 +11,13 @@ can lose the last transactions.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sqlite3
 from dataclasses import asdict
 
+from podium.errors import FailedPreconditionError
 from podium.scheduler.model import ClusterModel, Dirty, Session
 from podium.v1 import common_pb2
 
@@ -33,9 +35,19 @@ class Store:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._lock = None
         if path != ":memory:":
             path = os.path.expanduser(path)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            # Two schedulers writing one state file would each believe they own every
+            # GPU in it. The kernel drops the lock when the holder dies, even by SIGKILL.
+            self._lock = open(path + ".lock", "a")
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._lock.close()
+                raise FailedPreconditionError(
+                    f"state file {path} is in use by another scheduler") from None
         # The service uses it from its one event loop thread only.
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -90,5 +102,8 @@ class Store:
         self._seq += 1
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the database and release the state file."""
         self._db.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None

@@ -1,5 +1,8 @@
 """Persistence: a scheduler restarted on the same state file finds everything again."""
 
+import pytest
+
+from podium import errors
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from podium.v1 import common_pb2
@@ -55,4 +58,19 @@ def test_memory_state_starts_empty_each_time(token, arun):
                         node_id="n", address="127.0.0.2", agent_port=9, cpus=1))
             finally:
                 await running.stop(0)
+    arun(scenario())
+
+
+def test_a_state_file_serves_one_scheduler_at_a_time(token, arun, tmp_path):
+    state = str(tmp_path / "state.db")
+
+    async def scenario():
+        first = await run_scheduler(config(token, state=state))
+        try:
+            with pytest.raises(errors.FailedPreconditionError, match="in use"):
+                await run_scheduler(config(token, state=state))
+        finally:
+            await first.stop(0)
+        second = await run_scheduler(config(token, state=state))
+        await second.stop(0)
     arun(scenario())
