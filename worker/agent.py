@@ -31,7 +31,8 @@ import grpc
 
 from podium import errors, rpc
 from podium.auth import TlsConfig, resolve_token
-from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from podium.scheduler.client import SchedulerClient
+from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
 from podium.worker.gpus import DEFAULT_FAKE_MEMORY, GpuProvider, detect, parse_size
 from podium.worker.spawner import HEADER_PREFIX, Spawner, read_tail
 
@@ -271,8 +272,7 @@ class RunningAgent:
         self._stopped = asyncio.Event()
         self._stopping = False
         self._server: grpc.aio.Server | None = None
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
+        self._scheduler: SchedulerClient | None = None
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -287,8 +287,8 @@ class RunningAgent:
         node_pb2_grpc.add_NodeAgentServicer_to_server(NodeAgentService(self), self._server)
         self.port = rpc.bind(self._server, self.host, self.config.port, self.config.tls)
         await rpc.start_server(self._server, health)
-        self._channel = rpc.make_channel(self.config.scheduler, self.token, self.config.tls)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,
+                                          timeout=RPC_TIMEOUT_SECONDS)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._scheduler_loop(), name="agent-heartbeat"),
                        loop.create_task(self._report_loop(), name="agent-reports")]
@@ -315,8 +315,8 @@ class RunningAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace=0.5)
-        if self._channel is not None:
-            await self._channel.close()
+        if self._scheduler is not None:
+            await self._scheduler.close()
         self.ports.close()
         self.provider.close()
         self._stopped.set()
@@ -355,12 +355,10 @@ class RunningAgent:
     async def _scheduler_loop(self) -> None:
         backoff, outage_logged = 0.1, False
         while not self._stop.is_set():
-            request = scheduler_pb2.RegisterNodeRequest(node=self.node_info(),
-                                                        running=self.spawner.running())
             try:
-                response = await self._stub.RegisterNode(request, timeout=RPC_TIMEOUT_SECONDS)
-            except grpc.RpcError as exc:
-                error = rpc.error_from_rpc(exc, what=f"scheduler {self.config.scheduler}")
+                response = await self._scheduler.register_node(self.node_info(),
+                                                               self.spawner.running())
+            except errors.PodiumError as error:
                 if not outage_logged:
                     log.warning("cannot register with the scheduler (will retry): %s", error)
                     outage_logged = True
@@ -381,14 +379,12 @@ class RunningAgent:
     async def _heartbeats(self, interval: float) -> None:
         """Heartbeat until the scheduler is lost or wants a new registration."""
         while not await self._sleep(interval):
-            request = scheduler_pb2.HeartbeatRequest(node_id=self.node_id, gpus=self._gpus(),
-                                                     processes=self._processes(),
-                                                     running=self.spawner.running())
             try:
-                response = await self._stub.Heartbeat(request, timeout=RPC_TIMEOUT_SECONDS)
-            except grpc.RpcError as exc:
-                log.warning("heartbeat failed, registering again: %s",
-                            rpc.error_from_rpc(exc, what=f"scheduler {self.config.scheduler}"))
+                response = await self._scheduler.heartbeat(self.node_id, self._gpus(),
+                                                           self._processes(),
+                                                           self.spawner.running())
+            except errors.PodiumError as error:
+                log.warning("heartbeat failed, registering again: %s", error)
                 return
             if response.reregister:
                 log.info("scheduler asks node %s to register again", self.node_id)
@@ -414,10 +410,9 @@ class RunningAgent:
             try:
                 while True:
                     try:
-                        await self._stub.ReportWorker(request, timeout=RPC_TIMEOUT_SECONDS)
+                        await self._scheduler.call("ReportWorker", request)
                         break
-                    except grpc.RpcError as exc:
-                        error = rpc.error_from_rpc(exc, what=f"scheduler {self.config.scheduler}")
+                    except errors.PodiumError as error:
                         if not isinstance(error, _RETRYABLE):
                             log.warning("scheduler refused the report on worker %s (%s): %s",
                                         request.worker_id,

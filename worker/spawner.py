@@ -45,7 +45,7 @@ import sys
 import threading
 from typing import Callable, Iterable, Mapping, Sequence
 
-from podium.errors import InvalidArgumentError, NotFoundError
+from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,17 @@ _KILL_WAIT_SECONDS = 5.0
 #: How long a worker that closed its ready pipe without a port may take to exit on its own.
 _EOF_EXIT_WAIT_SECONDS = 1.0
 
+#: Ended workers remembered (for ListWorkers and TailLog); older ones are forgotten.
+MAX_ENDED_WORKERS = 1000
+
 #: Runs before the worker command: die with the agent (argv: agent pid, command...).
-_PDEATHSIG_SHIM = ("import ctypes,os,sys;"
-                   "ctypes.CDLL(None).prctl(1,9,0,0,0);"  # PR_SET_PDEATHSIG, SIGKILL
-                   "os.getppid()==int(sys.argv[1]) or os._exit(1);"  # the agent died already
-                   "os.execvp(sys.argv[2],sys.argv[2:])")
+_PDEATHSIG_SHIM = "\n".join([
+    "import ctypes, os, sys",
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)",  # PR_SET_PDEATHSIG, SIGKILL
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)",  # the agent died already
+    "try: os.execvp(sys.argv[2], sys.argv[2:])",
+    "except OSError as e: sys.stderr.write(f'podium: cannot start worker {sys.argv[2]!r}: {e}\\n'); os._exit(127)",
+])
 _HAS_PRCTL = sys.platform.startswith("linux")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
@@ -220,6 +226,7 @@ class Spawner:
         self._report = report
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._workers: dict[str, ManagedWorker] = {}
+        self._closed = False
 
     # ------------------------------------------------------------ queries
 
@@ -270,9 +277,12 @@ class Spawner:
 
         Readiness is reported later (RUNNING or FAILED). A worker id that is
         already known is not started again (a retried request is harmless).
-        Validation happens before anything starts.
+        Validation happens before anything starts. Once :meth:`stop_all` ran
+        (agent shutdown), every spawn is UnavailableError.
         """
         self.validate(workers)
+        if self._closed:
+            raise UnavailableError(f"node {self.node_id} is shutting down", node=self.node_id)
         out = []
         for info in workers:
             known = self._workers.get(info.id)
@@ -381,7 +391,7 @@ class Spawner:
 
     async def _supervise(self, worker: ManagedWorker) -> None:
         await asyncio.wait({worker.ready, worker.exited}, return_when=asyncio.FIRST_COMPLETED)
-        port, problem = 0, ""
+        port, problem, killed = 0, "", False
         if worker.ready.done():
             port, problem = _parse_ready(worker.ready.result())
         if port and not worker.stop_requested:
@@ -393,17 +403,18 @@ class Spawner:
             # The pipe closes a moment before the exit is reaped; give a dying
             # process that moment so its own exit code is what we report.
             await asyncio.wait({worker.exited}, timeout=_EOF_EXIT_WAIT_SECONDS)
-            if worker.exited.done() and not worker.ready.result().strip():
-                problem = ""  # it simply died before it was ready
-            elif not worker.exited.done():
+            if not worker.exited.done():
                 # Closed its ready pipe without a usable line but still runs: it
                 # is broken and nobody can reach it. End it rather than leak it.
                 log.warning("worker %s: %s; killing it", worker.id, problem)
                 self._kill_group(worker, signal.SIGKILL)
+                killed = True
         returncode = await worker.exited
         if not worker.ready.done():
             # A helper process inherited the pipe's write end; stop listening.
             worker.close_ready()
+        if not killed and not worker.ready.result().strip():
+            problem = ""  # no line at all because it died: its exit says why
         self._kill_group(worker, signal.SIGKILL)  # helpers it left behind
         requested = worker.stop_requested
         if worker.state == common_pb2.WORKER_RUNNING or requested:
@@ -416,6 +427,12 @@ class Spawner:
         log.info("worker %s %s: %s", worker.id, common_pb2.WorkerState.Name(worker.state),
                  worker.exit.reason)
         self._send(worker)
+        self._forget_old()
+
+    def _forget_old(self) -> None:
+        ended = [w.id for w in self._workers.values() if w.exited.done()]
+        for worker_id in ended[:max(0, len(ended) - MAX_ENDED_WORKERS)]:
+            del self._workers[worker_id]
 
     def _send(self, worker: ManagedWorker) -> None:
         request = scheduler_pb2.ReportWorkerRequest(worker_id=worker.id, state=worker.state,
@@ -447,7 +464,8 @@ class Spawner:
         return await self._stop(workers, grace)
 
     async def stop_all(self, grace: float = 0.0) -> int:
-        """Stop every live worker (agent shutdown)."""
+        """Stop every live worker and refuse new ones from now on (agent shutdown)."""
+        self._closed = True
         return await self._stop(self.workers(), grace)
 
     async def _stop(self, workers: list[ManagedWorker], grace: float) -> int:

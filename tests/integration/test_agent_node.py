@@ -447,3 +447,42 @@ def test_reserve_port_holds_until_spawn_or_expiry(tmp_path):
             assert isinstance(error, errors.InvalidArgumentError)
 
     run(body())
+
+
+# ---------------------------------------------------------------- failure edges
+
+
+def test_unstartable_worker_command_fails_with_the_reason_in_its_stderr(tmp_path):
+    async def body():
+        async with node(tmp_path, worker_command=[str(tmp_path / "no-such-worker")]) as (recorder, agent, stub):
+            await stub.SpawnWorkers(node_pb2.SpawnWorkersRequest(workers=[worker("w-x")]), timeout=WAIT)
+            failed = await eventually(lambda: recorder.report("w-x", common_pb2.WORKER_FAILED), "FAILED")
+            assert "cannot start worker" in failed.exit.stderr_tail
+            assert "no-such-worker" in failed.exit.stderr_tail
+            assert failed.exit.exit_code == 127 and "exited before it was ready" in failed.exit.reason
+
+    run(body())
+
+
+def test_a_stopping_agent_refuses_new_workers(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            await agent.spawner.stop_all()
+            with pytest.raises(errors.UnavailableError):
+                await agent.spawner.spawn([worker("w-late")])
+            assert agent.spawner.workers() == []
+
+    run(body())
+
+
+@pytest.mark.parametrize("argv", [
+    ["--scheduler", "127.0.0.1:1", "--fake-gpu-memory", "lots"],
+    ["--scheduler", "127.0.0.1:1", "--tls-cert", "only-one.pem"],
+    ["--scheduler", "127.0.0.1:1", "--label", "no-equals-sign"],
+    ["--scheduler", "127.0.0.1:1", "--stop-grace", "-1"],
+])
+def test_cli_rejects_bad_flags_with_status_2(argv, capsys):
+    from podium.worker import agent
+
+    assert agent.main(argv) == 2
+    assert "podium node:" in capsys.readouterr().err
