@@ -63,6 +63,8 @@ class AgentConfig:
     scheduler: str
     #: Node address: where the agent serves and what it registers (127.0.0.2, ...).
     host: str = "127.0.0.1"
+    #: Address to register instead of ``host`` (needed when ``host`` is 0.0.0.0, e.g. in a container).
+    advertise_address: str = ""
     #: Agent gRPC port (0: any free one).
     port: int = 0
     #: Node id (default "<hostname>-<host>").
@@ -251,14 +253,19 @@ class RunningAgent:
         self.config = config
         self.token = token
         self.host = config.host
-        self.node_id = config.node_id or f"{socket.gethostname()}-{config.host}"
+        #: The address other processes reach this node at (registered, MASTER_ADDR, workers bind it).
+        self.node_address = config.advertise_address or config.host
+        if self.node_address in ("0.0.0.0", "::", ""):
+            raise errors.InvalidArgumentError(
+                f"--host {config.host} is not an address others can reach: give --advertise-address")
+        self.node_id = config.node_id or f"{socket.gethostname()}-{self.node_address}"
         self.cpus = float(config.cpus if config.cpus is not None else (os.cpu_count() or 1))
         self.log_dir = pathlib.Path(config.log_dir or pathlib.Path.home() / ".podium" / "logs" / self.node_id)
         self.provider: GpuProvider = config.provider or detect(
             config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory, node_id=self.node_id)
         self.port = 0
         self.ports = PortHolds(config.host)
-        self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=config.host,
+        self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=self.node_address,
                                scheduler=config.scheduler, token=token, report=self._enqueue_report,
                                command=config.worker_command, stop_grace=config.stop_grace)
         #: Set whenever a registration succeeds; cleared when the scheduler is lost.
@@ -277,8 +284,8 @@ class RunningAgent:
 
     @property
     def address(self) -> str:
-        """"host:port" of the agent's gRPC service."""
-        return f"{self.host}:{self.port}"
+        """"host:port" of the agent's gRPC service, as others reach it."""
+        return f"{self.node_address}:{self.port}"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -294,7 +301,8 @@ class RunningAgent:
                        loop.create_task(self._report_loop(), name="agent-reports")]
         if self.config.port_file:
             _write_json_atomic(self.config.port_file, {"port": self.port, "pid": os.getpid(),
-                                                       "node_id": self.node_id, "address": self.host})
+                                                       "node_id": self.node_id,
+                                                       "address": self.node_address})
         log.info("node agent %s serving on %s (%g CPUs, %d GPUs, logs in %s), scheduler %s",
                  self.node_id, self.address, self.cpus, len(self.provider.gpus()), self.log_dir,
                  self.config.scheduler)
@@ -329,7 +337,7 @@ class RunningAgent:
 
     def node_info(self) -> common_pb2.NodeInfo:
         """Identity, address and inventory with fresh memory readings."""
-        return common_pb2.NodeInfo(node_id=self.node_id, address=self.host, agent_port=self.port,
+        return common_pb2.NodeInfo(node_id=self.node_id, address=self.node_address, agent_port=self.port,
                                    cpus=self.cpus, gpus=self._gpus(), hostname=socket.gethostname(),
                                    labels=self.config.labels)
 
@@ -451,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler", required=True, help="scheduler address HOST:PORT")
     parser.add_argument("--host", default="127.0.0.1",
                         help="node address to serve on and register (default 127.0.0.1)")
+    parser.add_argument("--advertise-address", default="",
+                        help="address to register when --host is not reachable as such "
+                             "(e.g. --host 0.0.0.0 in a container; default: --host)")
     parser.add_argument("--port", type=int, default=0, help="agent gRPC port (default: any free)")
     parser.add_argument("--node-id", default="", help="node id (default <hostname>-<host>)")
     parser.add_argument("--cpus", type=float, default=None, help="CPUs offered (default: all)")
@@ -487,7 +498,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     if args.stop_grace < 0:
         raise errors.InvalidArgumentError(f"--stop-grace must be >= 0, got {args.stop_grace}")
     return AgentConfig(
-        scheduler=args.scheduler, host=args.host, port=args.port, node_id=args.node_id,
+        scheduler=args.scheduler, host=args.host, advertise_address=args.advertise_address,
+        port=args.port, node_id=args.node_id,
         cpus=args.cpus, fake_gpus=args.fake_gpus, fake_gpu_memory=parse_size(args.fake_gpu_memory),
         log_dir=args.log_dir, port_file=args.port_file, token_file=args.token_file,
         tls=TlsConfig.from_paths(args.tls_cert, args.tls_key, args.tls_ca),

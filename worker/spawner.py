@@ -97,6 +97,8 @@ def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
 
     ``env`` (the scheduler's WorkerInfo.env) wins over ``base``; the token, the
     scheduler address, the worker id and node address are only filled in when absent.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless ``env`` says otherwise, so the NVML
+    indices in CUDA_VISIBLE_DEVICES mean the same GPUs to CUDA.
     """
     out = {k: v for k, v in base.items() if k != "PODIUM_TOKEN_FILE"}
     out.update(env)
@@ -105,6 +107,10 @@ def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
     for key, value in defaults.items():
         if value and key not in env:
             out[key] = value
+    # CUDA_VISIBLE_DEVICES carries NVML indices, which follow PCI bus order;
+    # CUDA's default order (fastest first) may differ on mixed machines.
+    if "CUDA_DEVICE_ORDER" not in env:
+        out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     out["PYTHONUNBUFFERED"] = "1"
     return out
 

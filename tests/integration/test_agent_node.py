@@ -25,7 +25,7 @@ import uvloop
 from podium import errors, rpc
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from podium.worker.agent import AgentConfig, run_agent
-from podium.worker.gpus import fake_uuid
+from podium.worker.gpus import FakeProvider, ProcessUsage, fake_uuid
 
 TOKEN = "agent-test-token"
 FAKE_WORKER = pathlib.Path(__file__).with_name("agent_fake_worker.py")
@@ -475,14 +475,65 @@ def test_a_stopping_agent_refuses_new_workers(tmp_path):
     run(body())
 
 
-@pytest.mark.parametrize("argv", [
-    ["--scheduler", "127.0.0.1:1", "--fake-gpu-memory", "lots"],
-    ["--scheduler", "127.0.0.1:1", "--tls-cert", "only-one.pem"],
-    ["--scheduler", "127.0.0.1:1", "--label", "no-equals-sign"],
-    ["--scheduler", "127.0.0.1:1", "--stop-grace", "-1"],
+@pytest.mark.parametrize("flags, message", [
+    (["--fake-gpu-memory", "lots"], "bad size"),
+    (["--tls-cert", "only-one.pem"], "go together"),
+    (["--label", "no-equals-sign"], "KEY=VALUE"),
+    (["--stop-grace", "-1"], "--stop-grace"),
+    (["--host", "0.0.0.0"], "--advertise-address"),
 ])
-def test_cli_rejects_bad_flags_with_status_2(argv, capsys):
+def test_cli_rejects_bad_flags_with_status_2(flags, message, capsys, monkeypatch):
     from podium.worker import agent
 
-    assert agent.main(argv) == 2
-    assert "podium node:" in capsys.readouterr().err
+    monkeypatch.setenv("PODIUM_TOKEN", TOKEN)
+    # main() installs uvloop as the process-wide policy; keep this test process as it was.
+    monkeypatch.setattr(rpc, "use_uvloop", lambda: None)
+    assert agent.main(["--scheduler", "127.0.0.1:1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "podium node:" in err and message in err
+
+
+class ProvidedGpus(FakeProvider):
+    """Fake GPUs whose process list the test sets (stands in for NVML)."""
+
+    def __init__(self) -> None:
+        super().__init__(2, node_id="node-a")
+        self.usage: list[ProcessUsage] = []
+
+    def processes(self) -> list[ProcessUsage]:
+        return list(self.usage)
+
+
+def test_heartbeat_attributes_gpu_memory_to_workers_by_pid_and_process_group(tmp_path):
+    async def body():
+        provider = ProvidedGpus()
+        child_file = tmp_path / "child.pid"
+        async with node(tmp_path, provider=provider, token=TOKEN) as (recorder, agent, stub):
+            await spawn_running(stub, recorder, worker("w-gpu", FAKE_CHILD_PID_FILE=str(child_file)))
+            pid = recorder.report("w-gpu", common_pb2.WORKER_RUNNING).pid
+            child = int(child_file.read_text())
+            uuid0 = fake_uuid("node-a", 0)
+            provider.usage = [ProcessUsage(pid, uuid0, 1 << 30), ProcessUsage(child, uuid0, 2 << 20),
+                              ProcessUsage(os.getpid(), uuid0, 5)]
+            beat = await eventually(
+                lambda: next((b for b in reversed(recorder.heartbeats) if b.processes), None),
+                "a heartbeat with processes")
+            assert [(p.pid, p.gpu_uuid, p.used_bytes, p.worker_id) for p in beat.processes] == [
+                (pid, uuid0, 1 << 30, "w-gpu"), (child, uuid0, 2 << 20, "w-gpu"), (os.getpid(), uuid0, 5, "")]
+
+    run(body())
+
+
+def test_advertise_address_is_what_registers_and_what_workers_get(tmp_path):
+    async def body():
+        env_file = tmp_path / "env.json"
+        async with node(tmp_path, host="0.0.0.0", advertise_address="127.0.0.1",
+                        node_id="") as (recorder, agent, stub):
+            await eventually(lambda: recorder.registrations, "registration")
+            info = recorder.registrations[0].node
+            assert info.address == "127.0.0.1" and info.node_id.endswith("-127.0.0.1")
+            bare = common_pb2.WorkerInfo(id="w-bare", env={"FAKE_ENV_FILE": str(env_file)})
+            await spawn_running(stub, recorder, bare)
+            assert json.loads(env_file.read_text())["PODIUM_NODE_ADDRESS"] == "127.0.0.1"
+
+    run(body())

@@ -74,9 +74,15 @@ def test_worker_env_layers_base_scheduler_env_and_defaults():
                      node_address="10.0.0.2")
     assert env == {"PATH": "/bin", "RANK": "3", "WORLD_SIZE": "4", "CUDA_VISIBLE_DEVICES": "2",
                    "PODIUM_WORKER_ID": "w-9", "PODIUM_TOKEN": "tok", "PODIUM_SCHEDULER": "10.0.0.1:50051",
-                   "PODIUM_NODE_ADDRESS": "10.0.0.2", "PYTHONUNBUFFERED": "1"}
+                   "PODIUM_NODE_ADDRESS": "10.0.0.2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                   "PYTHONUNBUFFERED": "1"}
     # What the scheduler set wins over the agent's own values.
-    assert worker_env({}, {"PODIUM_TOKEN": "mine"}, token="tok", scheduler="s")["PODIUM_TOKEN"] == "mine"
+    mine = worker_env({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+                      {"PODIUM_TOKEN": "mine", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, token="tok", scheduler="s")
+    assert (mine["PODIUM_TOKEN"], mine["CUDA_DEVICE_ORDER"]) == ("mine", "FASTEST_FIRST")
+    # The agent's own device order never leaks in: NVML indices need PCI bus order.
+    assert worker_env({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, {}, token="t", scheduler="s")[
+        "CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 def test_launch_argv_ends_with_the_contract_command():
