@@ -239,3 +239,20 @@ def test_non_blocking_and_wait(wg):
     ready, not_ready = controller.wait(future, num_returns=4, timeout=60)
     assert len(ready) == 4 and not not_ready
     assert controller.get(ready) == [10, 11, 12, 13]
+
+
+def test_a_shard_several_ranks_receive_is_encoded_once(wg, monkeypatch):
+    import podium.worker.client as client_module
+    encoded = []
+    real = client_module.prepare
+
+    def counting(value):
+        encoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(client_module, "prepare", counting)
+    wg.one(torch.zeros(1000))
+    assert len(encoded) == 1  # ONE_TO_ALL: one payload for 4 ranks
+    encoded.clear()
+    wg.mesh_add(DataProto.from_dict(tensors={"a": torch.tensor([1, 2])}))
+    assert len(encoded) == 2  # one per dp replica, not one per tp rank

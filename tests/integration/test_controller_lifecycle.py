@@ -219,3 +219,77 @@ def test_from_detached_second_group_object():
         wg.shutdown()
         rt = get_runtime()
         rt.run(rt.scheduler.remove_workers([w.worker_id for w in wg.workers]))
+
+
+class Waiter(Worker):
+    """A method that finishes only once a file appears (proves blocking=False returns at once)."""
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def wait_for(self, data):
+        path = data.meta_info["path"]
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        data.batch["a"] += self.rank
+        return data
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def later(self, path):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.rank
+
+
+def test_non_blocking_returns_before_the_workers_finish(tmp_path):
+    from podium.controller import PendingRef
+    wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Waiter))
+    try:
+        gate = tmp_path / "gate"
+        data = DataProto.from_dict(tensors={"a": torch.zeros(4, dtype=torch.long)}, meta_info={"path": str(gate)})
+        # the workers block until the gate file exists: these calls must return without waiting
+        future = wg.wait_for(data)
+        refs = wg.later(str(gate))
+        assert isinstance(future, DataProtoFuture) and all(isinstance(r, PendingRef) for r in refs)
+        ready, not_ready = controller.wait(refs, num_returns=1, timeout=0.05)
+        assert ready == [] and not_ready == refs
+        gate.write_text("go")
+        ready, not_ready = controller.wait(refs, num_returns=2, timeout=60)
+        assert ready == refs and not_ready == []
+        assert controller.get(refs) == [0, 1]
+        assert controller.get(future).batch["a"].tolist() == [0, 0, 1, 1]
+    finally:
+        wg.shutdown()
+
+
+def test_fused_colocation_spawn_and_fuse():
+    from podium.controller import create_colocated_worker_cls_fused
+    cls = create_colocated_worker_cls_fused({"actor": ClassWithInitArgs(Actor), "critic": ClassWithInitArgs(Critic)})
+    wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), cls, name_prefix="fus")
+    try:
+        assert wg.worker_names == ["fusFusedWorker_actor_critic_0:0", "fusFusedWorker_actor_critic_0:1"]
+        views = wg.spawn({"actor", "critic"})
+        adds, subs = views["actor"].add(1), views["critic"].sub([5, 6])  # async role method works
+        assert [v for v, _ in adds] == [1, 2] and [v for v, _ in subs] == [5, 5]
+        assert [p for _, p in adds] == [p for _, p in subs]
+        wg.fuse({"actor", "critic"})
+        assert [v for v, _ in wg.actor.add(2)] == [2, 3]
+    finally:
+        wg.shutdown()
+
+
+def test_split_pool_gives_disjoint_gpus():
+    from podium.controller import split_resource_pool
+    pool = ResourcePool([4], use_gpu=True, max_colocate_count=1)
+    first, second = split_resource_pool(pool, 2)
+    a = WorkerGroup(first, ClassWithInitArgs(Producer))
+    b = WorkerGroup(second, ClassWithInitArgs(Producer))
+    try:
+        gpus_a = [i["env"]["CUDA_VISIBLE_DEVICES"] for i in a.info()]
+        gpus_b = [i["env"]["CUDA_VISIBLE_DEVICES"] for i in b.info()]
+        assert a.world_size == b.world_size == 2
+        assert len(set(gpus_a + gpus_b)) == 4
+        assert [i["env"]["WORLD_SIZE"] for i in a.info()] == ["2", "2"]
+    finally:
+        a.shutdown()
+        b.shutdown()
