@@ -268,7 +268,7 @@ def _breakdown(start_epoch: float, constructed_s: float, returned_s: float, stam
     """
     ranks = stamps if isinstance(stamps, list) else [stamps]
     out: dict[str, Any] = {"constructor_returned": constructed_s, "first_call_returned": returned_s}
-    for key in ("process_started", "constructed", "first_call"):
+    for key in ("process_started", "serving", "constructed", "first_call"):
         values = [r[key] for r in ranks if isinstance(r, dict) and r.get(key) is not None]
         if values:
             out[f"worker_{key}"] = max(values) - start_epoch

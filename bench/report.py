@@ -121,7 +121,7 @@ def breakdown_table(cells: Iterable[dict]) -> str:
     """Where cold start went, per backend and N: seconds after WorkerGroup construction began
     at which the latest rank reached each phase (a negative process start means the backend
     handed out a process started before the group was asked for)."""
-    header = ["backend", "N", "process started", "object constructed", "constructor returned",
+    header = ["backend", "N", "process started", "serving", "object constructed", "constructor returned",
               "first call ran", "first call returned", "backend stamps"]
     body = []
     for cell in sorted(cells, key=lambda c: (c.get("backend", ""), c.get("n") or 0)):
@@ -133,7 +133,8 @@ def breakdown_table(cells: Iterable[dict]) -> str:
             return f"{b[key]:.3f}" if isinstance(b.get(key), (int, float)) else "-"
 
         stamps = ", ".join(f"{k}={v:.3f}" for k, v in sorted((b.get("env") or {}).items())) or "-"
-        body.append([cell["backend"], str(cell["n"]), at("worker_process_started"), at("worker_constructed"),
+        body.append([cell["backend"], str(cell["n"]), at("worker_process_started"), at("worker_serving"),
+                     at("worker_constructed"),
                      at("constructor_returned"), at("worker_first_call"), at("first_call_returned"), stamps])
     if not body:
         return ""

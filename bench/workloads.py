@@ -50,6 +50,27 @@ def process_start_epoch() -> float | None:
         return None
 
 
+def serving_epoch_from_log() -> float | None:
+    """When this process logged that it serves (Podium's worker host: "... serving on ..."), or None.
+
+    The node agent sends a worker's stderr to a per-rank log file, and the host's log
+    lines start with ``asctime`` (local time, millisecond precision), so the stamp is read
+    back from the file behind fd 2. Ray's workers log nothing of the kind: None there.
+    """
+    try:
+        path = os.readlink("/proc/self/fd/2")
+        if not path.startswith("/"):
+            return None
+        with open(path, errors="replace") as log:
+            for line in log:
+                if " serving on " in line:
+                    stamp, millis = line[:23].split(",")
+                    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def define_bench_worker(api: SimpleNamespace) -> type:
     """The benchmark worker class, built on ``api.Worker`` with ``api.register``/``api.Dispatch``.
 
@@ -91,8 +112,10 @@ def define_bench_worker(api: SimpleNamespace) -> type:
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def startup_times(self):
-            """Epoch seconds: process start, object constructed, first ``noop``; plus PODIUM_* stamps."""
+            """Epoch seconds: process start, serving (from the log, where there is one), object
+            constructed, first ``noop``; plus PODIUM_* stamps from the environment."""
             return {"pid": os.getpid(), "process_started": self._process_started,
+                    "serving": serving_epoch_from_log(),
                     "constructed": self._constructed, "first_call": self._first_call,
                     "env": self._env_times}
 
