@@ -192,15 +192,22 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
         followers = []
         for stream, path in (("stdout", worker.out_path), ("stderr", worker.err_path)):
             end = _size(path)
-            for text in read_tail(path, request.last_lines, end=end):
+            if request.last_lines:
+                texts = read_tail(path, request.last_lines, end=end)
+                follower = _Follower(stream, path, end)
+            else:
+                # The whole file, read in bounded chunks (a log can be gigabytes).
+                follower = _Follower(stream, path, 0)
+                texts = follower.drain(final=not request.follow, until=end)
+            for text in texts:
                 yield node_pb2.LogLine(worker_id=worker.id, stream=stream, text=text)
-            followers.append(_Follower(stream, path, end))
+            followers.append(follower)
         if not request.follow:
             return
         while True:
             finished = worker.exited.done()
             for follower in followers:
-                for text in follower.read(final=finished):
+                for text in follower.drain(final=finished):
                     yield node_pb2.LogLine(worker_id=worker.id, stream=follower.stream, text=text)
             if finished:
                 return
@@ -220,7 +227,9 @@ def _size(path: pathlib.Path) -> int:
 
 
 class _Follower:
-    """New complete lines of a growing log file, from a byte offset on."""
+    """Complete lines of a growing log file, from a byte offset on, read in bounded chunks."""
+
+    CHUNK = 1 << 20
 
     def __init__(self, stream: str, path: pathlib.Path, offset: int) -> None:
         self.stream = stream
@@ -228,22 +237,33 @@ class _Follower:
         self._offset = offset
         self._partial = b""
 
-    def read(self, *, final: bool = False) -> list[str]:
-        try:
-            with open(self._path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
+    def drain(self, *, final: bool = False, until: int | None = None):
+        """Yield the lines written since the last call (up to byte ``until``); with
+        ``final`` also the last line even without its newline."""
+        while until is None or self._offset < until:
+            limit = self.CHUNK if until is None else min(self.CHUNK, until - self._offset)
+            try:
+                with open(self._path, "rb") as handle:
+                    handle.seek(self._offset)
+                    data = handle.read(limit)
+            except FileNotFoundError:
+                break
+            if not data:
+                break
+            self._offset += len(data)
+            lines = (self._partial + data).split(b"\n")
+            self._partial = lines.pop()
+            yield from self._texts(lines)
         if final and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
-        texts = (line.decode("utf-8", errors="replace") for line in lines)
-        return [text for text in texts if not text.startswith(HEADER_PREFIX)]
+            lines, self._partial = [self._partial], b""
+            yield from self._texts(lines)
+
+    @staticmethod
+    def _texts(lines: list[bytes]):
+        for line in lines:
+            text = line.decode("utf-8", errors="replace")
+            if not text.startswith(HEADER_PREFIX):
+                yield text
 
 
 class RunningAgent:
@@ -281,6 +301,7 @@ class RunningAgent:
         self._server: grpc.aio.Server | None = None
         self._scheduler: SchedulerClient | None = None
         self._tasks: list[asyncio.Task] = []
+        self._side_tasks: set[asyncio.Task] = set()
 
     @property
     def address(self) -> str:
@@ -405,7 +426,9 @@ class RunningAgent:
         if known:
             log.info("scheduler no longer wants workers %s; stopping them", ", ".join(known))
             task = asyncio.get_running_loop().create_task(self.spawner.stop(known))
-            self._tasks.append(task)
+            # Keep a reference until done (the loop holds tasks only weakly).
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
 
     def _enqueue_report(self, request: scheduler_pb2.ReportWorkerRequest) -> None:
         self._reports.put_nowait(request)

@@ -378,7 +378,7 @@ def test_agent_stop_leaves_no_process_behind(tmp_path):
 # ---------------------------------------------------------------- logs
 
 
-def test_tail_log_last_lines_then_follow_until_exit(tmp_path):
+def test_tail_log_last_lines_then_follow_until_exit(tmp_path, monkeypatch):
     async def body():
         async with node(tmp_path) as (recorder, agent, stub):
             await spawn_running(stub, recorder, worker("w-log", FAKE_LINES="5", FAKE_TICK="0.05"))
@@ -387,10 +387,22 @@ def test_tail_log_last_lines_then_follow_until_exit(tmp_path):
                 node_pb2.TailLogRequest(worker_id="w-log", last_lines=2), timeout=WAIT)]
             assert ("stderr", "err line 3") in lines and ("stderr", "err line 4") in lines
             assert len([s for s, _ in lines if s == "stdout"]) == 2
-            whole = [line.text async for line in stub.TailLog(
-                node_pb2.TailLogRequest(worker_id="w-log"), timeout=WAIT)]
-            assert whole[:6] == [f"out line {i}" for i in range(5)] + ["ready"]
-            assert not any(text.startswith("###") for text in whole)
+            async def whole_file():
+                lines = [(line.stream, line.text) async for line in stub.TailLog(
+                    node_pb2.TailLogRequest(worker_id="w-log"), timeout=WAIT)]
+                return ([t for s, t in lines if s == "stdout"], [t for s, t in lines if s == "stderr"])
+
+            out, err = await whole_file()
+            assert out[:6] == [f"out line {i}" for i in range(5)] + ["ready"]
+            assert err == [f"err line {i}" for i in range(5)]
+            # Reading in tiny chunks cuts lines anywhere; they still come out whole.
+            from podium.worker import agent as agent_module
+
+            monkeypatch.setattr(agent_module._Follower, "CHUNK", 7)
+            chunked_out, chunked_err = await whole_file()
+            monkeypatch.undo()
+            assert chunked_err == err
+            assert chunked_out[:len(out)] == out  # ticks keep coming meanwhile
 
             stream = stub.TailLog(node_pb2.TailLogRequest(worker_id="w-log", last_lines=1, follow=True),
                                   timeout=WAIT)
