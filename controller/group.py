@@ -38,6 +38,7 @@ import logging
 import random
 import string
 import time
+import weakref
 from typing import Any, Callable
 
 from podium.controller import dispatch as _dispatch
@@ -111,6 +112,24 @@ class WorkerHandle:
 
     def __repr__(self) -> str:
         return f"WorkerHandle(rank={self.rank}, name={self.name!r}, address={self.address!r})"
+
+
+def _release_when_done(rt: Any, client: Any, future: concurrent.futures.Future) -> None:
+    """Drop a held result in its worker once its PendingRef is garbage (fire and forget)."""
+    def release(f: concurrent.futures.Future) -> None:
+        if rt._closed or f.cancelled() or f.exception() is not None:
+            return
+        object_id = f.result().object_id
+
+        async def go():
+            with contextlib.suppress(Exception):
+                if await client.release([object_id]):
+                    rt.stats["released"] = rt.stats.get("released", 0) + 1
+
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            rt.submit(go())
+
+    future.add_done_callback(release)
 
 
 def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable, collect_fn: Callable,
@@ -342,7 +361,13 @@ class WorkerGroup:
         for f in futures:
             f.set_running_or_notify_cancel()
         rt.submit(self._call_all(calls, hold=True, sinks=futures))
-        return [PendingRef(f, rank, method_name) for f, (rank, *_rest) in zip(futures, calls)]
+        refs = []
+        for f, (rank, *_rest) in zip(futures, calls):
+            ref = PendingRef(f, rank, method_name)
+            # A held result lives in its worker until nothing here can name it any more.
+            weakref.finalize(ref, _release_when_done, rt, self._workers[rank].client, f)
+            refs.append(ref)
+        return refs
 
     async def _call_all(self, calls: list, hold: bool, sinks: list | None = None) -> list:
         from podium.worker.client import prepare

@@ -128,8 +128,9 @@ class Runtime:
         self.log_dir = log_dir
         self.processes = list(processes or [])
         self.session_id = ""
-        #: Controller-side counters (fetches made through the resolver, bytes fetched).
-        self.stats = {"fetches": 0, "fetched_bytes": 0}
+        #: Controller-side counters: fetches made through the resolver, bytes they moved, and
+        #: held results released because their PendingRefs were garbage collected.
+        self.stats = {"fetches": 0, "fetched_bytes": 0, "released": 0}
         self._loop_thread = _LoopThread()
         self.loop = self._loop_thread.loop
         self.scheduler = None
