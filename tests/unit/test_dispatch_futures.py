@@ -1,0 +1,96 @@
+"""Pending handles of blocking=False calls: laziness, resolution, unpadding, wait (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import types
+
+import pytest
+
+from podium.controller import dispatch as d
+from podium.controller import futures as fu
+from podium.errors import DeadlineExceededError, RemoteError
+from podium.refs import DataProtoFuture, ObjectRef
+
+
+def ref(i: int, rows: int = 3) -> ObjectRef:
+    return ObjectRef(object_id=f"o-{i}", worker_id=f"w-{i}", owner_address=f"127.0.0.1:{1000 + i}",
+                     owner_rank=i, size_bytes=10, rows=rows)
+
+
+def pending(n: int):
+    futures = [concurrent.futures.Future() for _ in range(n)]
+    return futures, [fu.PendingRef(f, i, "m") for i, f in enumerate(futures)]
+
+
+def test_pending_future_chunks_lazily_and_resolves_row_ranges():
+    futures, refs = pending(4)
+    whole = fu.concat_refs(refs)
+    assert isinstance(whole, fu.PendingDataProtoFuture) and isinstance(whole, DataProtoFuture)
+    parts = whole.unpadded(2).chunk(2)  # 12 rows, 2 of padding -> 10 -> 2 chunks of 5
+    assert not whole.done() and all(not p.done() for p in parts)
+    for i, f in enumerate(futures):
+        f.set_result(ref(i))
+    assert whole.done()
+    first, second = (p.resolved(timeout=1) for p in parts)
+    assert (first.start, first.stop, second.start, second.stop) == (0, 5, 5, 10)
+    assert [r.object_id for r, _ in second.parts()] == ["o-1", "o-2", "o-3"]
+    assert len(whole) == 12
+
+
+def test_pending_future_resolves_on_the_loop_too():
+    futures, refs = pending(2)
+    chunk = fu.concat_refs(refs).chunk(2)[1]
+
+    async def main():
+        futures[0].set_result(ref(0, 2))
+        futures[1].set_result(ref(1, 2))
+        return await chunk.aresolved()
+
+    resolved = asyncio.run(main())
+    assert (resolved.start, resolved.stop) == (2, 4)
+
+
+def test_resolve_args_replaces_only_top_level_pending_handles():
+    futures, refs = pending(1)
+    futures[0].set_result(ref(0))
+
+    async def main():
+        return await fu.resolve_args((refs[0], 5, [refs[0]]), {"k": refs[0]})
+
+    args, kwargs = asyncio.run(main())
+    assert args[0] == ref(0) and args[1] == 5 and args[2] == [refs[0]] and kwargs == {"k": ref(0)}
+
+
+def test_errors_and_deadlines_of_pending_refs():
+    futures, refs = pending(1)
+    with pytest.raises(DeadlineExceededError, match="rank 0"):
+        refs[0].ref(timeout=0.01)
+    futures[0].set_exception(RemoteError("boom", rank=0))
+    with pytest.raises(RemoteError):
+        refs[0].ref(timeout=1)
+
+
+def test_wait_splits_ready_and_pending_in_input_order():
+    futures, refs = pending(3)
+    futures[2].set_result(ref(2))
+    ready, not_ready = fu.wait(refs, num_returns=1, timeout=0)
+    assert ready == [refs[2]] and not_ready == [refs[0], refs[1]]
+    ready, not_ready = fu.wait(refs, num_returns=2, timeout=0.01)
+    assert ready == [refs[2]]
+    futures[0].set_result(ref(0))
+    ready, not_ready = fu.wait(refs, num_returns=2, timeout=1)
+    assert ready == [refs[0], refs[2]] and not_ready == [refs[1]]
+    with pytest.raises(ValueError):
+        fu.wait(refs, num_returns=4)
+
+
+def test_collect_of_refs_gives_futures_and_unpads_by_row_range():
+    group = types.SimpleNamespace(world_size=4)
+    plain = d.collect_dp_compute_data_proto(group, [ref(i) for i in range(4)])
+    assert type(plain) is DataProtoFuture and len(plain) == 12
+    unpadded = d.unpad_output(plain, 2, 12, 4)
+    assert (unpadded.start, unpadded.stop) == (0, 10)
+    _, refs = pending(4)
+    assert isinstance(d.collect_dp_compute_data_proto(group, refs), fu.PendingDataProtoFuture)
