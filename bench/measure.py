@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 from bench import workloads
 
 MARKER = "BENCHCELL "
+SETTLE_SECONDS = 2.0
 
 
 class StepTimeout(Exception):
@@ -120,6 +121,9 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
     try:
         with deadline(args.step_timeout, "cluster start"):
             adapter.start(max(args.n))
+        # Both clusters keep starting helpers (Ray's idle workers, agents) for a moment
+        # after they answer; let that finish so it is not billed to the first group.
+        time.sleep(SETTLE_SECONDS)
     except BaseException as exc:  # noqa: BLE001 - report, never crash the run
         error = _describe(exc)
         for n in args.n:
