@@ -4,8 +4,9 @@ Bootstrap contract with ``podium.worker.host`` (keep both sides exactly alike):
 the agent runs ``[sys.executable, "-m", "podium.worker.host", "--ready-fd", W]``
 where ``W`` is the write end of a pipe passed with ``pass_fds``; cwd is the agent's
 cwd; env is the agent's environment (minus ``PODIUM_TOKEN_FILE``) plus
-``WorkerInfo.env`` plus ``PODIUM_TOKEN``/``PODIUM_SCHEDULER`` when absent and
-``PYTHONUNBUFFERED=1``. Once it serves, the worker writes exactly one JSON line
+``WorkerInfo.env`` plus ``PODIUM_TOKEN``/``PODIUM_SCHEDULER`` (and
+``PODIUM_WORKER_ID``/``PODIUM_NODE_ADDRESS``) when absent,
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``PYTHONUNBUFFERED=1`` (see :func:`worker_env`). Once it serves, the worker writes exactly one JSON line
 ``{"port": 12345}`` to ``W`` and closes it. A pipe closed without that line, or a
 process that exits first, makes the worker FAILED.
 
@@ -199,6 +200,11 @@ class ManagedWorker:
         """True until the process has been reaped."""
         return self.pid > 0 and not self.exited.done()
 
+    @property
+    def ended(self) -> bool:
+        """True once the process is reaped and its end has been reported."""
+        return self.exited.done() and (self.task is None or self.task.done())
+
     def to_proto(self) -> common_pb2.WorkerInfo:
         """WorkerInfo with this agent's view (state, pid, port, exit, log path)."""
         out = common_pb2.WorkerInfo()
@@ -281,8 +287,9 @@ class Spawner:
     async def spawn(self, workers: Sequence[common_pb2.WorkerInfo]) -> list[node_pb2.SpawnedWorker]:
         """Start one process per WorkerInfo; returns at once with their pids.
 
-        Readiness is reported later (RUNNING or FAILED). A worker id that is
-        already known is not started again (a retried request is harmless).
+        Readiness is reported later (RUNNING or FAILED). A worker id whose
+        process is alive is not started again (a retried request is harmless);
+        one whose process ended is started afresh (its logs are appended to).
         Validation happens before anything starts. Once :meth:`stop_all` ran
         (agent shutdown), every spawn is UnavailableError.
         """
@@ -292,7 +299,8 @@ class Spawner:
         out = []
         for info in workers:
             known = self._workers.get(info.id)
-            if known is None:
+            if known is None or known.ended:
+                self._workers.pop(info.id, None)  # re-insert: start order stays true
                 known = self._start(info)
             out.append(node_pb2.SpawnedWorker(worker_id=known.id, pid=known.pid,
                                               log_path=str(known.out_path)))

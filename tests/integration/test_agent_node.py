@@ -262,8 +262,8 @@ def test_spawns_several_workers_in_one_request(tmp_path):
 def test_worker_that_never_becomes_ready_fails(tmp_path, mode, exit_code, reason_part, tail_part):
     async def body():
         async with node(tmp_path) as (recorder, agent, stub):
-            response = await stub.SpawnWorkers(
-                node_pb2.SpawnWorkersRequest(workers=[worker("w-bad", FAKE_MODE=mode)]), timeout=WAIT)
+            bad = worker("w-bad", FAKE_MODE=mode)
+            response = await stub.SpawnWorkers(node_pb2.SpawnWorkersRequest(workers=[bad]), timeout=WAIT)
             failed = await eventually(lambda: recorder.report("w-bad", common_pb2.WORKER_FAILED),
                                       "FAILED report")
             assert failed.exit.exit_code == exit_code
@@ -272,6 +272,10 @@ def test_worker_that_never_becomes_ready_fails(tmp_path, mode, exit_code, reason
             assert not failed.exit.requested
             assert recorder.report("w-bad", common_pb2.WORKER_RUNNING) is None
             await eventually(lambda: not alive(response.workers[0].pid), "the broken worker gone")
+            # The same id again starts a new process (a retry after a failure).
+            bad.env["FAKE_MODE"] = "serve"
+            await spawn_running(stub, recorder, bad)
+            assert recorder.report("w-bad", common_pb2.WORKER_RUNNING).pid != response.workers[0].pid
 
     run(body())
 
