@@ -43,27 +43,32 @@ MAX_REPLY_BYTES = 1 << 40
 class Payload:
     """An encoded call payload, prepared once and sendable to many workers.
 
-    The chunk ``bytes`` are made on first use and reused for every worker, so a
-    shard several ranks receive is encoded and copied once.
+    With ``reusable`` (what :func:`prepare` makes) the chunk ``bytes`` are made
+    on first use and kept for every later worker, so a shard several ranks
+    receive is encoded and copied once. A one-shot payload streams its chunks
+    instead, so a huge argument is never held twice.
     """
 
-    __slots__ = ("encoded", "nbytes", "_chunks")
+    __slots__ = ("encoded", "nbytes", "reusable", "_chunks")
 
-    def __init__(self, encoded: codec.Encoded) -> None:
+    def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
         self.encoded = encoded
         self.nbytes = encoded.nbytes
+        self.reusable = reusable
         self._chunks: list[bytes] | None = None
 
-    @property
-    def chunks(self) -> list[bytes]:
-        """The wire form as chunk-sized bytes objects."""
-        if self._chunks is None:
-            segments = self.encoded.to_segments()
-            if self.nbytes <= framing.CHUNK_SIZE:
-                self._chunks = [b"".join(segments)]
-            else:
-                self._chunks = [bytes(chunk) for chunk in framing.iter_chunks(segments)]
-        return self._chunks
+    def iter_chunks(self):
+        """The wire form as chunk-sized ``bytes`` (at least one, the last one marked by the caller)."""
+        if self._chunks is not None:
+            return self._chunks
+        segments = self.encoded.to_segments()
+        if self.nbytes <= framing.CHUNK_SIZE:
+            self._chunks = [b"".join(segments)]
+            return self._chunks
+        if self.reusable:
+            self._chunks = [bytes(chunk) for chunk in framing.iter_chunks(segments)]
+            return self._chunks
+        return (bytes(chunk) for chunk in framing.iter_chunks(segments))
 
     def segments(self) -> list[memoryview]:
         """The wire form as zero-copy segments (for shared memory)."""
@@ -206,8 +211,10 @@ class WorkerClient:
 
     def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
         p = self._pending.get(frame.call_id)
-        if p is None:
-            return  # a call that already timed out
+        if p is None:  # a call that already timed out or was cancelled
+            if frame.HasField("header") and frame.header.shm_name:
+                shm.remove_segment(frame.header.shm_name)
+            return
         if frame.HasField("header"):
             header = frame.header
             if not header.ok:
@@ -245,6 +252,8 @@ class WorkerClient:
         if p.timer is not None:
             p.timer.cancel()
         if p.future.done():
+            if isinstance(value, _ShmReply):
+                shm.remove_segment(value.name)
             return
         if exc is not None:
             p.future.set_exception(exc)
@@ -300,13 +309,17 @@ class WorkerClient:
                     shm.remove_segment(name)
                     raise
             else:
-                chunks = payload.chunks
-                last = len(chunks) - 1
-                for i, chunk in enumerate(chunks):
+                chunks = iter(payload.iter_chunks())
+                chunk = next(chunks)
+                first = header
+                for following in chunks:
                     if future.done():
                         break  # timed out or failed while sending
-                    await self._write(worker_pb2.CallFrame(
-                        call_id=call_id, header=header if i == 0 else None, data=chunk, last=i == last))
+                    await self._write(worker_pb2.CallFrame(call_id=call_id, header=first, data=chunk))
+                    first, chunk = None, following
+                else:
+                    await self._write(worker_pb2.CallFrame(call_id=call_id, header=first, data=chunk,
+                                                           last=True))
         except asyncio.CancelledError:
             self._pending.pop(call_id, None)
             raise
@@ -333,7 +346,8 @@ class WorkerClient:
         return codec.decode(reply)
 
     async def construct(self, payload_value: Any, *, timeout: float | None = None) -> None:
-        """Build the hosted object from ``(cls_or_import_path, args, kwargs)`` (or a prepared Payload).
+        """Build the hosted object from ``(cls_or_import_path, args, kwargs)``, a
+        ClassWithInitArgs, or a prepared Payload of the former.
 
         A class that is not importable in the worker is pickled by value. A
         constructor that raised comes back as RemoteError.
@@ -341,21 +355,25 @@ class WorkerClient:
         if not isinstance(payload_value, Payload):
             from podium.worker.factory import by_value
 
-            with by_value(payload_value[0]):
-                payload_value = prepare(tuple(payload_value))
+            if hasattr(payload_value, "construct_payload"):  # a ClassWithInitArgs
+                with by_value(payload_value):
+                    payload_value = prepare(payload_value.construct_payload())
+            else:
+                with by_value(payload_value[0]):
+                    payload_value = prepare(tuple(payload_value))
         await self._roundtrip(_CONSTRUCT, "", payload_value, False, timeout)
 
     async def call(self, method: str, args: Any = (), kwargs: dict | None = None, *,
                    hold: bool = False, timeout: float | None = None) -> Any:
         """Run ``method(*args, **kwargs)`` in the worker; the value, or an ObjectRef with ``hold``."""
-        payload = Payload(codec.encode((tuple(args), kwargs or {})))
+        payload = Payload(codec.encode((tuple(args), kwargs or {})), reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
 
     async def call_encoded(self, method: str, payload: Payload | codec.Encoded, *,
                            hold: bool = False, timeout: float | None = None) -> Any:
         """Like :meth:`call` with an already encoded ``(args, kwargs)`` payload (see :func:`prepare`)."""
         if not isinstance(payload, Payload):
-            payload = Payload(payload)
+            payload = Payload(payload, reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
 
     # ---------------------------------------------------------------- unary RPCs

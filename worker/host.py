@@ -35,6 +35,7 @@ import inspect
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
@@ -131,6 +132,90 @@ def _close_names(name: str, obj: Any) -> list[str]:
     return difflib.get_close_matches(name, candidates, n=5, cutoff=0.5)
 
 
+# --------------------------------------------------------------------------- execution thread
+
+
+class _Job:
+    """One piece of work for the execution thread; ``future`` lives on the loop."""
+
+    __slots__ = ("fn", "args", "future", "state")
+
+    def __init__(self, fn: Any, args: tuple, future: asyncio.Future) -> None:
+        self.fn = fn
+        self.args = args
+        self.future = future
+        self.state = 0  # 0 queued, 1 started, 2 cancelled
+
+
+class ExecutionThread:
+    """The one thread that builds the hosted object and runs its sync methods, in order.
+
+    Leaner than a ThreadPoolExecutor plus ``asyncio.wrap_future`` (a C queue in,
+    one ``call_soon_threadsafe`` out), which matters on a no-op call's hot path.
+    Daemon, so a method stuck in native code never blocks process exit.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        """Thread id of the execution thread."""
+        return self._thread.ident
+
+    def submit(self, fn: Any, *args: Any) -> _Job:
+        """Queue ``fn(*args)``; await ``job.future`` for its result."""
+        job = _Job(fn, args, self._loop.create_future())
+        self._queue.put(job)
+        return job
+
+    def cancel(self, job: _Job) -> bool:
+        """Drop ``job`` if it has not started; True if dropped."""
+        with self._lock:
+            if job.state != 0:
+                return False
+            job.state = 2
+        if not job.future.done():
+            job.future.set_exception(errors.CancelledError("cancelled before it started"))
+        return True
+
+    def stop(self) -> None:
+        """Drop queued jobs and let the thread end after the running one."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                if job.state != 0:
+                    continue
+                job.state = 1
+            try:
+                result, ok = job.fn(*job.args), True
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
+                result, ok = exc, False
+            try:
+                self._loop.call_soon_threadsafe(_settle, job.future, ok, result)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+            del job, result
+
+
+def _settle(future: asyncio.Future, ok: bool, result: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(result)
+    else:
+        future.set_exception(result)
+
+
 # --------------------------------------------------------------------------- servicer
 
 
@@ -147,7 +232,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                       "fetches_made": 0, "bytes_fetched": 0}
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="podium-exec")
+        self._exec = ExecutionThread(self._loop)
         self._obj: Any = None
         self._class_name = ""
         self._construct_state = "none"  # none | pending | done | failed
@@ -275,11 +360,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     await prev
                 if active.cancelled:
                     raise errors.CancelledError("construct cancelled before it started")
-                cf = self._executor.submit(self._construct_sync, cls_ref, tuple(args), dict(kwargs))
-                active.exec_future = cf
+                job = self._exec.submit(self._construct_sync, cls_ref, tuple(args), dict(kwargs))
+                active.job = job
             finally:
                 self.open_gate(prev, mine)
-            await asyncio.wrap_future(cf)
+            await job.future
         except BaseException as exc:
             self._construct_state = "failed"
             self._construct_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
@@ -305,7 +390,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """CALL: decode, look up, materialize refs, run (thread or loop), package, reply."""
         prev, mine = active.gates
         header = active.header
-        cf = None
+        job = None
         try:
             value = self._decode_payload(header, payload)
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
@@ -328,16 +413,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if active.deadline and time.monotonic() > active.deadline:
                     raise errors.DeadlineExceededError(
                         f"call {header.method!r} reached its deadline before it started")
-                cf = self._executor.submit(self._invoke_sync, fn, args, kwargs, header)
-                active.exec_future = cf
+                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header)
+                active.job = job
         finally:
             self.open_gate(prev, mine)
         self.stats["calls"] += 1
-        if cf is not None:
-            try:
-                outcome = await asyncio.wrap_future(cf)
-            except concurrent.futures.CancelledError:
-                raise errors.CancelledError(f"call {header.method!r} cancelled before it started") from None
+        if job is not None:
+            outcome = await job.future
         else:
             try:
                 result = await fn(*args, **kwargs)
@@ -414,7 +496,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def close(self) -> None:
         """Stop taking work; a running user call is left to finish on its own thread."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._exec.stop()
         self.held.clear()
 
 
@@ -422,7 +504,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 class _Active:
-    __slots__ = ("call_id", "header", "stream", "gates", "exec_future", "cancelled", "deadline", "task")
+    __slots__ = ("call_id", "header", "stream", "gates", "job", "cancelled", "deadline", "task")
 
     def __init__(self, call_id: int, header: worker_pb2.CallHeader, stream: "_CallStream",
                  gates: tuple[asyncio.Future, asyncio.Future]) -> None:
@@ -430,7 +512,7 @@ class _Active:
         self.header = header
         self.stream = stream
         self.gates = gates
-        self.exec_future: concurrent.futures.Future | None = None
+        self.job: _Job | None = None
         self.cancelled = False
         self.deadline = time.monotonic() + header.timeout_seconds if header.timeout_seconds > 0 else 0.0
         self.task: asyncio.Task | None = None
@@ -468,8 +550,8 @@ class _CallStream:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for active in list(self.active.values()):
-                if active.exec_future is not None:
-                    active.exec_future.cancel()
+                if active.job is not None:
+                    self.host._exec.cancel(active.job)
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
 
@@ -610,8 +692,8 @@ class _CallStream:
         if active is None:
             return
         active.cancelled = True
-        if active.exec_future is not None:
-            active.exec_future.cancel()  # only succeeds when it has not started
+        if active.job is not None:
+            self.host._exec.cancel(active.job)  # only succeeds when it has not started
 
 
 # --------------------------------------------------------------------------- refs

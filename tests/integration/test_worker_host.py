@@ -257,11 +257,23 @@ def test_garbage_call_frame_gets_data_loss_and_the_stream_keeps_serving(token, a
     arun(scenario())
 
 
-def test_one_payload_encoded_once_serves_several_workers(token, arun):
+@pytest.mark.parametrize("elements", [10, 3 * 1024 * 1024])  # one chunk, several chunks
+def test_one_payload_encoded_once_serves_several_workers(token, arun, elements):
     async def scenario():
-        async with hosted(token) as (_, a), hosted(token) as (_, b):
-            payload = prepare(((torch.arange(10),), {}))
+        async with hosted(token, tcp_only=True) as (_, a), hosted(token, tcp_only=True) as (_, b):
+            expected = torch.arange(elements)
+            payload = prepare(((expected,), {}))
             first = await a.call_encoded("echo", payload)
             second = await b.call_encoded("echo", payload)
-            assert torch.equal(first, second) and torch.equal(first, torch.arange(10))
+            assert torch.equal(first, expected) and torch.equal(second, expected)
+    arun(scenario())
+
+
+def test_construct_from_class_with_init_args(token, arun):
+    from podium.worker.factory import ClassWithInitArgs
+
+    async def scenario():
+        async with hosted(token, construct=False) as (_, client):
+            await client.construct(ClassWithInitArgs(Echo, tag="cwia"))
+            assert await client.call("add", ("a", "b")) == "ab"
     arun(scenario())
