@@ -313,7 +313,11 @@ class RunningAgent:
     async def _start(self) -> None:
         self._server, health = rpc.make_server(self.token)
         node_pb2_grpc.add_NodeAgentServicer_to_server(NodeAgentService(self), self._server)
-        self.port = rpc.bind(self._server, self.host, self.config.port, self.config.tls)
+        try:
+            self.port = rpc.bind(self._server, self.host, self.config.port, self.config.tls)
+        except RuntimeError as exc:  # grpcio raises this instead of returning 0
+            raise errors.UnavailableError(
+                f"node agent cannot serve on {self.host}:{self.config.port}: {exc}") from None
         await rpc.start_server(self._server, health)
         self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,
                                           timeout=RPC_TIMEOUT_SECONDS)
@@ -339,9 +343,14 @@ class RunningAgent:
         log.info("node agent %s: stopped %d workers", self.node_id, stopped)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._reports.join(), REPORT_FLUSH_SECONDS)
-        for task in self._tasks:
+        await self._close()
+
+    async def _close(self) -> None:
+        """Release everything but the workers (also undoes a half-finished start)."""
+        tasks = [*self._tasks, *self._side_tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace=0.5)
         if self._scheduler is not None:
@@ -389,7 +398,9 @@ class RunningAgent:
                                                                self.spawner.running())
             except errors.PodiumError as error:
                 if not outage_logged:
-                    log.warning("cannot register with the scheduler (will retry): %s", error)
+                    # Unreachable is normal (it restarts); a refusal means misconfiguration.
+                    level = logging.WARNING if isinstance(error, _RETRYABLE) else logging.ERROR
+                    log.log(level, "cannot register with the scheduler (will retry): %s", error)
                     outage_logged = True
                 if await self._sleep(backoff):
                     return
@@ -472,7 +483,11 @@ async def run_agent(config: AgentConfig) -> RunningAgent:
     """
     token = resolve_token(config.token, config.token_file)
     agent = RunningAgent(config, token)
-    await agent._start()
+    try:
+        await agent._start()
+    except BaseException:
+        await agent._close()
+        raise
     return agent
 
 

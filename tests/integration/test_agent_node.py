@@ -553,3 +553,17 @@ def test_advertise_address_is_what_registers_and_what_workers_get(tmp_path):
             assert json.loads(env_file.read_text())["PODIUM_NODE_ADDRESS"] == "127.0.0.1"
 
     run(body())
+
+
+def test_a_taken_port_fails_the_start_cleanly(tmp_path):
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            config = AgentConfig(scheduler=agent.config.scheduler, port=agent.port, node_id="node-b",
+                                 fake_gpus=0, log_dir=str(tmp_path / "logs-b"), token=TOKEN)
+            with pytest.raises(errors.UnavailableError):
+                await run_agent(config)
+            # The first agent is unaffected.
+            info = await stub.GetNodeInfo(node_pb2.GetNodeInfoRequest(), timeout=WAIT)
+            assert info.node_id == "node-a"
+
+    run(body())
