@@ -67,17 +67,26 @@ class HeldStore:
     def __len__(self) -> int:
         return len(self._objects)
 
+    def _check_room(self, size_bytes: int) -> None:
+        if self._used + size_bytes > self.budget_bytes:
+            raise ResourceExhaustedError(
+                f"hold budget exceeded: holding a result of {size_bytes} bytes would exceed "
+                f"the budget of {self.budget_bytes} bytes (PODIUM_HOLD_BUDGET_BYTES); "
+                f"{len(self._objects)} results of {self._used} bytes are held. "
+                f"Fetch and release earlier results, or raise the budget",
+                details={"budget_bytes": str(self.budget_bytes), "size_bytes": str(size_bytes),
+                         "held_bytes": str(self._used), "held_count": str(len(self._objects))})
+
+    def check_room(self, size_bytes: int) -> None:
+        """ResourceExhaustedError now if ``size_bytes`` more would exceed the budget
+        (lets a caller refuse before copying a large result)."""
+        with self._lock:
+            self._check_room(size_bytes)
+
     def put(self, value: Any, encoded: Any, size_bytes: int, rows: int) -> HeldObject:
         """Hold ``value``; ResourceExhaustedError when it would exceed the budget."""
         with self._lock:
-            if self._used + size_bytes > self.budget_bytes:
-                raise ResourceExhaustedError(
-                    f"hold budget exceeded: holding a result of {size_bytes} bytes would exceed "
-                    f"the budget of {self.budget_bytes} bytes (PODIUM_HOLD_BUDGET_BYTES); "
-                    f"{len(self._objects)} results of {self._used} bytes are held. "
-                    f"Fetch and release earlier results, or raise the budget",
-                    details={"budget_bytes": str(self.budget_bytes), "size_bytes": str(size_bytes),
-                             "held_bytes": str(self._used), "held_count": str(len(self._objects))})
+            self._check_room(size_bytes)
             held = HeldObject(f"{self._prefix}{next(self._ids)}", value, encoded, size_bytes, rows)
             self._objects[held.object_id] = held
             self._used += size_bytes

@@ -115,6 +115,36 @@ class _Outcome:
     nbytes: int = 0
 
 
+class _Frozen:
+    """A held result's wire form, copied once into one buffer.
+
+    The copy makes a held result a snapshot, as Ray's object store does: user
+    code that mutates a returned tensor afterwards cannot change what peers
+    fetch. Quacks like :class:`podium.codec.Encoded` (``nbytes``, ``to_segments``).
+    """
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, segments: list, nbytes: int) -> None:
+        self.buffer = bytearray(nbytes)
+        view = memoryview(self.buffer)
+        pos = 0
+        for segment in segments:
+            size = segment.nbytes
+            view[pos:pos + size] = segment.cast("B") if segment.ndim != 1 or segment.itemsize != 1 else segment
+            pos += size
+        view.release()
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the wire form."""
+        return len(self.buffer)
+
+    def to_segments(self) -> list[memoryview]:
+        """The wire form as one segment."""
+        return [memoryview(self.buffer)]
+
+
 def _remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1) -> errors.RemoteError:
     # Drop the host's own frames so the traceback starts in user code.
     tb = exc.__traceback__
@@ -296,7 +326,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         nbytes = encoded.nbytes
         if header.hold_result:
             rows = refs.rows_of(value)
-            held = self.held.put(value, encoded, nbytes, rows)
+            self.held.check_room(nbytes)
+            frozen = _Frozen(encoded.to_segments(), nbytes)
+            held = self.held.put(codec.decode(frozen.buffer), frozen, nbytes, rows)
             return _Outcome(ref=worker_pb2.ObjectRefInfo(
                 object_id=held.object_id, worker_id=self.config.worker_id,
                 owner_address=self.address, owner_rank=self.config.rank,
@@ -424,7 +456,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             try:
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
-                raise _remote_error(exc, self.config.rank, self.config.node_address, 0) from None
+                raise _remote_error(exc, self.config.rank, self.config.node_address) from None
             outcome = self.package(result, header)
         await active.stream.send_outcome(active.call_id, outcome)
 

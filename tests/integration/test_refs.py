@@ -42,6 +42,13 @@ class Producer:
     def stats(self) -> dict:
         return dict(current_host().stats)
 
+    def make_kept(self, rows: int) -> DataProto:
+        self.kept = batch(0, rows)
+        return self.kept
+
+    def mutate_kept(self) -> None:
+        self.kept.batch["x"] += 1000
+
 
 class Consumer:
     """Receives futures (materialized by the host, or fetched by the method itself)."""
@@ -154,6 +161,15 @@ def test_hold_fetch_rows_release(token, arun, transport):
             with pytest.raises(errors.NotFoundError, match=ref.object_id):
                 await client.fetch(ref)
             assert len(host.servicer.held) == 1
+    arun(scenario())
+
+
+def test_held_result_is_a_snapshot(token, arun):
+    async def scenario():
+        async with producer_host(token) as (_, client):
+            ref = await client.call("make_kept", (3,), hold=True)
+            await client.call("mutate_kept")
+            assert (await client.fetch(ref)).batch["x"].tolist() == [0, 1, 2]
     arun(scenario())
 
 
