@@ -554,6 +554,17 @@ class WorkerGroup:
         """MASTER_PORT the workers see."""
         return self._master_port
 
+    def start_worker_aliveness_check(self, every_n_seconds: int = 1) -> None:
+        """verl compatibility: check once that every worker answers (UnavailableError if not).
+
+        Podium needs no watcher thread: a worker that dies makes the next (or the pending)
+        call fail with WorkerDiedError. verl instead SIGABRTs the whole driver.
+        """
+        async def describe_all():
+            await asyncio.gather(*(w.client.describe(timeout=30) for w in self._workers))
+
+        self._rt.run(describe_all(), timeout=60, what="aliveness check")
+
     def get(self, refs: Any, timeout: float | None = None) -> Any:
         """Values of refs/futures (same as :func:`podium.controller.get`)."""
         return _get(refs, timeout)
