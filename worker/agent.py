@@ -494,14 +494,16 @@ async def run_agent(config: AgentConfig) -> RunningAgent:
 def build_parser() -> argparse.ArgumentParser:
     """The ``podium node`` command line."""
     parser = argparse.ArgumentParser(prog="podium node", description="Run a Podium node agent.")
-    parser.add_argument("--scheduler", required=True, help="scheduler address HOST:PORT")
+    parser.add_argument("--scheduler", default=os.environ.get("PODIUM_ADDRESS") or None,
+                        required=not os.environ.get("PODIUM_ADDRESS"),
+                        help="scheduler address HOST:PORT (default: $PODIUM_ADDRESS)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="node address to serve on and register (default 127.0.0.1)")
     parser.add_argument("--advertise-address", default="",
                         help="address to register when --host is not reachable as such "
                              "(e.g. --host 0.0.0.0 in a container; default: --host)")
     parser.add_argument("--port", type=int, default=0, help="agent gRPC port (default: any free)")
-    parser.add_argument("--node-id", default="", help="node id (default <hostname>-<host>)")
+    parser.add_argument("--node-id", default="", help="node id (default <hostname>-<node address>)")
     parser.add_argument("--cpus", type=float, default=None, help="CPUs offered (default: all)")
     parser.add_argument("--fake-gpus", type=int, default=None,
                         help="pretend to have N GPUs instead of asking NVML")
