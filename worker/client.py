@@ -116,6 +116,16 @@ class WorkerClient:
         self._broken: errors.PodiumError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def broken(self) -> errors.PodiumError | None:
+        """The error that ended the call stream (every later call raises it), or None."""
+        return self._broken
+
+    @property
+    def pending(self) -> int:
+        """Calls sent and not yet answered."""
+        return len(self._pending)
+
     def _who(self) -> str:
         return f"worker rank {self.rank} at {self.address}" if self.rank >= 0 else f"worker at {self.address}"
 
@@ -300,8 +310,13 @@ class WorkerClient:
                                        hold_result=hold, timeout_seconds=timeout or 0.0,
                                        reply_in_shm=same_host)
         try:
+            name = ""
             if same_host and payload.nbytes >= self.shm_threshold:
-                name, _ = await asyncio.to_thread(shm.write_segments, payload.segments())
+                try:
+                    name, _ = await asyncio.to_thread(shm.write_segments, payload.segments())
+                except OSError:  # /dev/shm full or missing: send over TCP instead
+                    name = ""
+            if name:
                 header.shm_name = name
                 try:
                     await self._write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))

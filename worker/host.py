@@ -335,8 +335,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 size_bytes=nbytes, rows=rows))
         segments = encoded.to_segments()
         if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes:
-            name, size = shm.write_segments(segments)
-            return _Outcome(shm_name=name, nbytes=size)
+            try:
+                name, size = shm.write_segments(segments)
+            except OSError as exc:  # /dev/shm full or missing: TCP still works
+                log.warning("shared memory unavailable (%s); replying over TCP", exc)
+            else:
+                return _Outcome(shm_name=name, nbytes=size)
         return _Outcome(segments=segments, nbytes=nbytes)
 
     def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader) -> _Outcome:
@@ -506,9 +510,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.stats["fetches_served"] += 1
         self.stats["bytes_served"] += total
         if request.reply_in_shm:
-            name, size = await asyncio.to_thread(shm.write_segments, segments)
-            yield worker_pb2.DataChunk(total_size=size, shm_name=name)
-            return
+            try:
+                name, size = await asyncio.to_thread(shm.write_segments, segments)
+            except OSError as exc:  # /dev/shm full or missing: TCP still works
+                log.warning("shared memory unavailable (%s); serving the fetch over TCP", exc)
+            else:
+                yield worker_pb2.DataChunk(total_size=size, shm_name=name)
+                return
         first = True
         for chunk in framing.iter_chunks(segments):
             yield worker_pb2.DataChunk(total_size=total if first else 0, data=bytes(chunk))

@@ -59,6 +59,10 @@ class Echo:
         await asyncio.sleep(seconds)
         return "waited"
 
+    async def async_echo(self, value, delay: float):
+        await asyncio.sleep(delay)
+        return value
+
     async def async_fail(self):
         raise RuntimeError("async boom")
 
@@ -200,6 +204,17 @@ def test_replies_interleave_by_completion(token, arun):
             assert await client.call("add", (1, 2)) == 3
             assert not slow.done()
             assert await slow == "waited"
+    arun(scenario())
+
+
+def test_large_replies_interleave_and_are_demultiplexed(token, arun):
+    async def scenario():
+        async with hosted(token, tcp_only=True) as (_, client):
+            # Several multi-chunk replies written at once: their frames interleave on the stream.
+            values = [torch.full((3 * 1024 * 1024,), float(i)) for i in range(3)]
+            results = await asyncio.gather(*(client.call("async_echo", (v, 0.05)) for v in values))
+            for value, result in zip(values, results):
+                assert torch.equal(value, result)
     arun(scenario())
 
 
