@@ -233,3 +233,33 @@ def test_sigkilled_agent_takes_its_workers_with_it(scheduler_process, agents, to
     assert agent.signal(signal.SIGKILL) == -signal.SIGKILL
     # The kernel's parent-death signal, not the agent, ends them.
     wait_for(lambda: not any(alive(pid) for pid in pids), "workers of a SIGKILLed agent to die")
+
+
+def test_workers_survive_a_scheduler_restart_and_the_agent_reconnects(
+        scheduler_process, agents, token, arun, tmp_path, leftovers):
+    state = tmp_path / "state.db"
+    first = scheduler_process(state)
+    agent = agents(first.address, "127.0.0.2", "--worker-command", f"{sys.executable} {FAKE_WORKER}")
+    workers = arun(place_workers(first.address, token, 1, "STRICT_PACK"), timeout=90)
+    leftovers.update(w.pid for w in workers)
+    port = first.port
+    assert first.kill(signal.SIGKILL) == -signal.SIGKILL
+    time.sleep(0.5)  # the agent's heartbeats fail meanwhile; it must keep going
+    assert agent.proc.poll() is None and all(alive(w.pid) for w in workers)
+
+    second = scheduler_process(state, "--port", str(port))
+    restored_at = time.time()  # the state is loaded before the port file appears
+
+    def heartbeating():
+        # A heartbeat (or registration) newer than the restore: the agent found it again.
+        nodes = http_json(second.http_url + "/v1/nodes", token)["nodes"]
+        return (nodes and nodes[0]["state"] == "NODE_ALIVE"
+                and float(nodes[0].get("last_heartbeat", 0)) > restored_at)
+
+    wait_for(heartbeating, "the agent heartbeating the restarted scheduler")
+    seen = arun(workers_by_id(second.address, token, [w.id for w in workers]))
+    for w in workers:
+        assert seen[w.id].state == common_pb2.WORKER_RUNNING and seen[w.id].pid == w.pid
+        assert alive(w.pid)
+    assert agent.signal(signal.SIGTERM) == 0
+    assert not any(alive(w.pid) for w in workers)
