@@ -256,10 +256,13 @@ def make_server(token: str, *, interceptors=(), health_service: bool = True
 def bind(server: grpc.aio.Server, host: str, port: int, tls: TlsConfig | None = None) -> int:
     """Bind ``host:port`` (port 0 picks a free one) and return the bound port."""
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if tls is not None:
-        bound = server.add_secure_port(target, tls.server_credentials())
-    else:
-        bound = server.add_insecure_port(target)
+    try:
+        if tls is not None:
+            bound = server.add_secure_port(target, tls.server_credentials())
+        else:
+            bound = server.add_insecure_port(target)
+    except RuntimeError as exc:  # grpcio >= 1.60 raises instead of returning 0
+        raise errors.UnavailableError(f"cannot bind {target}: {exc}") from exc
     if not bound:
         raise errors.UnavailableError(f"cannot bind {target}")
     return bound

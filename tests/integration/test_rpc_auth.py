@@ -82,3 +82,18 @@ def test_token_required_on_every_call_and_errors_keep_their_class():
             await server.stop(0)
 
     asyncio.run(scenario())
+
+
+def test_bind_a_taken_port_is_a_clear_error():
+    async def scenario():
+        server, _ = rpc.make_server("t")
+        port = rpc.bind(server, "127.0.0.1", 0)
+        await server.start()
+        other, _ = rpc.make_server("t")
+        try:
+            with pytest.raises(errors.UnavailableError, match=f"127.0.0.1:{port}"):
+                rpc.bind(other, "127.0.0.1", port)
+        finally:
+            await server.stop(0)
+
+    asyncio.run(scenario())
