@@ -53,7 +53,7 @@ from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.heldstore import HeldStore, default_budget
 
-__all__ = ["HostConfig", "WorkerServicer", "HostResolver", "RunningHost", "start_host",
+__all__ = ["RAY_CALL", "ExecutionThread", "HostConfig", "WorkerServicer", "HostResolver", "RunningHost", "start_host",
            "current_host", "main", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES"]
 
 log = logging.getLogger("podium.worker.host")
@@ -65,6 +65,10 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 << 30
 DEFAULT_SHM_THRESHOLD_BYTES = 1 << 20
 
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
+
+#: Method name of the raw-call escape hatch: ``call(RAY_CALL, (fn, *args))`` runs
+#: ``fn(hosted_object, *args)`` on the execution thread (Ray's ``actor.__ray_call__``).
+RAY_CALL = "__ray_call__"
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
@@ -297,6 +301,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _lookup(self, name: str) -> tuple[Any, bool, bool]:
         """(bound method, is_async, materialize_futures) or UnknownMethodError."""
         obj = self._obj
+        if name == RAY_CALL:
+            return self._ray_call, False, True
         if not name or name.startswith("__"):
             raise errors.UnknownMethodError(f"{self._class_name} has no callable method {name!r}",
                                             details={"method": name})
@@ -319,6 +325,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             info = (_is_async(fn), materialize)
             self._method_info[name] = info
         return fn, info[0], info[1]
+
+    def _ray_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # verl's escape hatch (actor.__ray_call__.remote(fn, ...)): fn(obj, ...) on the
+        # execution thread; a coroutine it returns runs on the loop.
+        result = fn(self._obj, *args, **kwargs)
+        if inspect.iscoroutine(result):
+            result = asyncio.run_coroutine_threadsafe(result, self._loop).result()
+        return result
 
     def package(self, value: Any, header: worker_pb2.CallHeader) -> _Outcome:
         """Encode a result and hold it, put it in shared memory, or ready it for streaming."""

@@ -120,6 +120,23 @@ def test_construct_by_import_path(token, arun):
     arun(scenario())
 
 
+def _tag_and_thread(obj, suffix):
+    return obj.tag + suffix, threading.get_ident()
+
+
+async def _async_tag(obj, suffix):
+    return obj.tag + suffix
+
+
+def test_ray_call_escape_hatch_runs_a_function_on_the_object(token, arun):
+    async def scenario():
+        async with hosted(token) as (_, client):
+            text, thread = await client.call("__ray_call__", (_tag_and_thread, "!"))
+            assert text == "t!" and thread == await client.call("thread_id")
+            assert await client.call("__ray_call__", (_async_tag, "?")) == "t?"
+    arun(scenario())
+
+
 def test_call_before_construct_is_a_precondition_error(token, arun):
     async def scenario():
         async with hosted(token, construct=False) as (_, client):
