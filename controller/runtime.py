@@ -18,7 +18,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import weakref
 from typing import Any, Coroutine
 
 from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
+from podium.process import die_with_parent_argv
 
 __all__ = ["init", "shutdown", "is_initialized", "get_runtime", "Runtime", "DEFAULT_CALL_TIMEOUT"]
 
@@ -62,15 +62,6 @@ def _nvml_gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no library, no GPU: all mean "none"
         return 0
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # The embedded services must not outlive the controller, even if it is SIGKILLed.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class _LoopThread:
@@ -313,6 +304,12 @@ def _wait_port_file(path: pathlib.Path, proc: subprocess.Popen, what: str, log_p
     raise DeadlineExceededError(f"the embedded {what} did not start within {timeout:g}s (log: {log_path})")
 
 
+def _embedded_argv(role: str, *args: str) -> list[str]:
+    # SIGTERM, not SIGKILL, when the controller dies: the agent then stops its workers.
+    # (podium.process explains why a shim and not a preexec_fn.)
+    return die_with_parent_argv([sys.executable, "-m", "podium.cli", role, *args], signal.SIGTERM)
+
+
 def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None
                     ) -> tuple[str, str, list[subprocess.Popen], str]:
     token = secrets.token_urlsafe(32)
@@ -332,20 +329,19 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
         sched_file, sched_log = root / "scheduler.port.json", root / "scheduler.log"
         with open(sched_log, "ab") as out:
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", "podium.cli", "scheduler", "--host", "127.0.0.1", "--port", "0",
-                 "--http-port", "0", "--state", ":memory:", "--port-file", str(sched_file)],
-                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent))
+                _embedded_argv("scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
+                               "--state", ":memory:", "--port-file", str(sched_file)),
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         port = _wait_port_file(sched_file, processes[0], "scheduler", sched_log)["port"]
         address = f"127.0.0.1:{port}"
         node_file, node_log = root / "node.port.json", root / "node.log"
-        cmd = [sys.executable, "-m", "podium.cli", "node", "--scheduler", address, "--host", "127.0.0.1",
-               "--port-file", str(node_file), "--cpus", str(num_cpus), "--log-dir", str(root / "workers")]
+        args = ["--scheduler", address, "--host", "127.0.0.1", "--port-file", str(node_file),
+                "--cpus", str(num_cpus), "--log-dir", str(root / "workers")]
         if num_gpus is not None:
-            cmd += ["--fake-gpus", str(num_gpus)]
+            args += ["--fake-gpus", str(num_gpus)]
         with open(node_log, "ab") as out:
-            processes.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
+            processes.append(subprocess.Popen(_embedded_argv("node", *args), env=env, stdout=out,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         _wait_port_file(node_file, processes[1], "node agent", node_log)
     except BaseException:
         for proc in reversed(processes):

@@ -14,14 +14,10 @@ Each worker runs in its own session (``start_new_session``), so its pid is also
 its process group id and ``killpg`` reaches the whole tree it started.
 
 If the agent itself is SIGKILLed, the kernel kills the workers: the command runs
-behind a tiny exec shim (``python -I -S -c ...``, ~20 ms) that sets
-``prctl(PR_SET_PDEATHSIG, SIGKILL)``, checks the agent is still its parent, and
-``execvp``s the worker command in the same process (same pid, the exact argv
-above; the death signal survives exec). Why not a ``preexec_fn``: it forces a
-real fork() of the multi-threaded agent, which runs gRPC's fork handlers and
-can hang the child before exec; without it Popen uses vfork(), which runs no
-handlers. The death signal fires when the *thread* that spawned the child ends,
-so spawning happens on the event loop thread, which lives as long as the agent.
+behind podium.process's exec shim, which sets ``PR_SET_PDEATHSIG`` to SIGKILL
+(same pid, the exact argv above; see that module for why not a preexec_fn).
+The death signal fires when the *thread* that spawned the child ends, so
+spawning happens on the event loop thread, which lives as long as the agent.
 Grandchildren a worker starts are not covered; the worker's process group is
 killed whenever the worker ends, which catches them in every other case.
 
@@ -47,6 +43,7 @@ import threading
 from typing import Callable, Iterable, Mapping, Sequence
 
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from podium.process import die_with_parent_argv
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
@@ -69,15 +66,6 @@ _EOF_EXIT_WAIT_SECONDS = 1.0
 #: Ended workers remembered (for ListWorkers and TailLog); older ones are forgotten.
 MAX_ENDED_WORKERS = 1000
 
-#: Runs before the worker command: die with the agent (argv: agent pid, command...).
-_PDEATHSIG_SHIM = "\n".join([
-    "import ctypes, os, sys",
-    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)",  # PR_SET_PDEATHSIG, SIGKILL
-    "if os.getppid() != int(sys.argv[1]): os._exit(1)",  # the agent died already
-    "try: os.execvp(sys.argv[2], sys.argv[2:])",
-    "except OSError as e: sys.stderr.write(f'podium: cannot start worker {sys.argv[2]!r}: {e}\\n'); os._exit(127)",
-])
-_HAS_PRCTL = sys.platform.startswith("linux")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
 
@@ -86,10 +74,7 @@ Reporter = Callable[[scheduler_pb2.ReportWorkerRequest], None]
 
 def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
     """The argv that starts a worker: the shim (Linux) then ``command --ready-fd N``."""
-    argv = [*command, "--ready-fd", str(ready_fd)]
-    if not _HAS_PRCTL:
-        return argv
-    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()), *argv]
+    return die_with_parent_argv([*command, "--ready-fd", str(ready_fd)], signal.SIGKILL)
 
 
 def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,

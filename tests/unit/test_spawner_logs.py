@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import pytest
@@ -89,7 +91,9 @@ def test_launch_argv_ends_with_the_contract_command():
     argv = launch_argv((sys.executable, "-m", "podium.worker.host"), 7)
     assert argv[-5:] == [sys.executable, "-m", "podium.worker.host", "--ready-fd", "7"]
     if sys.platform.startswith("linux"):
-        assert argv[:5] == [sys.executable, "-I", "-S", "-c", spawner._PDEATHSIG_SHIM]
+        # The shim, the agent pid and SIGKILL come first (podium.process).
+        assert argv[:4] == [sys.executable, "-I", "-S", "-c"]
+        assert argv[5:7] == [str(os.getpid()), str(int(signal.SIGKILL))]
 
 
 @pytest.mark.parametrize("line, port", [

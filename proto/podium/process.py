@@ -1,0 +1,42 @@
+"""Child processes that die with their parent, started without a fork-unsafe preexec_fn.
+
+Podium starts children from processes that already run gRPC threads (the node
+agent starts workers; the controller starts the embedded scheduler and agent).
+A ``preexec_fn`` forces a real fork() of such a process, which runs gRPC's fork
+handlers and can hang the child before exec; without one, ``subprocess`` uses
+vfork(), which runs none. So instead of a preexec_fn the command runs behind a
+tiny exec shim (``python -I -S -c ...``, ~20 ms) that sets
+``prctl(PR_SET_PDEATHSIG, sig)``, checks the parent is still alive, and
+``execvp``s the real command in the same process (same pid; the death signal
+survives exec).
+
+The kernel sends the signal when the *thread* that started the child ends, so
+start children from a thread that lives as long as the parent (the main thread
+or the event-loop thread). Grandchildren are not covered.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Sequence
+
+#: argv: parent pid, signal number, command...
+_SHIM = "\n".join([
+    "import ctypes, os, sys",
+    "ctypes.CDLL(None).prctl(1, int(sys.argv[2]), 0, 0, 0)",  # PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)",  # the parent died already
+    "try: os.execvp(sys.argv[3], sys.argv[3:])",
+    "except OSError as e: sys.stderr.write(f'podium: cannot start {sys.argv[3]!r}: {e}\\n'); os._exit(127)",
+])
+
+#: The shim needs Linux's prctl; elsewhere commands run as they are.
+SUPPORTED = sys.platform.startswith("linux")
+
+
+def die_with_parent_argv(argv: Sequence[str], sig: int = signal.SIGKILL) -> list[str]:
+    """``argv`` wrapped so the process gets ``sig`` when this process (thread) dies."""
+    if not SUPPORTED:
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), str(int(sig)), *argv]
