@@ -452,7 +452,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self.precondition_for_call()
             fn, is_async, materialize = self._lookup(header.method)
             if materialize and (any(map(refs.is_ref, args)) or any(map(refs.is_ref, kwargs.values()))):
-                args, kwargs = await refs.materialize(args, kwargs)
+                args, kwargs = await self._materialize(active, args, kwargs)
             if is_async:
                 self.open_gate(prev, mine)
             else:
@@ -477,6 +477,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 raise _remote_error(exc, self.config.rank, self.config.node_address) from None
             outcome = self.package(result, header)
         await active.stream.send_outcome(active.call_id, outcome)
+
+    async def _materialize(self, active: "_Active", args: Any, kwargs: Any) -> tuple[list, dict]:
+        """Fetch top-level ref arguments from their owners, within the call's deadline."""
+        method = active.header.method
+        try:
+            if active.deadline:
+                return await asyncio.wait_for(refs.materialize(args, kwargs),
+                                              max(0.0, active.deadline - time.monotonic()))
+            return await refs.materialize(args, kwargs)
+        except asyncio.TimeoutError:
+            raise errors.DeadlineExceededError(
+                f"fetching the arguments of {method!r} did not finish within the call's deadline") from None
+        except errors.UnavailableError as exc:
+            # The owner of an argument is gone, not this worker: a distinct class, so the
+            # caller does not mistake it for this worker's death.
+            raise errors.DataLossError(
+                f"rank {self.config.rank} could not fetch an argument of {method!r} from its "
+                f"owner: {exc}", details={"cause": type(exc).__name__}) from None
 
     async def Calls(self, request_iterator, context):
         """The call stream: CallFrames in, ReplyFrames out (interleaved by call_id)."""
