@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import select
@@ -197,16 +196,23 @@ def test_killed_mid_call_fails_pending_calls_fast(worker, token, arun):
     arun(scenario())
 
 
-@pytest.mark.parametrize("how", ["rpc", "sigterm"])
+@pytest.mark.parametrize("how", ["rpc", "sigterm", "sigterm-while-busy"])
 def test_shutdown_exits_zero(worker, token, arun, how):
     async def scenario():
-        client = WorkerClient(worker.address, token)
+        client = WorkerClient(worker.address, token, rank=0)
         await client.start()
         await client.construct((Counter, (0,), {}))
         if how == "rpc":
             await client.shutdown("test over")
-        else:
+        elif how == "sigterm":
             worker.proc.send_signal(signal.SIGTERM)
+        else:
+            # A method that would run for a minute does not keep the process alive.
+            busy = asyncio.ensure_future(client.call("sleep", (60,)))
+            await asyncio.sleep(0.3)
+            worker.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(errors.UnavailableError):
+                await asyncio.wait_for(busy, 30)
         await client.close()
     arun(scenario())
     assert worker.proc.wait(timeout=30) == 0, worker.log()
