@@ -155,6 +155,8 @@ class WorkerClient:
         """
         self.connect()
         info = await self.describe(timeout=timeout)
+        if self._stream is not None:  # already started: just the fresh Describe
+            return info
         if self.same_host is None:
             self.same_host = info.hostname == socket.gethostname()
         if self.rank < 0:
