@@ -24,7 +24,7 @@ class Echo:
     def __init__(self, tag: str = "echo") -> None:
         self.tag = tag
         self.ran: list[str] = []
-        self.loop_thread = threading.get_ident()
+        self.init_thread = threading.get_ident()
 
     def echo(self, value):
         return value
@@ -120,6 +120,10 @@ def test_construct_by_import_path(token, arun):
     arun(scenario())
 
 
+def _init_thread(obj):
+    return obj.init_thread
+
+
 def _tag_and_thread(obj, suffix):
     return obj.tag + suffix, threading.get_ident()
 
@@ -210,6 +214,8 @@ def test_sync_methods_run_on_one_thread_in_arrival_order(token, arun):
             results = await asyncio.gather(*calls)
             assert results[:20] == list(range(1, 21))
             assert len(set(results[20:])) == 1 and results[20] != threading.get_ident()
+            # The constructor ran on the same execution thread.
+            assert await client.call("__ray_call__", (_init_thread,)) == results[20]
             assert await client.call("history") == names
     arun(scenario())
 
