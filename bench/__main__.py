@@ -127,7 +127,7 @@ def run_child(args: argparse.Namespace, backend: str, n: int) -> list[dict]:
            "--repeat", str(args.repeat), "--cold-repeat", str(args.cold_repeat),
            "--latency-calls", str(args.latency_calls), "--nonblocking-calls", str(args.nonblocking_calls),
            "--step-timeout", str(args.step_timeout)]
-    steps = 4 + len(args.payload_mib) + max(1, args.cold_repeat)
+    steps = 5 + len(args.payload_mib) + 2 * max(1, args.cold_repeat)
     budget = args.step_timeout * steps + 60
     run_id = uuid.uuid4().hex
     log_path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{backend}-n{n}-{run_id[:8]}.log"
@@ -192,7 +192,7 @@ def _interrupt(proc: subprocess.Popen) -> None:
 
 def _expected_keys(args: argparse.Namespace, n: int) -> set[tuple]:
     keys = {(m, n, None) for m in ("cold_start_s", "noop_latency_median_ms", "noop_latency_p90_ms",
-                                    "nonblocking_calls_s")}
+                                    "nonblocking_calls_s", "cold_start_torch_s")}
     return keys | {("dp_proto_mb_s", n, mib) for mib in args.payload_mib}
 
 

@@ -9,6 +9,7 @@ the parent.
 
 Measures (cell ``measure`` names, shared with bench.report):
   cold_start_s             WorkerGroup constructed -> first ONE_TO_ALL returned (fresh group)
+  cold_start_torch_s       the same for a worker whose __init__ imports torch
   noop_latency_median_ms   no-op ONE_TO_ALL, median after warm-up
   noop_latency_p90_ms      the same calls, 90th percentile
   dp_proto_mb_s            DP_COMPUTE_PROTO round trip, MB/s = 2 * payload bytes / time
@@ -116,6 +117,7 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
     args = child_arguments(argv)
     api = workloads.verl_api(adapter.name)
     worker_cls = workloads.define_bench_worker(api)
+    torch_worker_cls = workloads.define_bench_worker(api, import_torch=True)
     base = {"backend": adapter.name}
     emit({**base, "measure": "meta", "versions": adapter.versions()})
     try:
@@ -133,7 +135,7 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
         return 1
     try:
         for n in args.n:
-            _measure_n(adapter, worker_cls, api, args, n, base)
+            _measure_n(adapter, worker_cls, torch_worker_cls, api, args, n, base)
     finally:
         with contextlib.suppress(BaseException):
             with deadline(60, "cluster stop"):
@@ -147,6 +149,7 @@ def _cells_of(args: argparse.Namespace, n: int) -> list[dict]:
              {"measure": "noop_latency_p90_ms", "n": n}]
     cells += [{"measure": "dp_proto_mb_s", "n": n, "payload_mib": mib} for mib in args.payload_mib]
     cells.append({"measure": "nonblocking_calls_s", "n": n})
+    cells.append({"measure": "cold_start_torch_s", "n": n})
     return cells
 
 
@@ -155,8 +158,8 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) < 400 else text[:400] + "..."
 
 
-def _measure_n(adapter: Adapter, worker_cls: type, api, args: argparse.Namespace, n: int,
-               base: dict) -> None:
+def _measure_n(adapter: Adapter, worker_cls: type, torch_worker_cls: type, api, args: argparse.Namespace,
+               n: int, base: dict) -> None:
     """All cells of one N on fresh groups; after a failed step the rest say why they were skipped."""
     base = {**base, "n": n}
     failed: str | None = None
@@ -182,23 +185,33 @@ def _measure_n(adapter: Adapter, worker_cls: type, api, args: argparse.Namespace
         for cell in results:
             emit({**base, **cell})
 
-    def cold_start() -> list[dict]:
+    def cold_start(measure: str, cls: type, keep: bool) -> Callable[[], list[dict]]:
+        def body() -> list[dict]:
+            nonlocal group
+            samples, breakdowns = [], []
+            attempts = max(1, args.cold_repeat)
+            for attempt in range(attempts):
+                start_epoch, start = time.time(), time.perf_counter()
+                group = adapter.make_group(cls, n)
+                constructed = time.perf_counter()
+                group.noop()
+                returned = time.perf_counter()
+                samples.append(returned - start)
+                stamps = group.startup_times()
+                breakdowns.append(_breakdown(start_epoch, constructed - start, returned - start, stamps))
+                if not keep or attempt + 1 < attempts:
+                    adapter.destroy_group(group)
+                    group = None
+            return [{"measure": measure, "value": statistics.median(samples), "unit": "s",
+                     "samples": samples, "breakdown": breakdowns[-1]}]
+        return body
+
+    def destroy() -> list[dict]:
         nonlocal group
-        samples, breakdowns = [], []
-        for attempt in range(max(1, args.cold_repeat)):
-            start_epoch, start = time.time(), time.perf_counter()
-            group = adapter.make_group(worker_cls, n)
-            constructed = time.perf_counter()
-            group.noop()
-            returned = time.perf_counter()
-            samples.append(returned - start)
-            stamps = group.startup_times()
-            breakdowns.append(_breakdown(start_epoch, constructed - start, returned - start, stamps))
-            if attempt + 1 < max(1, args.cold_repeat):
-                adapter.destroy_group(group)
-                group = None
-        return [{"measure": "cold_start_s", "value": statistics.median(samples), "unit": "s",
-                 "samples": samples, "breakdown": breakdowns[-1]}]
+        if group is not None:
+            adapter.destroy_group(group)
+            group = None
+        return []
 
     def latency() -> list[dict]:
         for _ in range(20):
@@ -248,13 +261,20 @@ def _measure_n(adapter: Adapter, worker_cls: type, api, args: argparse.Namespace
                  "calls": calls, "issue_s": issued - start, "total_s": elapsed}]
 
     try:
-        step([{"measure": "cold_start_s"}], "cold start", cold_start)
+        step([{"measure": "cold_start_s"}], "cold start", cold_start("cold_start_s", worker_cls, keep=True))
         step([{"measure": "noop_latency_median_ms"}, {"measure": "noop_latency_p90_ms"}],
              "no-op latency", latency)
         for mib in args.payload_mib:
             step([{"measure": "dp_proto_mb_s", "payload_mib": mib}], f"DP_COMPUTE_PROTO {mib} MiB",
                  throughput(mib))
         step([{"measure": "nonblocking_calls_s"}], "non-blocking calls", nonblocking)
+        # Last, on its own group: the same cold start for a worker that imports torch in
+        # __init__, as every training worker does (verl's Worker already pulls torch in on
+        # the Ray side; Podium's defers it until a tensor arrives).
+        failed = None
+        step([], "group teardown", destroy)
+        step([{"measure": "cold_start_torch_s"}], "cold start (torch)",
+             cold_start("cold_start_torch_s", torch_worker_cls, keep=False))
     finally:
         if group is not None:
             try:

@@ -14,6 +14,8 @@ from typing import Any, Iterable
 # measure -> (title, unit, which direction is better, number format)
 MEASURES: dict[str, tuple[str, str, str, str]] = {
     "cold_start_s": ("cold start: WorkerGroup constructed -> first ONE_TO_ALL returned", "s", "lower", "{:.2f}"),
+    "cold_start_torch_s": ("cold start, worker imports torch in __init__ (as a training worker does)", "s",
+                           "lower", "{:.2f}"),
     "noop_latency_median_ms": ("no-op ONE_TO_ALL latency, median", "ms", "lower", "{:.3f}"),
     "noop_latency_p90_ms": ("no-op ONE_TO_ALL latency, p90", "ms", "lower", "{:.3f}"),
     "dp_proto_mb_s": ("DP_COMPUTE_PROTO round trip, float32 batch, payload counted both ways (MB = 10^6 B)",
@@ -22,6 +24,8 @@ MEASURES: dict[str, tuple[str, str, str, str]] = {
 }
 
 BACKENDS = ("podium", "ray")
+# Keys a cell shares with its JSON line; the rest (samples, breakdown, ...) go under <backend>_detail.
+_COMMON_KEYS = {"backend", "measure", "n", "payload_mib", "value", "unit", "error"}
 
 
 def cell_key(cell: dict) -> tuple:
@@ -48,7 +52,8 @@ def pair_cells(cells: Iterable[dict]) -> dict[tuple, dict[str, dict]]:
 
 
 def json_lines(paired: dict[tuple, dict[str, dict]]) -> list[str]:
-    """One JSON object per key: both values, errors, the ratio and which direction is better."""
+    """One JSON object per key: both values, errors, the ratio, which direction is better, and
+    each backend's samples and breakdown under ``<backend>_detail``."""
     lines = []
     for (measure, n, mib), by_backend in sorted(paired.items(), key=_sort_key):
         _, unit, better, _ = MEASURES[measure]
@@ -60,6 +65,9 @@ def json_lines(paired: dict[tuple, dict[str, dict]]) -> list[str]:
             if cell is None:
                 continue
             record[backend] = None if cell.get("error") else cell.get("value")
+            detail = {k: v for k, v in cell.items() if k not in _COMMON_KEYS}
+            if detail:
+                record[f"{backend}_detail"] = detail
             if cell.get("error"):
                 record[f"{backend}_error"] = cell["error"]
         r = ratio(by_backend.get("podium"), by_backend.get("ray"))
@@ -121,11 +129,11 @@ def breakdown_table(cells: Iterable[dict]) -> str:
     """Where cold start went, per backend and N: seconds after WorkerGroup construction began
     at which the latest rank reached each phase (a negative process start means the backend
     handed out a process started before the group was asked for)."""
-    header = ["backend", "N", "process started", "serving", "object constructed", "constructor returned",
+    header = ["measure", "backend", "N", "process started", "serving", "object constructed", "constructor returned",
               "first call ran", "first call returned", "backend stamps"]
     body = []
-    for cell in sorted(cells, key=lambda c: (c.get("backend", ""), c.get("n") or 0)):
-        if cell.get("measure") != "cold_start_s" or cell.get("error") or not cell.get("breakdown"):
+    for cell in sorted(cells, key=lambda c: (c.get("measure", ""), c.get("backend", ""), c.get("n") or 0)):
+        if not str(cell.get("measure")).startswith("cold_start") or cell.get("error") or not cell.get("breakdown"):
             continue
         b = cell["breakdown"]
 
@@ -133,7 +141,7 @@ def breakdown_table(cells: Iterable[dict]) -> str:
             return f"{b[key]:.3f}" if isinstance(b.get(key), (int, float)) else "-"
 
         stamps = ", ".join(f"{k}={v:.3f}" for k, v in sorted((b.get("env") or {}).items())) or "-"
-        body.append([cell["backend"], str(cell["n"]), at("worker_process_started"), at("worker_serving"),
+        body.append([cell["measure"], cell["backend"], str(cell["n"]), at("worker_process_started"), at("worker_serving"),
                      at("worker_constructed"),
                      at("constructor_returned"), at("worker_first_call"), at("first_call_returned"), stamps])
     if not body:

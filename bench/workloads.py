@@ -71,8 +71,11 @@ def serving_epoch_from_log() -> float | None:
     return None
 
 
-def define_bench_worker(api: SimpleNamespace) -> type:
+def define_bench_worker(api: SimpleNamespace, import_torch: bool = False) -> type:
     """The benchmark worker class, built on ``api.Worker`` with ``api.register``/``api.Dispatch``.
+
+    ``import_torch``: the constructor imports torch first, as a training worker would
+    (for the second cold-start measure).
 
     Methods: ``noop`` (ONE_TO_ALL, blocking), ``noop_nonblocking`` (ONE_TO_ALL,
     blocking=False), ``add_one`` (DP_COMPUTE_PROTO: every tensor +1, returned), and
@@ -84,6 +87,8 @@ def define_bench_worker(api: SimpleNamespace) -> type:
         """A worker whose methods cost as little as possible, so the bench times the RPC layer."""
 
         def __init__(self):
+            if import_torch:
+                import torch  # noqa: F401
             super().__init__()
             # Read in __init__ (not at import) so a reused, prestarted process still says
             # when this object came to be.
