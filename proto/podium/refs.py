@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from podium.errors import FailedPreconditionError, OutOfRangeError
 
 __all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver",
-           "materialize", "is_ref", "concat_values", "rows_of"]
+           "materialize", "is_ref", "concat_values", "rows_of", "slice_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
