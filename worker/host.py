@@ -939,7 +939,11 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank{os.environ.get('RANK', '?')} %(levelname)s "
                                f"%(name)s: %(message)s")
     rpc.use_uvloop()
-    code = asyncio.run(_serve(args))
+    try:
+        code = asyncio.run(_serve(args))
+    except errors.PodiumError as exc:  # bad token, address or limits: one clear line for the agent
+        log.error("worker failed to start: %s: %s", type(exc).__name__, exc)
+        return 2
     _exit_watchdog(5.0)
     return code
 
