@@ -218,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
             backends.append(backend)
         else:
             print(f"{backend}: not measured ({python} cannot import it: {reason})", file=sys.stderr)
+    if not backends:
+        print("nothing to measure: no backend imports (see above; bench/README.md says how to "
+              "install the Ray side)")
+        return 2
     started = time.monotonic()
     meta: dict[str, dict] = {}
     for n in args.n:
