@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="N 1 2, payloads 1 16 MiB, fewer calls: a smoke run of a minute or two")
     parser.add_argument("--ray-python", default=os.environ.get("BENCH_RAY_PYTHON", sys.executable),
                         help="interpreter for the Ray child (default: this one, or $BENCH_RAY_PYTHON)")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="measure nothing: print the tables of a run saved with --json")
     parser.add_argument("--podium-python", default=sys.executable, help="interpreter for the Podium child")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -209,6 +211,11 @@ def _progress(cell: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run every (N, backend) child, then print the tables and the JSON lines."""
     args = parse_args(argv)
+    if args.from_json:
+        cells = report.cells_from_json_lines(pathlib.Path(args.from_json).read_text().splitlines())
+        print(report.tables(report.pair_cells(cells), {c["backend"] for c in cells}))
+        print(report.breakdown_table(cells))
+        return 0
     cells: list[dict] = []
     backends = []
     for backend in args.backends:

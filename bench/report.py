@@ -156,3 +156,26 @@ def _render(header: list[str], body: list[list[str]]) -> str:
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in body]
     return "\n".join(lines)
+
+
+def cells_from_json_lines(lines: Iterable[str]) -> list[dict]:
+    """Cells back from the JSON lines of a saved run (``python -m bench --from-json PATH``)."""
+    cells = []
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        for backend in BACKENDS:
+            if backend not in record and f"{backend}_error" not in record:
+                continue
+            cell = {"backend": backend, "measure": record["measure"], "n": record.get("n"),
+                    "unit": record.get("unit"), **record.get(f"{backend}_detail", {})}
+            if record.get("payload_mib") is not None:
+                cell["payload_mib"] = record["payload_mib"]
+            if record.get(f"{backend}_error"):
+                cell["error"] = record[f"{backend}_error"]
+            else:
+                cell["value"] = record.get(backend)
+            cells.append(cell)
+    return cells
