@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
               "install the Ray side)")
         return 2
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     meta: dict[str, dict] = {}
     for n in args.n:
         for backend in backends:
@@ -241,8 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(cell)
     paired = report.pair_cells(cells)
     versions = "; ".join(" ".join(f"{k} {v}" for k, v in meta[b].items()) for b in meta)
+    # The machine may be shared: the load average says how much the numbers can be trusted.
     print(f"# Podium vs verl on Ray ({versions}; {os.cpu_count()} CPUs; "
-          f"{time.monotonic() - started:.0f} s)\n")
+          f"{time.monotonic() - started:.0f} s; 1-min load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after)\n")
     print(report.tables(paired, backends))
     print(report.breakdown_table(cells))
     lines = report.json_lines(paired)
