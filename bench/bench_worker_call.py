@@ -81,8 +81,11 @@ async def run(args) -> None:
                   f"{2 * args.mib / 1024 / seconds:.2f} GiB/s (both ways counted)")
         await client.shutdown("bench done")
         await client.close()
-    finally:
         proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:  # interrupted: never leave the worker behind
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def main() -> None:
