@@ -138,14 +138,7 @@ class WorkerClient:
         self._loop = asyncio.get_running_loop()
         # The token goes in per-call metadata rather than through a client
         # interceptor: intercepted streams add a queue and a task per message.
-        if self._tls is not None:
-            options = list(rpc._CHANNEL_OPTIONS)
-            if self._tls.server_name:
-                options.append(("grpc.ssl_target_name_override", self._tls.server_name))
-            self._channel = grpc.aio.secure_channel(self.address, self._tls.channel_credentials(),
-                                                    options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(self.address, options=rpc._CHANNEL_OPTIONS)
+        self._channel = rpc.make_channel(self.address, "", self._tls, add_token=False)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def start(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
