@@ -287,7 +287,8 @@ class RunningAgent:
         self.ports = PortHolds(config.host)
         self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=self.node_address,
                                scheduler=config.scheduler, token=token, report=self._enqueue_report,
-                               command=config.worker_command, stop_grace=config.stop_grace)
+                               command=config.worker_command, stop_grace=config.stop_grace,
+                               tls=config.tls)
         #: Set whenever a registration succeeds; cleared when the scheduler is lost.
         self.registered = asyncio.Event()
         #: Successful RegisterNode calls so far (a re-registration adds one).

@@ -2,7 +2,7 @@
 
 The node agent starts this module as ``python -m podium.worker.host --ready-fd N``
 with the worker environment (RANK, WORLD_SIZE, PODIUM_WORKER_ID,
-PODIUM_NODE_ADDRESS, PODIUM_TOKEN, ...). The process binds
+PODIUM_NODE_ADDRESS, PODIUM_TOKEN, PODIUM_TLS_CERT/KEY/CA, ...). The process binds
 ``PODIUM_NODE_ADDRESS:0``, writes one JSON line ``{"port": <int>}`` to the ready
 fd, closes it and serves the ``podium.v1.Worker`` service until SIGTERM or a
 Shutdown RPC.
@@ -900,7 +900,11 @@ def _write_ready(fd: int, port: int) -> None:
 
 async def _serve(args: argparse.Namespace) -> int:
     address = args.address or os.environ.get("PODIUM_NODE_ADDRESS") or "127.0.0.1"
-    running = await start_host(address, os.environ.get("PODIUM_TOKEN") or None, os.environ)
+    # The agent passes its TLS files (podium.worker.spawner.worker_env): with them this
+    # worker serves mutual TLS and fetches from its peers over it.
+    tls = TlsConfig.from_paths(os.environ.get("PODIUM_TLS_CERT"), os.environ.get("PODIUM_TLS_KEY"),
+                               os.environ.get("PODIUM_TLS_CA"))
+    running = await start_host(address, os.environ.get("PODIUM_TOKEN") or None, os.environ, tls=tls)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, running.servicer.stopping.set)

@@ -5,7 +5,8 @@ the agent runs ``[sys.executable, "-m", "podium.worker.host", "--ready-fd", W]``
 where ``W`` is the write end of a pipe passed with ``pass_fds``; cwd is the agent's
 cwd; env is the agent's environment (minus ``PODIUM_TOKEN_FILE``) plus
 ``WorkerInfo.env`` plus ``PODIUM_TOKEN``/``PODIUM_SCHEDULER`` (and
-``PODIUM_WORKER_ID``/``PODIUM_NODE_ADDRESS``) when absent,
+``PODIUM_WORKER_ID``/``PODIUM_NODE_ADDRESS``) when absent, the agent's own TLS file
+paths as ``PODIUM_TLS_CERT``/``PODIUM_TLS_KEY``/``PODIUM_TLS_CA`` (never inherited),
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``PYTHONUNBUFFERED=1`` (see :func:`worker_env`). Once it serves, the worker writes exactly one JSON line
 ``{"port": 12345}`` to ``W`` and closes it. A pipe closed without that line, or a
 process that exits first, makes the worker FAILED.
@@ -42,6 +43,7 @@ import sys
 import threading
 from typing import Callable, Iterable, Mapping, Sequence
 
+from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.process import die_with_parent_argv
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
@@ -77,17 +79,28 @@ def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
     return die_with_parent_argv([*command, "--ready-fd", str(ready_fd)], signal.SIGKILL)
 
 
+#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host).
+TLS_ENV_KEYS = ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA")
+
+
 def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
-               scheduler: str, worker_id: str = "", node_address: str = "") -> dict[str, str]:
+               scheduler: str, worker_id: str = "", node_address: str = "",
+               tls: TlsConfig | None = None) -> dict[str, str]:
     """The environment of a worker process (see the module docstring).
 
     ``env`` (the scheduler's WorkerInfo.env) wins over ``base``; the token, the
     scheduler address, the worker id and node address are only filled in when absent.
+    The TLS variables are exactly the agent's ``tls`` (none without it): a worker
+    serves with the agent's security, whatever the environment says.
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless ``env`` says otherwise, so the NVML
     indices in CUDA_VISIBLE_DEVICES mean the same GPUs to CUDA.
     """
     out = {k: v for k, v in base.items() if k != "PODIUM_TOKEN_FILE"}
     out.update(env)
+    for key in TLS_ENV_KEYS:
+        out.pop(key, None)
+    if tls is not None:
+        out.update(zip(TLS_ENV_KEYS, (tls.cert, tls.key, tls.ca)))
     defaults = {"PODIUM_TOKEN": token, "PODIUM_SCHEDULER": scheduler,
                 "PODIUM_WORKER_ID": worker_id, "PODIUM_NODE_ADDRESS": node_address}
     for key, value in defaults.items():
@@ -211,13 +224,15 @@ class Spawner:
     def __init__(self, *, log_dir: str | os.PathLike, node_id: str, node_address: str,
                  scheduler: str, token: str, report: Reporter,
                  command: Sequence[str] | None = None, stop_grace: float = 5.0,
-                 base_env: Mapping[str, str] | None = None) -> None:
+                 base_env: Mapping[str, str] | None = None, tls: TlsConfig | None = None) -> None:
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = node_id
         self.node_address = node_address
         self.scheduler = scheduler
         self.token = token
+        #: The agent's mutual TLS; its workers serve and call peers with the same files.
+        self.tls = tls
         self.command = tuple(command or DEFAULT_WORKER_COMMAND)
         self.stop_grace = stop_grace
         self._report = report
@@ -295,7 +310,7 @@ class Spawner:
         worker = ManagedWorker(info, self.log_dir / f"{info.id}.out", self.log_dir / f"{info.id}.err")
         self._workers[info.id] = worker
         env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
-                         worker_id=info.id, node_address=self.node_address)
+                         worker_id=info.id, node_address=self.node_address, tls=self.tls)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
         read_fd, write_fd = os.pipe()

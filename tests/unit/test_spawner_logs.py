@@ -112,3 +112,16 @@ def test_parse_ready(line, port):
     got, problem = spawner._parse_ready(line)
     assert got == port
     assert bool(problem) == (port == 0)
+
+
+def test_worker_env_carries_exactly_the_agents_tls_files():
+    from podium.auth import TlsConfig
+
+    stale = {"PODIUM_TLS_CERT": "/stale.pem", "PODIUM_TLS_KEY": "/stale.key", "PODIUM_TLS_CA": "/ca0"}
+    # Without TLS at the agent, inherited paths do not make the worker serve TLS.
+    plain = worker_env(stale, {}, token="t", scheduler="s")
+    assert not set(plain) & set(stale)
+    tls = TlsConfig(cert="/c.pem", key="/c.key", ca="/ca.pem")
+    env = worker_env(stale, {"PODIUM_TLS_CA": "/user"}, token="t", scheduler="s", tls=tls)
+    assert (env["PODIUM_TLS_CERT"], env["PODIUM_TLS_KEY"], env["PODIUM_TLS_CA"]) == (
+        "/c.pem", "/c.key", "/ca.pem")
