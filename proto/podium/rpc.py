@@ -15,7 +15,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import traceback
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -113,6 +112,14 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException):
     await context.abort(status_code_of(exc), str(exc)[:4000])
 
 
+def _as_podium_error(exc: Exception, method) -> errors.PodiumError:
+    """A PodiumError stays itself; anything else is a bug, logged and sent as INTERNAL."""
+    if isinstance(exc, errors.PodiumError):
+        return exc
+    log.exception("internal error in %s", method.__qualname__)
+    return errors.InternalError(f"{method.__name__}: {type(exc).__name__}: {exc}")
+
+
 def handle_errors(method):
     """Decorator for async servicer methods (unary or streaming responses).
 
@@ -127,12 +134,8 @@ def handle_errors(method):
                     yield item
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
-            except errors.PodiumError as exc:
-                await abort(context, exc)
-            except Exception as exc:  # noqa: BLE001 - see docstring
-                log.exception("internal error in %s", method.__qualname__)
-                await abort(context, errors.InternalError(
-                    f"{method.__name__}: {type(exc).__name__}: {exc}"))
+            except Exception as exc:  # noqa: BLE001 - see _as_podium_error
+                await abort(context, _as_podium_error(exc, method))
         return stream_wrapper
 
     @functools.wraps(method)
@@ -141,12 +144,8 @@ def handle_errors(method):
             return await method(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except errors.PodiumError as exc:
-            await abort(context, exc)
-        except Exception as exc:  # noqa: BLE001 - see docstring
-            log.exception("internal error in %s", method.__qualname__)
-            await abort(context, errors.InternalError(
-                f"{method.__name__}: {type(exc).__name__}: {traceback.format_exception_only(exc)[-1].strip()}"))
+        except Exception as exc:  # noqa: BLE001 - see _as_podium_error
+            await abort(context, _as_podium_error(exc, method))
     return wrapper
 
 
