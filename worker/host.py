@@ -615,6 +615,8 @@ class _CallStream:
                 frame = await context.read()
                 if frame is grpc.aio.EOF:
                     break
+                if isinstance(frame, rpc.MalformedMessage):  # a peer's garbage bytes
+                    await rpc.abort(context, frame.error)
                 await self.on_frame(frame)
             # The client half-closed: let the calls in flight answer.
             tasks = [a.task for a in self.active.values() if a.task is not None]

@@ -176,16 +176,83 @@ def _unauthenticated_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcM
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
+class MalformedMessage:
+    """What a request message that does not parse arrives as, instead of grpc's UNKNOWN.
+
+    Unary requests never reach a handler this way (the call fails INVALID_ARGUMENT
+    first); a handler reading a request *stream* (``context.read()`` or the iterator)
+    must check for it and ``await abort(context, item.error)``.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: errors.InvalidArgumentError) -> None:
+        self.error = error
+
+
+def _lenient(deserialize):
+    """``deserialize`` that returns a MalformedMessage instead of raising inside grpc."""
+    owner = getattr(deserialize, "__self__", None)
+    what = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", "") or "request"
+
+    def parse(raw: bytes):
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the peer's bad bytes
+            return MalformedMessage(errors.InvalidArgumentError(
+                f"malformed {what} ({len(raw)} bytes): {exc}"))
+    return parse
+
+
+def _parsing_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+    """``handler`` with request parsing failures turned into INVALID_ARGUMENT.
+
+    grpc.aio answers bytes its deserializer rejects with UNKNOWN "Unexpected
+    DecodeError" and logs a traceback; a peer's garbage is its error, not ours.
+    """
+    if handler is None or handler.request_deserializer is None:
+        return handler
+    parse = _lenient(handler.request_deserializer)
+    if handler.request_streaming:  # the reader checks each item (see MalformedMessage)
+        return handler._replace(request_deserializer=parse)
+    options = dict(request_deserializer=parse, response_serializer=handler.response_serializer)
+    if handler.response_streaming:
+        inner = handler.unary_stream
+
+        async def stream_behavior(request, context):
+            if isinstance(request, MalformedMessage):
+                await abort(context, request.error)
+            result = inner(request, context)
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    yield item
+            elif inspect.isawaitable(result):  # the context.write() style
+                await result
+            else:
+                for item in result:
+                    yield item
+        return grpc.unary_stream_rpc_method_handler(stream_behavior, **options)
+    inner = handler.unary_unary
+
+    async def behavior(request, context):
+        if isinstance(request, MalformedMessage):
+            await abort(context, request.error)
+        result = inner(request, context)
+        return await result if inspect.isawaitable(result) else result
+    return grpc.unary_unary_rpc_method_handler(behavior, **options)
+
+
 class TokenServerInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects every call that does not present the cluster token (constant-time check)."""
+    """Rejects every call that does not present the cluster token (constant-time check),
+    before its request is parsed; answers unparsable requests INVALID_ARGUMENT."""
 
     def __init__(self, token: str) -> None:
         self._token = token
 
     async def intercept_service(self, continuation, handler_call_details):
-        if token_matches(self._token, token_from_metadata(handler_call_details.invocation_metadata)):
-            return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
+        if token_matches(self._token, token_from_metadata(handler_call_details.invocation_metadata)):
+            return _parsing_handler(handler)
         return _unauthenticated_handler(handler)
 
 
