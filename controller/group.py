@@ -256,7 +256,8 @@ class WorkerGroup:
         from podium.worker.client import WorkerClient
         infos = sorted(infos, key=lambda i: i.spec.rank)
         handles = [WorkerHandle(info, WorkerClient(f"{info.node_address}:{info.port}", self._rt.token,
-                                                   rank=info.spec.rank, worker_id=info.id))
+                                                   rank=info.spec.rank, worker_id=info.id,
+                                                   tls=self._rt.tls))
                    for info in infos]
         self._workers = handles
         await asyncio.gather(*(h.client.start() for h in handles))

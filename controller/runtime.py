@@ -111,9 +111,12 @@ class Runtime:
     """The controller's connection to a cluster (one per process; see :func:`init`)."""
 
     def __init__(self, *, address: str, token: str, call_timeout: float,
-                 processes: list[subprocess.Popen] | None = None, log_dir: str | None = None) -> None:
+                 processes: list[subprocess.Popen] | None = None, log_dir: str | None = None,
+                 tls: Any = None) -> None:
         self.address = address
         self.token = token
+        #: podium.auth.TlsConfig for every channel (scheduler, workers), or None.
+        self.tls = tls
         self.call_timeout = call_timeout
         self.placement_timeout = PLACEMENT_TIMEOUT
         self.log_dir = log_dir
@@ -158,7 +161,7 @@ class Runtime:
 
     async def _open(self) -> None:
         from podium.scheduler.client import SchedulerClient
-        self.scheduler = SchedulerClient(self.address, self.token)
+        self.scheduler = SchedulerClient(self.address, self.token, self.tls)
         reply = await self.scheduler.open_session(
             description=f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}")
         self.session_id = reply.session_id
@@ -182,7 +185,7 @@ class Runtime:
         client = self._fetch_clients.get(address)
         if client is None:
             from podium.worker.client import WorkerClient
-            client = WorkerClient(address, self.token)
+            client = WorkerClient(address, self.token, tls=self.tls)
             client.connect()
             self._fetch_clients[address] = client
         return client
@@ -310,13 +313,19 @@ def _embedded_argv(role: str, *args: str) -> list[str]:
     return die_with_parent_argv([sys.executable, "-m", "podium.cli", role, *args], signal.SIGTERM)
 
 
-def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None
+def _tls_args(tls) -> list[str]:
+    return ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca] if tls else []
+
+
+def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None, tls=None
                     ) -> tuple[str, str, list[subprocess.Popen], str]:
     token = secrets.token_urlsafe(32)
     root = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
     root.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PODIUM_TOKEN=token, PYTHONUNBUFFERED="1")
     env.pop("PODIUM_TOKEN_FILE", None)
+    for key in ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA"):
+        env.pop(key, None)  # the services get TLS from their flags, as given to init()
     if num_gpus is None:
         num_gpus = DEFAULT_FAKE_GPUS if _nvml_gpu_count() == 0 else None
     gpus_for_cpu = num_gpus if num_gpus is not None else _nvml_gpu_count()
@@ -330,13 +339,13 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
         with open(sched_log, "ab") as out:
             processes.append(subprocess.Popen(
                 _embedded_argv("scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
-                               "--state", ":memory:", "--port-file", str(sched_file)),
+                               "--state", ":memory:", "--port-file", str(sched_file), *_tls_args(tls)),
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         port = _wait_port_file(sched_file, processes[0], "scheduler", sched_log)["port"]
         address = f"127.0.0.1:{port}"
         node_file, node_log = root / "node.port.json", root / "node.log"
         args = ["--scheduler", address, "--host", "127.0.0.1", "--port-file", str(node_file),
-                "--cpus", str(num_cpus), "--log-dir", str(root / "workers")]
+                "--cpus", str(num_cpus), "--log-dir", str(root / "workers"), *_tls_args(tls)]
         if num_gpus is not None:
             args += ["--fake-gpus", str(num_gpus)]
         with open(node_log, "ab") as out:
@@ -363,7 +372,7 @@ async def _wait_nodes(runtime: Runtime, timeout: float = STARTUP_TIMEOUT) -> Non
 
 def init(address: str | None = None, token: str | None = None, *, num_gpus: int | None = None,
          num_cpus: float | None = None, call_timeout: float | None = None,
-         log_dir: str | None = None, ignore_reinit_error: bool = True) -> Runtime:
+         log_dir: str | None = None, ignore_reinit_error: bool = True, tls: Any = None) -> Runtime:
     """Connect this process to a Podium cluster (``ray.init``).
 
     ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
@@ -371,8 +380,10 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     scheduler and node agent start on 127.0.0.1 (``num_gpus`` fake GPUs; by default the real
     GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs) and stop
     at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
-    blocking call (``PODIUM_CALL_TIMEOUT``, else 3600 s). A second ``init()`` returns the
-    running runtime.
+    blocking call (``PODIUM_CALL_TIMEOUT``, else 3600 s). ``tls`` (a
+    :class:`podium.auth.TlsConfig`, else ``PODIUM_TLS_CERT``/``PODIUM_TLS_KEY``/``PODIUM_TLS_CA``)
+    makes every connection mutual TLS; an embedded cluster then serves with the same files.
+    A second ``init()`` returns the running runtime.
     """
     global _runtime
     with _runtime_lock:
@@ -383,14 +394,18 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
         if call_timeout is None:
             call_timeout = float(os.environ.get("PODIUM_CALL_TIMEOUT", DEFAULT_CALL_TIMEOUT))
         address = address or os.environ.get("PODIUM_ADDRESS") or None
+        if tls is None:
+            from podium.auth import TlsConfig
+            tls = TlsConfig.from_paths(os.environ.get("PODIUM_TLS_CERT"), os.environ.get("PODIUM_TLS_KEY"),
+                                       os.environ.get("PODIUM_TLS_CA"))
         processes: list[subprocess.Popen] = []
         if address:
             from podium.auth import resolve_token
             token = resolve_token(token)
         else:
-            address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir)
+            address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir, tls)
         runtime = Runtime(address=address, token=token, call_timeout=call_timeout,
-                          processes=processes, log_dir=log_dir)
+                          processes=processes, log_dir=log_dir, tls=tls)
         try:
             runtime.run(runtime._open(), timeout=STARTUP_TIMEOUT, what="OpenSession")
             runtime.run(_wait_nodes(runtime), timeout=STARTUP_TIMEOUT + 5, what="waiting for nodes")
