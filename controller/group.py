@@ -45,8 +45,8 @@ from podium.controller import dispatch as _dispatch
 from podium.controller.futures import PendingRef, get as _get, resolve_args
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.runtime import get_runtime
-from podium.errors import (InvalidArgumentError, PodiumError, RemoteError, UnavailableError,
-                           WorkerDiedError)
+from podium.errors import (DeadlineExceededError, InvalidArgumentError, PodiumError, RemoteError,
+                           UnavailableError, WorkerDiedError)
 from podium.resources import check_user_env
 from podium.worker.decorator import MAGIC_ATTR, get_registration
 from podium.worker.factory import ClassWithInitArgs, by_value
@@ -58,6 +58,8 @@ log = logging.getLogger("podium.controller")
 _group_ids = itertools.count(1)
 #: How long to poll the scheduler for a dead worker's exit record.
 _DEATH_LOOKUP_SECONDS = 5.0
+#: After one rank's deadline, how long the others (same deadline) get to answer or expire.
+_DEADLINE_GRACE_SECONDS = 1.0
 
 
 def _class_name(cls: Any) -> str:
@@ -416,12 +418,40 @@ class WorkerGroup:
             return []
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if failed and isinstance(failed[0].exception(), DeadlineExceededError):
+            raise await self._deadline_error(tasks, [c[0] for c in prepared], prepared[0][1], timeout)
         if failed:
             # The lowest failed rank explains itself; the others keep their deadline.
             for t in pending:
                 t.add_done_callback(lambda t: t.cancelled() or t.exception())
             raise failed[0].exception()
         return [t.result() for t in tasks]
+
+    async def _deadline_error(self, tasks: list, ranks: list[int], method: str,
+                              timeout: float) -> DeadlineExceededError:
+        """One DeadlineExceededError naming every rank that did not answer in time.
+
+        The ranks of one call share its deadline, so the others expire within moments of
+        the first: wait that long, then list each rank still silent (``err.ranks``)."""
+        pending = [t for t in tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=_DEADLINE_GRACE_SECONDS)
+        late = [rank for rank, t in zip(ranks, tasks)
+                if not t.done() or (not t.cancelled() and isinstance(t.exception(), DeadlineExceededError))]
+        for t in tasks:
+            if t.done():
+                t.cancelled() or t.exception()  # retrieved: no "never retrieved" warning
+            else:
+                t.add_done_callback(lambda t: t.cancelled() or t.exception())
+        answered = len(ranks) - len(late)
+        err = DeadlineExceededError(
+            f"{method} did not finish within {timeout:g}s: rank{'s' if len(late) > 1 else ''} "
+            f"{late if len(late) > 1 else late[0]} did not answer ({answered} of {len(ranks)} did); "
+            f"a stopped or hung process, or a call that needs a longer call_timeout",
+            rank=late[0])
+        #: Every rank that did not answer, in rank order.
+        err.ranks = late
+        return err
 
     async def _convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
         """Turn a broken stream into WorkerDiedError with the scheduler's exit record."""

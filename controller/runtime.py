@@ -112,8 +112,10 @@ class Runtime:
 
     def __init__(self, *, address: str, token: str, call_timeout: float,
                  processes: list[subprocess.Popen] | None = None, log_dir: str | None = None,
-                 tls: Any = None) -> None:
+                 tls: Any = None, session_lease: float = 0.0) -> None:
         self.address = address
+        #: Lease asked for the session (0: the scheduler's default).
+        self.session_lease = session_lease
         self.token = token
         #: podium.auth.TlsConfig for every channel (scheduler, workers), or None.
         self.tls = tls
@@ -150,6 +152,10 @@ class Runtime:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done() and not future.cancelled():
+                # The coroutine's own TimeoutError (DeadlineExceededError is one: the
+                # builtin is concurrent.futures.TimeoutError): it says more than ours.
+                raise
             future.cancel()
             raise DeadlineExceededError(f"{what} did not finish within {timeout:g}s") from None
 
@@ -163,7 +169,8 @@ class Runtime:
         from podium.scheduler.client import SchedulerClient
         self.scheduler = SchedulerClient(self.address, self.token, self.tls)
         reply = await self.scheduler.open_session(
-            description=f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}")
+            description=f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}",
+            lease_seconds=self.session_lease)
         self.session_id = reply.session_id
         lease = reply.lease_seconds or 30.0
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(lease))
@@ -372,7 +379,8 @@ async def _wait_nodes(runtime: Runtime, timeout: float = STARTUP_TIMEOUT) -> Non
 
 def init(address: str | None = None, token: str | None = None, *, num_gpus: int | None = None,
          num_cpus: float | None = None, call_timeout: float | None = None,
-         log_dir: str | None = None, ignore_reinit_error: bool = True, tls: Any = None) -> Runtime:
+         log_dir: str | None = None, ignore_reinit_error: bool = True, tls: Any = None,
+         session_lease: float | None = None) -> Runtime:
     """Connect this process to a Podium cluster (``ray.init``).
 
     ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
@@ -383,6 +391,9 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     blocking call (``PODIUM_CALL_TIMEOUT``, else 3600 s). ``tls`` (a
     :class:`podium.auth.TlsConfig`, else ``PODIUM_TLS_CERT``/``PODIUM_TLS_KEY``/``PODIUM_TLS_CA``)
     makes every connection mutual TLS; an embedded cluster then serves with the same files.
+    ``session_lease`` (``PODIUM_SESSION_LEASE``, else the scheduler's default) is how long
+    the scheduler keeps this controller's non-detached placement groups and workers after
+    its keep-alives stop (the process died without :func:`shutdown`).
     A second ``init()`` returns the running runtime.
     """
     global _runtime
@@ -404,8 +415,10 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             token = resolve_token(token)
         else:
             address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir, tls)
+        if session_lease is None:
+            session_lease = float(os.environ.get("PODIUM_SESSION_LEASE") or 0)
         runtime = Runtime(address=address, token=token, call_timeout=call_timeout,
-                          processes=processes, log_dir=log_dir, tls=tls)
+                          processes=processes, log_dir=log_dir, tls=tls, session_lease=session_lease)
         try:
             runtime.run(runtime._open(), timeout=STARTUP_TIMEOUT, what="OpenSession")
             runtime.run(_wait_nodes(runtime), timeout=STARTUP_TIMEOUT + 5, what="waiting for nodes")
