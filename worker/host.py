@@ -161,6 +161,25 @@ def _remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1
     return errors.RemoteError(str(exc), traceback=text, remote_type=name, rank=rank, node=node)
 
 
+def _call_error(fn: Any, args: Any, kwargs: Any, exc: BaseException, rank: int, node: str
+                ) -> errors.PodiumError:
+    """What a user method that raised becomes: RemoteError, unless the call itself did not
+    match the method's signature (wrong argument count or name), which is the caller's
+    ArgumentMismatchError naming the signature. Only runs once a call has failed."""
+    if isinstance(exc, TypeError):
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # builtins without a signature
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as mismatch:
+                name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "method")
+                return errors.ArgumentMismatchError(f"{name}{signature}: {mismatch}", rank=rank, node=node)
+    return _remote_error(exc, rank, node)
+
+
 def _close_names(name: str, obj: Any) -> list[str]:
     candidates = [n for n in dir(obj) if not n.startswith("__")]
     return difflib.get_close_matches(name, candidates, n=5, cutoff=0.5)
@@ -362,7 +381,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
-            raise _remote_error(exc, self.config.rank, self.config.node_address) from None
+            raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
         return self.package(value, header)
 
     def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
@@ -474,7 +493,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             try:
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
-                raise _remote_error(exc, self.config.rank, self.config.node_address) from None
+                raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
             outcome = self.package(result, header)
         await active.stream.send_outcome(active.call_id, outcome)
 

@@ -156,9 +156,30 @@ def encode(value: Any) -> Encoded:
     except InvalidArgumentError:
         raise
     except Exception as exc:  # pickling user objects can raise anything
-        raise InvalidArgumentError(f"cannot encode a value of type {type(value).__name__}: "
+        where = _unpicklable_part(value)
+        raise InvalidArgumentError(f"cannot encode a value of type {type(value).__name__}{where}: "
                                    f"{type(exc).__name__}: {exc}") from exc
     return Encoded(skeleton=out.getvalue(), buffers=raw)
+
+
+def _unpicklable_part(value: Any, path: str = "", depth: int = 0) -> str:
+    """", at [0][1] (a Lock)": where in nested tuples, lists and dicts pickling fails.
+
+    Only called once encoding failed, so the extra pickling costs nothing on success."""
+    if depth > 4:
+        return ""
+    if isinstance(value, dict):
+        items = [(f"[{k!r}]", v) for k, v in value.items()]
+    elif isinstance(value, (tuple, list)):
+        items = [(f"[{i}]", v) for i, v in enumerate(value)]
+    else:
+        items = []
+    for key, item in items:
+        try:
+            _Pickler(io.BytesIO(), protocol=5, buffer_callback=lambda pb: None).dump(item)
+        except Exception:  # noqa: BLE001 - this is the part that fails: look deeper
+            return _unpicklable_part(item, path + key, depth + 1) or f", at {path + key} (a {type(item).__name__})"
+    return ""
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:

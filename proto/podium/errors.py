@@ -12,7 +12,8 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     ├── CancelledError ............................ CANCELLED
     ├── RemoteError ............................... UNKNOWN         user code raised (rank, remote traceback)
     ├── InvalidArgumentError (ValueError) ......... INVALID_ARGUMENT
-    │   └── InvalidSpecError ...................... bad bundle / strategy / resource / env
+    │   ├── InvalidSpecError ...................... bad bundle / strategy / resource / env
+    │   └── ArgumentMismatchError (TypeError) ..... a call's arguments do not fit the method
     ├── DeadlineExceededError (TimeoutError) ...... DEADLINE_EXCEEDED
     ├── NotFoundError (LookupError) ............... NOT_FOUND
     ├── AlreadyExistsError ........................ ALREADY_EXISTS
@@ -117,6 +118,11 @@ class InvalidArgumentError(PodiumError, ValueError):
 class InvalidSpecError(InvalidArgumentError):
     """A resource spec is invalid (empty bundles, negative or NaN amounts, unknown
     resource or strategy, a GPU fraction outside (0, 1], a protected env name)."""
+
+
+class ArgumentMismatchError(InvalidArgumentError, TypeError):
+    """A call's arguments do not match the method's signature (wrong count or name);
+    a TypeError too, as Ray raises at ``.remote()``. The method did not run."""
 
 
 class DeadlineExceededError(PodiumError, TimeoutError):
