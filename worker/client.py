@@ -14,7 +14,8 @@ the worker is told to drop it if it has not started).
 Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
 when the worker is on this host (same host name, learnt from Describe at
 :meth:`WorkerClient.start`), both ways; set ``PODIUM_DISABLE_SHM=1`` to keep
-everything on TCP.
+everything on TCP. ``PODIUM_SHM_THRESHOLD_BYTES`` (default 1 MiB) sets the
+threshold here and in the workers.
 """
 
 from __future__ import annotations
@@ -81,28 +82,35 @@ def prepare(value: Any) -> Payload:
 
 
 class _Pending:
-    __slots__ = ("future", "method", "assembler", "timer")
+    __slots__ = ("future", "method", "assembler", "timer", "shm_name")
 
     def __init__(self, future: asyncio.Future, method: str) -> None:
         self.future = future
         self.method = method
         self.assembler: framing.Assembler | None = None
         self.timer: asyncio.TimerHandle | None = None
+        #: The call's argument segment: unlinked by the worker when it maps it, by us
+        #: when the call ends otherwise (a worker that died never maps it).
+        self.shm_name = ""
 
 
 class WorkerClient:
     """Client of one worker: calls over a shared stream, plus Describe/Fetch/Release/Shutdown."""
 
     def __init__(self, address: str, token: str, *, rank: int = -1, worker_id: str = "",
-                 tls: TlsConfig | None = None, shm_threshold: int = _DEFAULT_SHM_THRESHOLD) -> None:
+                 tls: TlsConfig | None = None, shm_threshold: int | None = None) -> None:
         self.address = address
         self.rank = rank
         self.worker_id = worker_id
+        if shm_threshold is None:  # the same variable sets the worker's reply threshold
+            shm_threshold = int(os.environ.get("PODIUM_SHM_THRESHOLD_BYTES") or _DEFAULT_SHM_THRESHOLD)
         self.shm_threshold = shm_threshold
         #: Whether the worker shares this host (None until known).
         self.same_host: bool | None = False if os.environ.get("PODIUM_DISABLE_SHM") else None
         #: Bytes the last fetch moved (for counters).
         self.last_fetch_bytes = 0
+        #: Payloads that went through shared memory, each way (tests check the path taken).
+        self.stats = {"shm_sent": 0, "shm_received": 0}
         self._token = token
         self._tls = tls
         self._metadata = rpc.token_metadata(token)
@@ -209,6 +217,7 @@ class WorkerClient:
             self._broken = exc
         pending, self._pending = self._pending, {}
         for p in pending.values():
+            _drop_segment(p)
             if p.timer is not None:
                 p.timer.cancel()
             if not p.future.done():
@@ -254,6 +263,7 @@ class WorkerClient:
 
     def _finish(self, call_id: int, p: _Pending, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
+        _drop_segment(p)
         if p.timer is not None:
             p.timer.cancel()
         if p.future.done():
@@ -269,6 +279,7 @@ class WorkerClient:
         p = self._pending.pop(call_id, None)
         if p is None or p.future.done():
             return
+        _drop_segment(p)
         p.future.set_exception(errors.DeadlineExceededError(
             f"call {p.method!r} to {self._who()} did not answer within {timeout} s",
             rank=self.rank, details={"method": p.method}))
@@ -313,6 +324,8 @@ class WorkerClient:
                     name = ""
             if name:
                 header.shm_name = name
+                p.shm_name = name
+                self.stats["shm_sent"] += 1
                 try:
                     await self._write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
                 except BaseException:
@@ -332,19 +345,24 @@ class WorkerClient:
                                                            last=True))
         except asyncio.CancelledError:
             self._pending.pop(call_id, None)
+            _drop_segment(p)
             raise
         except errors.PodiumError:
             self._pending.pop(call_id, None)
+            _drop_segment(p)
             raise
         except Exception as exc:  # noqa: BLE001 - a write on a broken stream
             err = self._broken or errors.UnavailableError(
                 f"cannot send {method!r} to {self._who()}: {type(exc).__name__}: {exc}", rank=self.rank)
             self._fail_all(err)
+            if future.done() and not future.cancelled():
+                future.exception()  # raised below instead: not "never retrieved"
             raise err from None
         try:
             reply = await future
         except asyncio.CancelledError:
             if self._pending.pop(call_id, None) is not None:
+                _drop_segment(p)
                 if p.timer is not None:
                     p.timer.cancel()
                 self._loop.create_task(self._send_cancel(call_id))
@@ -352,6 +370,7 @@ class WorkerClient:
         if isinstance(reply, ObjectRef):
             return reply
         if isinstance(reply, _ShmReply):
+            self.stats["shm_received"] += 1
             return codec.decode(shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES))
         return codec.decode(reply)
 
@@ -423,6 +442,7 @@ class WorkerClient:
                 if assembler is None:
                     if chunk.shm_name:
                         self.last_fetch_bytes = chunk.total_size
+                        self.stats["shm_received"] += 1
                         return codec.decode(shm.read_segment(chunk.shm_name, max_size=MAX_REPLY_BYTES))
                     assembler = framing.Assembler(chunk.total_size, MAX_REPLY_BYTES)
                 assembler.add(chunk.data)
@@ -452,6 +472,14 @@ class WorkerClient:
                                       metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Shutdown") from None
+
+
+def _drop_segment(p: _Pending) -> None:
+    # The worker unlinks the segment when it maps it, so this is a no-op after a
+    # normal call; after a failed one it keeps a dead worker's input from leaking.
+    if p.shm_name:
+        shm.remove_segment(p.shm_name)
+        p.shm_name = ""
 
 
 class _ShmReply:

@@ -282,7 +282,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.address = ""
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
-                      "fetches_made": 0, "bytes_fetched": 0}
+                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0}
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._exec = ExecutionThread(self._loop)
@@ -315,6 +315,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any) -> Any:
         if header.shm_name:
             payload = shm.read_segment(header.shm_name, max_size=self.config.max_payload_bytes)
+            self.stats["shm_in"] += 1
         return codec.decode(payload)
 
     def _lookup(self, name: str) -> tuple[Any, bool, bool]:
@@ -373,6 +374,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             except OSError as exc:  # /dev/shm full or missing: TCP still works
                 log.warning("shared memory unavailable (%s); replying over TCP", exc)
             else:
+                self.stats["shm_out"] += 1
                 return _Outcome(shm_name=name, nbytes=size)
         return _Outcome(segments=segments, nbytes=nbytes)
 
@@ -566,6 +568,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             except OSError as exc:  # /dev/shm full or missing: TCP still works
                 log.warning("shared memory unavailable (%s); serving the fetch over TCP", exc)
             else:
+                self.stats["shm_out"] += 1
                 yield worker_pb2.DataChunk(total_size=size, shm_name=name)
                 return
         first = True

@@ -43,6 +43,7 @@ import sys
 import threading
 from typing import Callable, Iterable, Mapping, Sequence
 
+from podium import shm
 from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.process import die_with_parent_argv
@@ -430,6 +431,10 @@ class Spawner:
         if not killed and not worker.ready.result().strip():
             problem = ""  # no line at all because it died: its exit says why
         self._kill_group(worker, signal.SIGKILL)  # helpers it left behind
+        # Shared-memory segments it wrote and no reader mapped (it died mid-transfer).
+        removed = shm.remove_segments_of(worker.pid)
+        if removed:
+            log.info("worker %s: removed %d shared-memory segment(s) it left", worker.id, len(removed))
         requested = worker.stop_requested
         if worker.state == common_pb2.WORKER_RUNNING or requested:
             worker.state = common_pb2.WORKER_EXITED

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 
 from podium.errors import DataLossError, InvalidArgumentError, PayloadTooLargeError
 
-__all__ = ["PREFIX", "SHM_DIR", "write_segments", "read_segment", "remove_segment", "cleanup_stale"]
+__all__ = ["PREFIX", "SHM_DIR", "write_segments", "read_segment", "remove_segment", "cleanup_stale",
+           "remove_segments_of"]
 
 #: Every segment name starts with this, followed by "<creator pid>-<uuid hex>".
 PREFIX = "podium-"
@@ -142,4 +143,26 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
         except FileNotFoundError:
             continue  # its reader or another cleaner got there first
         removed.append(name)
+    return removed
+
+
+def remove_segments_of(pid: int, prefix: str = PREFIX) -> list[str]:
+    """Remove every segment process ``pid`` created; returns the names removed.
+
+    For the parent that has just reaped ``pid`` (the node agent, when a worker
+    ends): whatever that process wrote and no reader mapped is garbage now.
+    """
+    start = f"{prefix}{int(pid)}-"
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(start):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except FileNotFoundError:
+                continue
+            removed.append(name)
     return removed

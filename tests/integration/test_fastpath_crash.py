@@ -1,0 +1,116 @@
+"""A worker killed while a shared-memory payload is in flight leaves no segment behind.
+
+Two directions: the controller wrote a large argument into a segment and sent its name to a
+worker that is SIGKILLed before it maps it (the controller removes it when the call fails);
+and a worker that wrote a segment and died before any reader came (the node agent removes
+what the pid it reaped created). Other tests' segments may exist meanwhile, so only names
+carrying this test's pids count.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from podium import controller, shm
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from podium.errors import PodiumError, WorkerDiedError
+from podium.worker import Dispatch, Worker, register
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Fragile(Worker):
+    """Methods that block the worker's event loop, take a payload, or die after writing a segment."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def block_loop(self, seconds):
+        time.sleep(seconds)  # on the event loop on purpose: later frames stay unread
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def take(self, tensor):
+        return tensor.numel()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def write_then_die(self, nbytes):
+        shm.write_segments([bytes(nbytes)])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def segments_of(*pids: int) -> list[str]:
+    """Names in SHM_DIR created by any of ``pids``."""
+    starts = tuple(f"{shm.PREFIX}{pid}-" for pid in pids)
+    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(starts)]
+
+
+def sizes_of(names: list[str]) -> list[int]:
+    """Sizes of the segments that still exist."""
+    sizes = []
+    for name in names:
+        try:
+            sizes.append(os.stat(os.path.join(shm.SHM_DIR, name)).st_size)
+        except FileNotFoundError:
+            pass
+    return sizes
+
+
+def wait_until(predicate, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    controller.init()
+    yield
+    controller.shutdown()
+
+
+def one_worker() -> WorkerGroup:
+    return WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Fragile))
+
+
+def test_worker_killed_before_it_maps_the_argument(cluster):
+    wg = one_worker()
+    try:
+        worker = wg.workers[0]
+        assert worker.client.same_host  # the embedded cluster is on this host: shm is on
+        blocker = wg.block_loop(60)
+        time.sleep(0.3)  # let the blocking call reach the worker's loop
+        payload = torch.ones(16 << 20, dtype=torch.float32)  # 64 MiB: far above the threshold
+        pending = wg.take(payload)
+        # Wait until the whole argument is in its segment, then give the frame naming it
+        # time to go out: the worker's loop is blocked, so nobody will map it.
+        assert wait_until(lambda: max(sizes_of(segments_of(os.getpid())), default=0) >= payload.nbytes, 30), \
+            "the argument never reached shared memory"
+        time.sleep(0.5)
+        assert segments_of(os.getpid())
+        os.kill(worker.pid, signal.SIGKILL)
+        with pytest.raises(PodiumError) as caught:
+            controller.get(pending, timeout=60)
+        assert isinstance(caught.value, WorkerDiedError), caught.value
+        with pytest.raises(PodiumError):
+            controller.get(blocker, timeout=60)
+        assert wait_until(lambda: not segments_of(os.getpid(), worker.pid), 30), segments_of(os.getpid(), worker.pid)
+    finally:
+        wg.shutdown()
+
+
+def test_worker_dies_after_writing_a_segment(cluster):
+    wg = one_worker()
+    try:
+        pid = wg.workers[0].pid
+        with pytest.raises(WorkerDiedError):
+            wg.write_then_die(3 << 20)
+        # the agent reaps the worker and removes what that pid created
+        assert wait_until(lambda: not segments_of(pid), 30), segments_of(pid)
+    finally:
+        wg.shutdown()
