@@ -478,7 +478,7 @@ class WorkerGroup:
         return WorkerDiedError(
             f"worker rank {worker.rank} ({worker.name}) on node {info.node_id} ({info.node_address}) died "
             f"during {what}: {ex.reason or 'exited'}",
-            exit_code=None if signal else ex.exit_code, signal=signal, stderr_tail=ex.stderr_tail,
+            exit_code=None if signal or ex.exit_code < 0 else ex.exit_code, signal=signal, stderr_tail=ex.stderr_tail,
             node=info.node_id, rank=worker.rank)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[PendingRef]:

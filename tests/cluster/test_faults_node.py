@@ -1,0 +1,87 @@
+"""A node agent killed with SIGKILL (issue 7, item 3).
+
+Its workers die with it (the kernel's parent-death signal); the scheduler marks the node
+dead once its lease (2 s here) runs out and reports the node's workers EXITED; the
+controller's next call on them raises WorkerDiedError naming the node; /v1/placement shows
+the node dead, and new placement groups land on the live node only.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from faultkit import (NODE_LEASE, FaultCluster, agents, alive, elapsed, report,  # noqa: F401 - agents: fixture
+                      wait_for)
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from podium.errors import WorkerDiedError
+from podium.v1 import common_pb2
+from podium.worker import Dispatch, Worker, register
+
+pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(240)]
+
+
+class Where(Worker):
+    """Says which node it runs on."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def node(self):
+        import os
+        return os.environ["PODIUM_NODE_ADDRESS"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self):
+        import os
+        return os.getpid()
+
+
+def test_killed_agent_node_dead_workers_reported_dead_no_new_placement(scheduler_process, agents, token):
+    fc = FaultCluster(scheduler_process, agents, token, ("127.0.0.2", "127.0.0.3"))
+    rt = fc.connect(call_timeout=60)
+    try:
+        wg = WorkerGroup(ResourcePool([2, 2], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Where))
+        assert wg.node() == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2
+        pids = wg.pid()
+        victim = fc.agents["127.0.0.3"]
+
+        killed = time.monotonic()
+        assert victim.signal(signal.SIGKILL) == -signal.SIGKILL
+        wait_for(lambda: not alive(pids[2]) and not alive(pids[3]), "the dead node's workers to end")
+
+        # The controller: the next call on the group names the first dead rank and its node.
+        with pytest.raises(WorkerDiedError) as info:
+            wg.node()
+        seen = elapsed(killed)
+        err = info.value
+        report("node agent SIGKILL: call on its workers", seen, str(err))
+        assert err.rank == 2 and err.node == victim.node_id and victim.node_id in str(err)
+
+        # The scheduler: node dead after its lease, its workers EXITED naming it.
+        wait_for(lambda: fc.node_state(victim.node_id) == "NODE_DEAD", "the node marked dead",
+                 timeout=NODE_LEASE + 30)
+        report(f"node agent SIGKILL: node DEAD in /v1/placement (lease {NODE_LEASE:g} s)", elapsed(killed),
+               "NODE_DEAD")
+        state = rt.run(rt.cluster_state())
+        for w in state.workers:
+            if w.node_id == victim.node_id:
+                assert w.state in (common_pb2.WORKER_EXITED, common_pb2.WORKER_FAILED)
+                assert victim.node_id in w.exit.reason, w.exit.reason
+        # The live node's ranks still answer.
+        assert [wg.workers[r].call("node") for r in (0, 1)] == ["127.0.0.2"] * 2
+        wg.shutdown()
+        wait_for(lambda: fc.busy() == ([], []), "every slot free after teardown")
+
+        # New placement groups go to the live node only; the dead node holds nothing.
+        again = WorkerGroup(ResourcePool([2], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Where))
+        assert again.node() == ["127.0.0.2"] * 2
+        view = fc.placement()
+        dead = next(n for n in view["nodes"] if n["node_id"] == victim.node_id)
+        assert dead["state"] == "NODE_DEAD"
+        assert all(not g["bundles"] and not g["workers"] for g in dead["gpus"])
+        for group in view["placement_groups"]:
+            assert all(b["node_id"] != victim.node_id for b in group["bundles"])
+        again.shutdown()
+    finally:
+        fc.close()
