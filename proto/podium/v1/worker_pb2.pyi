@@ -142,6 +142,7 @@ class DescribeResponse(_message.Message):
     METHODS_FIELD_NUMBER: _builtins.int
     NODE_ADDRESS_FIELD_NUMBER: _builtins.int
     HOSTNAME_FIELD_NUMBER: _builtins.int
+    CALL_PORT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id given by the scheduler."""
     rank: _builtins.int
@@ -158,6 +159,11 @@ class DescribeResponse(_message.Message):
     """Node address, so a client can tell whether it shares the host."""
     hostname: _builtins.str
     """Host name of the node."""
+    call_port: _builtins.int
+    """Port of the worker's raw call socket on node_address (the fast path for CALL and
+    CONSTRUCT: the same CallFrame/ReplyFrame messages, length-prefixed, after a token
+    handshake); 0 when it has none (TLS is on), and clients use the Calls stream.
+    """
     @_builtins.property
     def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodInfo]:
         """Its methods (empty until constructed)."""
@@ -174,10 +180,11 @@ class DescribeResponse(_message.Message):
         methods: _abc.Iterable[Global___MethodInfo] | None = ...,
         node_address: _builtins.str = ...,
         hostname: _builtins.str = ...,
+        call_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -279,6 +286,7 @@ class ObjectRefInfo(_message.Message):
     OWNER_RANK_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    INLINE_VALUE_FIELD_NUMBER: _builtins.int
     object_id: _builtins.str
     """Id unique in the worker ("o-...")."""
     worker_id: _builtins.str
@@ -291,6 +299,10 @@ class ObjectRefInfo(_message.Message):
     """Encoded size in bytes."""
     rows: _builtins.int
     """Rows when the value is a DataProto or TensorDict, else -1."""
+    inline_value: _builtins.bytes
+    """The encoded value itself when it is small (the worker still holds it): the caller
+    can resolve the ref without a Fetch. Never forwarded when a ref is passed on.
+    """
     def __init__(
         self,
         *,
@@ -300,10 +312,11 @@ class ObjectRefInfo(_message.Message):
         owner_rank: _builtins.int = ...,
         size_bytes: _builtins.int = ...,
         rows: _builtins.int = ...,
+        inline_value: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_id", b"object_id", "owner_address", b"owner_address", "owner_rank", b"owner_rank", "rows", b"rows", "size_bytes", b"size_bytes", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inline_value", b"inline_value", "object_id", b"object_id", "owner_address", b"owner_address", "owner_rank", b"owner_rank", "rows", b"rows", "size_bytes", b"size_bytes", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
