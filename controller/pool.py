@@ -141,7 +141,10 @@ class ResourcePool:
         if self.pgs is None:
             from podium.controller.runtime import get_runtime
             rt = get_runtime()
-            self.pgs = rt.run(rt.create_placement_groups(self, strategy, name))
+            # The scheduler's own deadline (placement_timeout) says why a group is still
+            # pending; the call timeout must not cut it short with a bare timeout.
+            self.pgs = rt.run(rt.create_placement_groups(self, strategy, name),
+                              timeout=rt.placement_timeout + 30, what="reserving placement groups")
             self.strategy = strategy
             rt.track_pool(self)
         return self.pgs
