@@ -44,6 +44,7 @@ from typing import Any, Callable
 from podium.controller import dispatch as _dispatch
 from podium.controller.futures import PendingRef, get as _get, resolve_args
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
+from podium.controller.releaser import releaser_for
 from podium.controller.runtime import get_runtime
 from podium.errors import (DeadlineExceededError, InvalidArgumentError, PodiumError, RemoteError,
                            UnavailableError, WorkerDiedError)
@@ -121,15 +122,7 @@ def _release_when_done(rt: Any, client: Any, future: concurrent.futures.Future) 
     def release(f: concurrent.futures.Future) -> None:
         if rt._closed or f.cancelled() or f.exception() is not None:
             return
-        object_id = f.result().object_id
-
-        async def go():
-            with contextlib.suppress(Exception):
-                if await client.release([object_id]):
-                    rt.stats["released"] = rt.stats.get("released", 0) + 1
-
-        with contextlib.suppress(RuntimeError):  # the loop is already closed
-            rt.submit(go())
+        releaser_for(rt).add(client, f.result().object_id)  # batched: one RPC per worker
 
     future.add_done_callback(release)
 

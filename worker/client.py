@@ -237,7 +237,8 @@ class WorkerClient:
             if header.HasField("ref"):
                 r = header.ref
                 self._finish(frame.call_id, p, ObjectRef(r.object_id, r.worker_id, r.owner_address,
-                                                         r.owner_rank, r.size_bytes, r.rows))
+                                                         r.owner_rank, r.size_bytes, r.rows,
+                                                         r.inline_value or None))
                 return
             if header.shm_name:
                 self._finish(frame.call_id, p, _ShmReply(header.shm_name))

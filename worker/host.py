@@ -54,7 +54,8 @@ from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.heldstore import HeldStore, default_budget
 
 __all__ = ["RAY_CALL", "ExecutionThread", "HostConfig", "WorkerServicer", "HostResolver", "RunningHost", "start_host",
-           "current_host", "main", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES"]
+           "current_host", "main", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES",
+           "DEFAULT_INLINE_RESULT_BYTES"]
 
 log = logging.getLogger("podium.worker.host")
 
@@ -63,6 +64,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 << 30
 #: Results at least this large go through shared memory when the caller asks for it
 #: (PODIUM_SHM_THRESHOLD_BYTES); smaller ones are cheaper inline.
 DEFAULT_SHM_THRESHOLD_BYTES = 1 << 20
+#: Held results up to this size also travel inline with their ref (Ray inlines objects
+#: below 100 KiB the same way); PODIUM_INLINE_RESULT_BYTES, 0 turns it off.
+DEFAULT_INLINE_RESULT_BYTES = 64 << 10
 
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
 
@@ -92,6 +96,7 @@ class HostConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     hold_budget_bytes: int = 0
     shm_threshold_bytes: int = DEFAULT_SHM_THRESHOLD_BYTES
+    inline_result_bytes: int = DEFAULT_INLINE_RESULT_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, address: str | None = None) -> "HostConfig":
@@ -103,7 +108,9 @@ class HostConfig:
                    max_payload_bytes=_int_env(env, "PODIUM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES),
                    hold_budget_bytes=default_budget(dict(env)),
                    shm_threshold_bytes=_int_env(env, "PODIUM_SHM_THRESHOLD_BYTES",
-                                                DEFAULT_SHM_THRESHOLD_BYTES))
+                                                DEFAULT_SHM_THRESHOLD_BYTES),
+                   inline_result_bytes=_int_env(env, "PODIUM_INLINE_RESULT_BYTES",
+                                                DEFAULT_INLINE_RESULT_BYTES))
 
 
 # --------------------------------------------------------------------------- results
@@ -366,7 +373,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return _Outcome(ref=worker_pb2.ObjectRefInfo(
                 object_id=held.object_id, worker_id=self.config.worker_id,
                 owner_address=self.address, owner_rank=self.config.rank,
-                size_bytes=nbytes, rows=rows))
+                size_bytes=nbytes, rows=rows,
+                # Small results ride along, so the caller's get() needs no Fetch.
+                inline_value=bytes(frozen.buffer) if nbytes <= self.config.inline_result_bytes else b""))
         segments = encoded.to_segments()
         if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes:
             try:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from podium.errors import FailedPreconditionError, OutOfRangeError
 
 __all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver",
-           "materialize", "is_ref", "concat_values", "rows_of", "slice_rows"]
+           "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,14 @@ class ObjectRef:
     size_bytes: int
     #: Rows when the value is a DataProto or TensorDict, else -1.
     rows: int = -1
+    #: The encoded value when the owner sent it along with the ref (small results), so the
+    #: process that made the call resolves it without a Fetch. Not pickled: a ref passed
+    #: on to another process is fetched from its owner as before.
+    inline: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __reduce__(self):
+        return (ObjectRef, (self.object_id, self.worker_id, self.owner_address, self.owner_rank,
+                            self.size_bytes, self.rows))
 
     async def aget(self, timeout: float | None = None) -> Any:
         """Fetch the whole value from its owner (async)."""
@@ -56,6 +64,15 @@ class ObjectRef:
     def get(self, timeout: float | None = None) -> Any:
         """Fetch the whole value from its owner (blocking; not on the resolver's loop)."""
         return get_resolver().run_sync(get_resolver().fetch(self), timeout)
+
+
+def inline_value(ref: ObjectRef, rows: tuple[int, int] | None = None) -> Any:
+    """The value (or rows of it) of a ref that carries it inline: a fresh copy each time,
+    as a fetch gives. Only for refs whose ``inline`` is set."""
+    from podium import codec
+
+    value = codec.decode(bytearray(ref.inline))
+    return value if rows is None else slice_rows(value, int(rows[0]), int(rows[1]))
 
 
 class DataProtoFuture:
