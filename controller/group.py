@@ -36,6 +36,7 @@ import copy
 import itertools
 import logging
 import random
+import re
 import string
 import time
 import weakref
@@ -468,9 +469,11 @@ class WorkerGroup:
                                    node=worker.info.node_id)
         ex = info.exit
         signal = ex.signal or None
+        # The error's own text ends "(killed by SIGKILL)" / "(exit code 1)": not twice.
+        reason = re.sub(r"\s*\(?(killed by [^)]*|exited with code -?\d+)\)?$", "", ex.reason)
         return WorkerDiedError(
             f"worker rank {worker.rank} ({worker.name}) on node {info.node_id} ({info.node_address}) died "
-            f"during {what}: {ex.reason or 'exited'}",
+            f"during {what}" + (f": {reason}" if reason else ""),
             exit_code=None if signal or ex.exit_code < 0 else ex.exit_code, signal=signal, stderr_tail=ex.stderr_tail,
             node=info.node_id, rank=worker.rank)
 
