@@ -56,7 +56,8 @@ def test_killed_agent_node_dead_workers_reported_dead_no_new_placement(scheduler
         seen = elapsed(killed)
         err = info.value
         report("node agent SIGKILL: call on its workers", seen, str(err))
-        assert err.rank == 2 and err.node == victim.node_id and victim.node_id in str(err)
+        # (ranks 2 and 3 die together; the first whose death is confirmed is the error)
+        assert err.rank in (2, 3) and err.node == victim.node_id and victim.node_id in str(err)
 
         # The scheduler: node dead after its lease, its workers EXITED naming it.
         wait_for(lambda: fc.node_state(victim.node_id) == "NODE_DEAD", "the node marked dead",
