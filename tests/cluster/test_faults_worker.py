@@ -13,17 +13,17 @@ fake GPUs each) are real processes; this process is the controller.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
-from faultkit import HEARTBEAT, FaultCluster, agents, alive, elapsed, report, stop_and_cont, wait_for  # noqa: F401 - agents: fixture
+from faultkit import FaultCluster, agents, alive, elapsed, report, stop_and_cont, wait_for  # noqa: F401 - agents: fixture
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import DeadlineExceededError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
@@ -31,6 +31,10 @@ from podium.worker import Dispatch, Worker, register
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(240)]
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
+#: 2x the scheduler's default heartbeat interval (2 s): a death must be reported within it.
+DEATH_DEADLINE = 4.0
+#: Longer than DEATH_DEADLINE: an error that waited for the other ranks would miss it.
+NAP = 8.0
 
 
 class Sleeper(Worker):
@@ -68,33 +72,28 @@ def test_sigkill_during_call_names_rank_node_signal_and_frees_slots(cluster):
         victim = 1
         node = wg.workers[victim].info.node_id
 
-        # Blocking call: the victim's death is the error, without waiting for the others.
-        killed_at = []
-
-        def kill_soon():
-            time.sleep(1.0)
-            killed_at.append(time.monotonic())
+        # Blocking call: the victim's death is the error, within 2x the (default, 2 s) heartbeat
+        # interval of its kill and without waiting for the other ranks' naps to end.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            call = pool.submit(wg.nap, NAP)
+            time.sleep(1.0)  # the naps are running
+            killed = time.monotonic()
             os.kill(pids[victim], signal.SIGKILL)
-
-        killer = threading.Thread(target=kill_soon)
-        killer.start()
-        with pytest.raises(WorkerDiedError) as info:
-            wg.nap(5)
-        seen = elapsed(killed_at[0])
-        killer.join()
-        err = info.value
+            err = call.exception(timeout=DEATH_DEADLINE)
+            seen = elapsed(killed)
+        assert isinstance(err, WorkerDiedError), repr(err)
         report("worker SIGKILL during a call", seen, str(err))
         assert err.rank == victim and err.node == node and err.signal == signal.SIGKILL
         assert f"rank {victim}" in str(err) and node in str(err) and str(err).count("SIGKILL") == 1
 
-        # The other ranks' calls of that group call finish; the dead rank keeps failing fast.
+        # The other ranks' calls (their naps) finish; the dead rank keeps failing fast.
         refs = wg.execute_all_async("nap", 0.2)
         for rank, ref in enumerate(refs):
             if rank == victim:
                 with pytest.raises(WorkerDiedError):
-                    wg.get(ref, timeout=2 * HEARTBEAT + 10)
+                    wg.get(ref, timeout=DEATH_DEADLINE)
             else:
-                assert wg.get(ref, timeout=30) == rank
+                assert wg.get(ref, timeout=NAP + 30) == rank
     finally:
         wg.shutdown()
     # Teardown released every slot: no live placement group, no live worker.
