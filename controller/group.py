@@ -46,6 +46,7 @@ from podium.controller import dispatch as _dispatch
 from podium.controller.futures import PendingRef, get as _get, resolve_args
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.releaser import releaser_for
+from podium.controller.progress import Progress
 from podium.controller.runtime import get_runtime
 from podium.errors import (DeadlineExceededError, InvalidArgumentError, PodiumError, RemoteError,
                            UnavailableError, WorkerDiedError)
@@ -236,17 +237,50 @@ class WorkerGroup:
         from podium.worker.client import prepare
         sched = self._rt.scheduler
         owner = "" if detached else self._rt.session_id
-        infos = await sched.create_workers(specs, owner=owner, master_rank=0)
-        self._workers = [WorkerHandle(info, None) for info in infos]  # teardown knows them now
-        infos = await sched.wait_workers([i.id for i in infos], timeout=self._rt.placement_timeout)
-        await self._connect(infos)
-        with by_value(cia):
-            payload = prepare(tuple(cia.construct_payload()))
-        results = await asyncio.gather(*(w.client.construct(payload, timeout=self._rt.call_timeout)
-                                         for w in self._workers), return_exceptions=True)
-        for w, result in zip(self._workers, results):
-            if isinstance(result, BaseException):
-                raise await self._convert(w, result, "the constructor")
+        from podium.v1 import common_pb2
+        n = len(specs)
+        ok = False
+        waiting = None
+        progress = Progress(f"WorkerGroup {self.name_prefix!r} ({n} workers)")
+        try:
+            progress.phase(f"creating {n} workers")
+            infos = await sched.create_workers(specs, owner=owner, master_rank=0)
+            self._workers = [WorkerHandle(info, None) for info in infos]  # teardown knows them now
+            progress.phase(f"0/{n} workers running")
+            waiting = asyncio.ensure_future(
+                sched.wait_workers([i.id for i in infos], timeout=self._rt.placement_timeout))
+            while not waiting.done():  # counts for the progress lines, once they show
+                await asyncio.wait({waiting}, timeout=1.0)
+                if not waiting.done() and progress.late:
+                    with contextlib.suppress(Exception):
+                        now = await sched.get_workers(ids=[i.id for i in infos])
+                        running = sum(1 for w in now if w.state == common_pb2.WORKER_RUNNING)
+                        progress.phase(f"{running}/{n} workers running", count=True)
+            infos = waiting.result()
+            progress.phase(f"{n}/{n} workers running; connecting")
+            if self._rt.log_to_driver is not None:
+                await self._rt.log_to_driver.watch(sched, infos, _class_name(cia.cls))
+            await self._connect(infos)
+            with by_value(cia):
+                payload = prepare(tuple(cia.construct_payload()))
+            built = 0
+
+            async def construct(w: WorkerHandle) -> None:
+                nonlocal built
+                await w.client.construct(payload, timeout=self._rt.call_timeout)
+                built += 1
+                progress.phase(f"constructed {built}/{n} {_class_name(cia.cls)}", count=True)
+
+            progress.phase(f"constructing {_class_name(cia.cls)} in {n} workers")
+            results = await asyncio.gather(*(construct(w) for w in self._workers), return_exceptions=True)
+            for w, result in zip(self._workers, results):
+                if isinstance(result, BaseException):
+                    raise await self._convert(w, result, "the constructor")
+            ok = True
+        finally:
+            if waiting is not None:
+                waiting.cancel()  # a no-op once it finished; stops it when we were cancelled
+            progress.done("ready" if ok else "failed")
 
     async def _connect(self, infos: list) -> None:
         from podium.worker.client import WorkerClient

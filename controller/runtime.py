@@ -141,6 +141,8 @@ class Runtime:
         self._groups: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._pg_users: dict[str, set[int]] = {}
         self._closed = False
+        #: Streams of worker output to this terminal (podium.controller.logdriver), or None.
+        self.log_to_driver = None
 
     # ---- running coroutines -----------------------------------------------------------
 
@@ -281,6 +283,8 @@ class Runtime:
     async def _close_async(self) -> None:
         if self._keepalive is not None:
             self._keepalive.cancel()
+        if self.log_to_driver is not None:
+            await self.log_to_driver.close()
         for client in self._fetch_clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
@@ -385,7 +389,7 @@ async def _wait_nodes(runtime: Runtime, timeout: float = STARTUP_TIMEOUT) -> Non
 def init(address: str | None = None, token: str | None = None, *, num_gpus: int | None = None,
          num_cpus: float | None = None, call_timeout: float | None = None,
          log_dir: str | None = None, ignore_reinit_error: bool = True, tls: Any = None,
-         session_lease: float | None = None) -> Runtime:
+         session_lease: float | None = None, log_to_driver: bool | None = None) -> Runtime:
     """Connect this process to a Podium cluster (``ray.init``).
 
     ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
@@ -399,6 +403,8 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     ``session_lease`` (``PODIUM_SESSION_LEASE``, else the scheduler's default) is how long
     the scheduler keeps this controller's non-detached placement groups and workers after
     its keep-alives stop (the process died without :func:`shutdown`).
+    ``log_to_driver`` (``PODIUM_LOG_TO_DRIVER``, default on) prints what workers write to
+    this process's stdout/stderr, each line prefixed with role, rank and node.
     A second ``init()`` returns the running runtime.
     """
     global _runtime
@@ -424,6 +430,9 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             session_lease = float(os.environ.get("PODIUM_SESSION_LEASE") or 0)
         runtime = Runtime(address=address, token=token, call_timeout=call_timeout,
                           processes=processes, log_dir=log_dir, tls=tls, session_lease=session_lease)
+        from podium.controller.logdriver import LogToDriver, log_to_driver_enabled
+        if log_to_driver_enabled(log_to_driver):
+            runtime.log_to_driver = LogToDriver(token, tls)
         try:
             runtime.run(runtime._open(), timeout=STARTUP_TIMEOUT, what="OpenSession")
             runtime.run(_wait_nodes(runtime), timeout=STARTUP_TIMEOUT + 5, what="waiting for nodes")
