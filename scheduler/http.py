@@ -3,6 +3,7 @@
 =================  =====  ====================================================
 path               token  answer
 =================  =====  ====================================================
+GET /              no     the live dashboard page (podium.scheduler.dashboard)
 GET /healthz       no     200 ``ok`` while the process serves
 GET /readyz        no     200 ``ready`` once the state is loaded and gRPC serves
 GET /v1/nodes      yes    ``{"nodes": [...]}``
@@ -26,6 +27,7 @@ from google.protobuf.json_format import MessageToDict
 
 from podium.auth import token_matches
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
+from podium.scheduler import dashboard
 from podium.scheduler.model import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HttpServer", "placement_view", "nodes_view", "workers_view"]
 
-_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"}) | dashboard.PATHS
 
 
 def _dict(message) -> dict:
@@ -187,6 +189,7 @@ class HttpServer:
         app.router.add_get("/v1/placement", self._placement)
         app.router.add_get("/v1/workers", self._workers)
         app.router.add_get("/metrics", self._metrics)
+        dashboard.install(app)  # GET /: the live dashboard page (its data needs the token)
         self.app = app
 
     async def start(self, host: str, port: int) -> int:
