@@ -133,6 +133,26 @@ Global___MethodInfo: _TypeAlias = MethodInfo  # noqa: Y015
 class DescribeResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StatsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKER_ID_FIELD_NUMBER: _builtins.int
     RANK_FIELD_NUMBER: _builtins.int
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
@@ -143,6 +163,7 @@ class DescribeResponse(_message.Message):
     NODE_ADDRESS_FIELD_NUMBER: _builtins.int
     HOSTNAME_FIELD_NUMBER: _builtins.int
     CALL_PORT_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id given by the scheduler."""
     rank: _builtins.int
@@ -168,6 +189,13 @@ class DescribeResponse(_message.Message):
     def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodInfo]:
         """Its methods (empty until constructed)."""
 
+    @_builtins.property
+    def stats(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The host's counters and gauges (calls, calls_in_flight, call_errors,
+        call_seconds, bytes_in, bytes_out, fetches_served, bytes_served, ...), read by
+        the node agent's /metrics.
+        """
+
     def __init__(
         self,
         *,
@@ -181,10 +209,11 @@ class DescribeResponse(_message.Message):
         node_address: _builtins.str = ...,
         hostname: _builtins.str = ...,
         call_port: _builtins.int = ...,
+        stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "stats", b"stats", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
