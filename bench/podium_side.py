@@ -29,10 +29,18 @@ class PodiumAdapter(Adapter):
         return {"podium": podium.__version__, "grpcio": grpc.__version__, "torch": torch.__version__}
 
     def start(self, max_n: int) -> None:
-        """init() an embedded cluster with one logical CPU per worker (as the Ray side gets)."""
+        """init() an embedded cluster with one logical CPU per worker (as the Ray side gets).
+
+        Worker output is not streamed to this process, as on the Ray side (log_to_driver=False).
+        """
+        import inspect
+
         from podium.controller import init
 
-        init(num_cpus=max(max_n, 1))
+        options = {"num_cpus": max(max_n, 1)}
+        if "log_to_driver" in inspect.signature(init).parameters:
+            options["log_to_driver"] = False
+        init(**options)
 
     def make_group(self, worker_cls: type, n: int) -> Any:
         """A WorkerGroup of ``n`` CPU workers of ``worker_cls``."""
