@@ -91,6 +91,8 @@ class AgentConfig:
     worker_command: Sequence[str] | None = None
     #: Informational labels sent with the registration.
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Port of the Prometheus /metrics endpoint on ``host`` (None: no endpoint; 0: any free one).
+    metrics_port: int | None = None
     #: GPU provider to use instead of detecting one (tests inject patched NVML here).
     provider: GpuProvider | None = None
 
@@ -284,6 +286,8 @@ class RunningAgent:
         self.provider: GpuProvider = config.provider or detect(
             config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory, node_id=self.node_id)
         self.port = 0
+        #: The /metrics server (podium.worker.agentmetrics), when --metrics-port is given.
+        self.metrics = None
         self.ports = PortHolds(config.host)
         self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=self.node_address,
                                scheduler=config.scheduler, token=token, report=self._enqueue_report,
@@ -320,6 +324,10 @@ class RunningAgent:
             raise errors.UnavailableError(
                 f"node agent cannot serve on {self.host}:{self.config.port}: {exc}") from None
         await rpc.start_server(self._server, health)
+        if self.config.metrics_port is not None:
+            from podium.worker.agentmetrics import MetricsServer
+            self.metrics = MetricsServer(self)
+            await self.metrics.start(self.host, self.config.metrics_port)
         self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,
                                           timeout=RPC_TIMEOUT_SECONDS)
         loop = asyncio.get_running_loop()
@@ -328,7 +336,8 @@ class RunningAgent:
         if self.config.port_file:
             _write_json_atomic(self.config.port_file, {"port": self.port, "pid": os.getpid(),
                                                        "node_id": self.node_id,
-                                                       "address": self.node_address})
+                                                       "address": self.node_address,
+                                                       "metrics_port": self.metrics.port if self.metrics else 0})
         log.info("node agent %s serving on %s (%g CPUs, %d GPUs, logs in %s), scheduler %s",
                  self.node_id, self.address, self.cpus, len(self.provider.gpus()), self.log_dir,
                  self.config.scheduler)
@@ -354,6 +363,8 @@ class RunningAgent:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace=0.5)
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self._scheduler is not None:
             await self._scheduler.close()
         self.ports.close()
@@ -512,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-dir", default=None,
                         help="worker log directory (default ~/.podium/logs/<node-id>)")
     parser.add_argument("--port-file", default=None,
-                        help='write {"port", "pid", "node_id", "address"} as JSON here once serving')
+                        help='write {"port", "pid", "node_id", "address", "metrics_port"} as JSON here once serving')
     parser.add_argument("--token-file", default=None, help="file with the cluster token")
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
@@ -524,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-command", default=None,
                         help="advanced: command starting a worker, e.g. a wrapper; "
                              '"--ready-fd N" is appended (default: python -m podium.worker.host)')
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics (token required) on --host at this port "
+                             "(0: any free one, written to --port-file; default: none)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -544,7 +558,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         cpus=args.cpus, fake_gpus=args.fake_gpus, fake_gpu_memory=parse_size(args.fake_gpu_memory),
         log_dir=args.log_dir, port_file=args.port_file, token_file=args.token_file,
         tls=TlsConfig.from_paths(args.tls_cert, args.tls_key, args.tls_ca),
-        stop_grace=args.stop_grace, labels=labels,
+        stop_grace=args.stop_grace, labels=labels, metrics_port=args.metrics_port,
         worker_command=shlex.split(args.worker_command) if args.worker_command else None)
 
 

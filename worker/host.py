@@ -289,7 +289,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.address = ""
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
-                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0}
+                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
+                      # The call path's counters (node agent /metrics): calls and constructs
+                      # running now, finished with an error, seconds spent, payload bytes.
+                      "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
+                      "bytes_in": 0, "bytes_out": 0}
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._exec = ExecutionThread(self._loop)
@@ -552,7 +556,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.DescribeResponse(
             worker_id=self.config.worker_id, rank=self.config.rank, world_size=self.config.world_size,
             pid=os.getpid(), class_name=self._class_name, constructed=self._construct_state == "done",
-            methods=methods, node_address=self.config.node_address, hostname=self._hostname)
+            methods=methods, node_address=self.config.node_address, hostname=self._hostname,
+            stats=self.stats)
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:
         """(value, Encoded) of a held object or a row range of it."""
@@ -674,6 +679,7 @@ class _CallStream:
             last=True))
 
     async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
+        self.host.stats["bytes_out"] += outcome.nbytes
         if outcome.ref is not None:
             header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
             await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True))
@@ -757,6 +763,7 @@ class _CallStream:
 
     def start(self, call_id: int, header: worker_pb2.CallHeader, payload: Any) -> None:
         host = self.host
+        host.stats["bytes_in"] += header.payload_size
         active = _Active(call_id, header, self, host.reserve_gate())
         if header.kind == _CONSTRUCT:
             if host._construct_state in ("pending", "done"):
@@ -775,16 +782,23 @@ class _CallStream:
         active.task = asyncio.get_running_loop().create_task(coro)
 
     async def guard(self, active: _Active, body) -> None:
+        stats = self.host.stats
+        stats["calls_in_flight"] += 1
+        started = time.monotonic()
         try:
             await body
         except asyncio.CancelledError:
+            stats["call_errors"] += 1
             raise
         except BaseException as exc:  # noqa: BLE001 - becomes the call's error reply
+            stats["call_errors"] += 1
             try:
                 await self.send_error(active.call_id, exc)
             except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
                 pass
         finally:
+            stats["calls_in_flight"] -= 1
+            stats["call_seconds"] += time.monotonic() - started
             self.active.pop(active.call_id, None)
 
     async def cancel(self, call_id: int) -> None:

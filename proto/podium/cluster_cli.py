@@ -51,6 +51,8 @@ def main_up(argv: list[str]) -> int:
           f"  dashboard: {cluster.http_url}/#token=$(cat {cluster.token_file})\n"
           f"  use it:    export PODIUM_ADDRESS={cluster.address} PODIUM_TOKEN_FILE={cluster.token_file}\n"
           f"             (or init(address=\"{cluster.address}\") in your script)\n"
+          f"  metrics:   {', '.join(f'http://{r.address}:{r.metrics_port}/metrics' for r in cluster.processes())}"
+          f" (Authorization: Bearer <token>)\n"
           f"  then:      podium status; podium logs WORKER --follow; podium down")
     return 0
 

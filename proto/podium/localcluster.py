@@ -5,7 +5,8 @@
 cluster tests), as daemons in their own sessions, so they outlive the shell command.
 Everything they need is in one state directory (default ``~/.podium/local``)::
 
-    cluster.json     address, HTTP URL, token file, the pid/port of every process
+    cluster.json     address, HTTP URL, token file, the pid/ports of every process (with
+                     each node agent's Prometheus /metrics port)
     token            the cluster token (0600)
     scheduler.db     the scheduler's state (removed by ``down``)
     logs/            scheduler.log, node-127.0.0.2.log, ...
@@ -56,6 +57,8 @@ class ProcessRecord:
     address: str
     port: int
     log: str
+    #: Port of the Prometheus /metrics endpoint (node agents; the scheduler's is its HTTP port).
+    metrics_port: int = 0
 
 
 @dataclass
@@ -183,7 +186,8 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
         ports = _wait_file(port_file, sched, log_path, deadline)
         address = f"127.0.0.1:{ports['port']}"
         http_url = f"http://127.0.0.1:{ports['http_port']}"
-        scheduler = ProcessRecord("scheduler", sched.pid, "127.0.0.1", ports["port"], str(log_path))
+        scheduler = ProcessRecord("scheduler", sched.pid, "127.0.0.1", ports["port"], str(log_path),
+                                  ports["http_port"])
         records: list[ProcessRecord] = []
         pending = []
         for i in range(nodes):
@@ -191,7 +195,8 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
             port_file, log_path = root / f"node-{host}.port.json", root / "logs" / f"node-{host}.log"
             port_file.unlink(missing_ok=True)
             argv = [*cli, "node", "--scheduler", address, "--host", host, "--port-file", str(port_file),
-                    "--log-dir", str(root / "workers" / host), "--node-id", f"node-{host}"]
+                    "--log-dir", str(root / "workers" / host), "--node-id", f"node-{host}",
+                    "--metrics-port", "0"]
             if gpus_per_node is not None:
                 argv += ["--fake-gpus", str(gpus_per_node)]
             if cpus_per_node is None:
@@ -204,7 +209,8 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
             pending.append((host, port_file, proc, log_path))
         for host, port_file, proc, log_path in pending:
             info = _wait_file(port_file, proc, log_path, deadline)
-            records.append(ProcessRecord("node", proc.pid, host, int(info["port"]), str(log_path)))
+            records.append(ProcessRecord("node", proc.pid, host, int(info["port"]), str(log_path),
+                                         int(info.get("metrics_port", 0))))
         _wait_nodes(http_url, token, nodes, deadline)
     except BaseException:
         for proc in reversed(started):
