@@ -33,6 +33,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy
+import functools
 import itertools
 import logging
 import random
@@ -43,7 +44,8 @@ import weakref
 from typing import Any, Callable
 
 from podium.controller import dispatch as _dispatch
-from podium.controller.futures import PendingRef, get as _get, resolve_args
+from podium.controller.futures import PendingRef, get as _get, is_pending, resolve_args
+from podium.controller.loopcalls import soon
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.releaser import releaser_for
 from podium.controller.progress import Progress
@@ -117,6 +119,35 @@ class WorkerHandle:
 
     def __repr__(self) -> str:
         return f"WorkerHandle(rank={self.rank}, name={self.name!r}, address={self.address!r})"
+
+
+_NO_ARGUMENTS = None
+
+
+def _no_arguments() -> Any:
+    """The encoded ``((), {})`` every argument-less call sends (made once)."""
+    global _NO_ARGUMENTS
+    if _NO_ARGUMENTS is None:
+        from podium.worker.client import prepare
+        _NO_ARGUMENTS = prepare(((), {}))
+    return _NO_ARGUMENTS
+
+
+async def _first_failure_or_all(futures: list) -> None:
+    """Return once every future is done or one of them failed (cheaper than asyncio.wait)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    remaining = len(futures)
+
+    def on_done(f: asyncio.Future) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if not done.done() and (remaining == 0 or f.cancelled() or f.exception() is not None):
+            done.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(on_done)
+    await done
 
 
 def _release_when_done(rt: Any, client: Any, future: concurrent.futures.Future) -> None:
@@ -391,7 +422,7 @@ class WorkerGroup:
         futures = [concurrent.futures.Future() for _ in calls]
         for f in futures:
             f.set_running_or_notify_cancel()
-        rt.submit(self._call_all(calls, hold=True, sinks=futures))
+        soon(rt.loop, self._start_nowait, calls, futures)  # batched: one loop wake-up per burst
         refs = []
         for f, (rank, *_rest) in zip(futures, calls):
             ref = PendingRef(f, rank, method_name)
@@ -400,60 +431,102 @@ class WorkerGroup:
             refs.append(ref)
         return refs
 
-    async def _call_all(self, calls: list, hold: bool, sinks: list | None = None) -> list:
+    def _start_nowait(self, calls: list, sinks: list) -> None:
+        """Start a ``blocking=False`` call on the loop thread; results go to ``sinks``."""
+        if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
+            # Arguments that are still computing: wait for them in a task.
+            asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks))
+            return
+        try:
+            payloads = self._payloads(calls)
+        except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
+            for sink in sinks:
+                sink.set_exception(exc)
+            return
+        self._submit_all(calls, payloads, True, sinks)
+
+    @staticmethod
+    def _payloads(prepared: list) -> dict[int, Any]:
+        """The encoded payload of each call; ranks given the very same objects share one."""
         from podium.worker.client import prepare
-        timeout = self._rt.call_timeout
+        groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
+        payloads: dict[int, Any] = {}
+        for members in groups:
+            _, _, args, kwargs = prepared[members[0]]
+            if not args and not kwargs:
+                payload = _no_arguments()
+            else:
+                funcs = [v for v in (*args, *kwargs.values()) if callable(v)]
+                with by_value(*funcs):
+                    payload = prepare((tuple(args), dict(kwargs)))
+            for i in members:
+                payloads[i] = payload
+        return payloads
+
+    async def _call_all(self, calls: list, hold: bool, sinks: list | None = None) -> list:
         try:
             prepared = []
             for rank, name, args, kwargs in calls:
                 args, kwargs = await resolve_args(args, kwargs)
                 prepared.append((rank, name, args, kwargs))
-            # Ranks given the very same objects share one encoded payload.
-            groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
-            payloads: dict[int, Any] = {}
-            for members in groups:
-                _, _, args, kwargs = prepared[members[0]]
-                funcs = [v for v in (*args, *kwargs.values()) if callable(v)]
-                with by_value(*funcs):
-                    payload = prepare((tuple(args), dict(kwargs)))
-                for i in members:
-                    payloads[i] = payload
+            payloads = self._payloads(prepared)
         except BaseException as exc:
             if sinks is None:
                 raise
             for sink in sinks:
                 sink.set_exception(exc)
             return []
-
-        async def one(i: int) -> Any:
-            rank, name, _, _ = prepared[i]
-            worker = self._workers[rank]
-            try:
-                value = await worker.client.call_encoded(name, payloads[i], hold=hold, timeout=timeout)
-            except BaseException as exc:
-                error = await self._convert(worker, exc, name)
-                if sinks is not None:
-                    sinks[i].set_exception(error)
-                    return None
-                raise error from None
-            if sinks is not None:
-                sinks[i].set_result(value)
-            return value
-
-        tasks = [asyncio.ensure_future(one(i)) for i in range(len(prepared))]
+        tasks = self._submit_all(prepared, payloads, hold, sinks)
         if sinks is not None:
-            await asyncio.gather(*tasks, return_exceptions=True)
             return []
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
-        if failed and isinstance(failed[0].exception(), DeadlineExceededError):
-            raise await self._deadline_error(tasks, [c[0] for c in prepared], prepared[0][1], timeout)
+        if len(tasks) == 1:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(tasks[0])  # its outcome is read below
+        else:
+            await _first_failure_or_all(tasks)
+        pending = [t for t in tasks if not t.done()]
+        failed = [i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception() is not None]
+        if failed and isinstance(tasks[failed[0]].exception(), DeadlineExceededError):
+            raise await self._deadline_error(tasks, [c[0] for c in prepared], prepared[0][1],
+                                             self._rt.call_timeout)
         if failed:
             # The lowest failed rank explains itself; the others keep their deadline.
             for t in pending:
                 t.add_done_callback(lambda t: t.cancelled() or t.exception())
-            raise failed[0].exception()
+            for i in failed[1:]:
+                tasks[i].exception()  # retrieved: no "never retrieved" warning
+            rank, name, _, _ = prepared[failed[0]]
+            raise await self._convert(self._workers[rank], tasks[failed[0]].exception(), name) from None
         return [t.result() for t in tasks]
+
+    def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool, sinks: list | None) -> list:
+        """Send every rank its call (no task per rank on the raw call path): the futures.
+
+        With ``sinks`` (concurrent futures of a ``blocking=False`` call) each outcome is
+        copied into its sink, a broken worker's error turned into WorkerDiedError first.
+        """
+        timeout = self._rt.call_timeout
+        tasks = [self._workers[rank].client.submit(name, payloads[i], hold=hold, timeout=timeout)
+                 for i, (rank, name, _, _) in enumerate(prepared)]
+        if sinks is None:
+            return tasks
+        loop = asyncio.get_running_loop()
+
+        async def fail(i: int, exc: BaseException) -> None:
+            rank, name, _, _ = prepared[i]
+            sinks[i].set_exception(await self._convert(self._workers[rank], exc, name))
+
+        def settle(i: int, f: asyncio.Future) -> None:
+            if f.cancelled():
+                sinks[i].set_exception(asyncio.CancelledError())
+            elif f.exception() is not None:
+                loop.create_task(fail(i, f.exception()))
+            else:
+                sinks[i].set_result(f.result())
+
+        for i, f in enumerate(tasks):
+            f.add_done_callback(functools.partial(settle, i))
+        return tasks
 
     async def _deadline_error(self, tasks: list, ranks: list[int], method: str,
                               timeout: float) -> DeadlineExceededError:

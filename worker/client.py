@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import socket
 from typing import Any
@@ -34,6 +35,8 @@ from podium.refs import ObjectRef
 from podium.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = ["WorkerClient", "Payload", "prepare"]
+
+log = logging.getLogger("podium.worker.client")
 
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
 _DEFAULT_SHM_THRESHOLD = 1 << 20
@@ -82,7 +85,7 @@ def prepare(value: Any) -> Payload:
 
 
 class _Pending:
-    __slots__ = ("future", "method", "assembler", "timer", "shm_name")
+    __slots__ = ("future", "method", "assembler", "timer", "shm_name", "decode")
 
     def __init__(self, future: asyncio.Future, method: str) -> None:
         self.future = future
@@ -92,6 +95,8 @@ class _Pending:
         #: The call's argument segment: unlinked by the worker when it maps it, by us
         #: when the call ends otherwise (a worker that died never maps it).
         self.shm_name = ""
+        #: Resolve the future with the decoded value (submit) rather than the raw reply.
+        self.decode = False
 
 
 class WorkerClient:
@@ -118,6 +123,9 @@ class WorkerClient:
         self._stub: worker_pb2_grpc.WorkerStub | None = None
         self._stream = None
         self._reader: asyncio.Task | None = None
+        #: The raw call connection (podium.rawcall) when the worker offers one; else the
+        #: calls take the gRPC stream above.
+        self._raw = None
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._lock: asyncio.Lock | None = None
@@ -156,7 +164,7 @@ class WorkerClient:
         """
         self.connect()
         info = await self.describe(timeout=timeout)
-        if self._stream is not None:  # already started: just the fresh Describe
+        if self._stream is not None or self._raw is not None:  # already started: just the fresh Describe
             return info
         if self.same_host is None:
             self.same_host = info.hostname == socket.gethostname()
@@ -164,13 +172,41 @@ class WorkerClient:
             self.rank = info.rank
         self.worker_id = self.worker_id or info.worker_id
         self._lock = asyncio.Lock()
+        if info.call_port and self._tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
+            from podium import rawcall
+
+            host = self.address.rsplit(":", 1)[0]
+            try:
+                self._raw = await rawcall.connect(host, info.call_port, self._token,
+                                                  worker_pb2.ReplyFrame.FromString, self._on_raw_frame,
+                                                  self._on_raw_lost, timeout=timeout)
+            except errors.AuthenticationError:
+                raise
+            except (OSError, asyncio.TimeoutError, errors.PodiumError) as exc:
+                # Unreachable raw port (a firewall between nodes): the gRPC stream works too.
+                log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
+                self._raw = None
+            if self._raw is not None:
+                return info
         self._stream = self._stub.Calls(metadata=self._metadata)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         return info
 
+    def _on_raw_frame(self, frame: worker_pb2.ReplyFrame) -> None:
+        self._on_frame(frame)
+
+    def _on_raw_lost(self, exc: BaseException | None) -> None:
+        if isinstance(exc, errors.PodiumError) and not isinstance(exc, errors.DataLossError):
+            self._fail_all(exc)
+            return
+        self._fail_all(errors.UnavailableError(
+            f"lost the call connection to {self._who()}: {exc or 'closed by the worker'}", rank=self.rank))
+
     async def close(self) -> None:
         """Fail pending calls, close the stream and the channel."""
         self._fail_all(errors.UnavailableError(f"client of {self._who()} closed", rank=self.rank))
+        if self._raw is not None:
+            self._raw.close()
         if self._stream is not None:
             self._stream.cancel()
         if self._reader is not None:
@@ -181,7 +217,7 @@ class WorkerClient:
                 pass
         if self._channel is not None:
             await self._channel.close()
-        self._channel = self._stub = self._stream = self._reader = None
+        self._channel = self._stub = self._stream = self._reader = self._raw = None
 
     # ---------------------------------------------------------------- reader
 
@@ -271,6 +307,11 @@ class WorkerClient:
             if isinstance(value, _ShmReply):
                 shm.remove_segment(value.name)
             return
+        if exc is None and p.decode:
+            try:
+                value = self._decode_reply(value)
+            except Exception as error:  # noqa: BLE001 - a reply that does not decode fails its call
+                exc = error
         if exc is not None:
             p.future.set_exception(exc)
         else:
@@ -297,6 +338,12 @@ class WorkerClient:
     # ---------------------------------------------------------------- calls
 
     async def _write(self, frame: worker_pb2.CallFrame) -> None:
+        raw = self._raw
+        if raw is not None:  # buffered by the transport, in call order; wait only when it is full
+            raw.write_nowait(frame)
+            if raw.must_drain:
+                await raw.drain()
+            return
         async with self._lock:
             await self._stream.write(frame)
 
@@ -304,7 +351,7 @@ class WorkerClient:
                          timeout: float | None) -> Any:
         if self._broken is not None:
             raise self._broken
-        if self._stream is None:
+        if self._stream is None and self._raw is None:
             raise errors.FailedPreconditionError(f"client of {self._who()} is not started")
         call_id = next(self._ids)
         future = self._loop.create_future()
@@ -368,12 +415,47 @@ class WorkerClient:
                     p.timer.cancel()
                 self._loop.create_task(self._send_cancel(call_id))
             raise
+        return self._decode_reply(reply)
+
+    def _decode_reply(self, reply: Any) -> Any:
         if isinstance(reply, ObjectRef):
             return reply
         if isinstance(reply, _ShmReply):
             self.stats["shm_received"] += 1
             return codec.decode(shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES))
         return codec.decode(reply)
+
+    def submit(self, method: str, payload: Payload, *, hold: bool = False,
+               timeout: float | None = None) -> asyncio.Future:
+        """Start a call and return a future of its value (or ObjectRef with ``hold``).
+
+        On the raw call connection a payload of one frame is written right here, with no
+        coroutine or task per call (the group's fan-out to N ranks is N of these); anything
+        else runs :meth:`call_encoded` as a task. Must be called on the client's loop.
+        """
+        raw = self._raw
+        if (raw is None or self._broken is not None or payload.nbytes > framing.CHUNK_SIZE
+                or (self.same_host is True and payload.nbytes >= self.shm_threshold)):
+            return self._loop.create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
+        call_id = next(self._ids)
+        future = self._loop.create_future()
+        p = _Pending(future, method)
+        p.decode = True
+        if timeout is not None:
+            p.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
+        header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
+                                       hold_result=hold, timeout_seconds=timeout or 0.0,
+                                       reply_in_shm=self.same_host is True)
+        self._pending[call_id] = p
+        try:
+            raw.write_nowait(worker_pb2.CallFrame(call_id=call_id, header=header,
+                                                  data=payload.iter_chunks()[0], last=True))
+        except errors.PodiumError as exc:
+            self._pending.pop(call_id, None)
+            if p.timer is not None:
+                p.timer.cancel()
+            future.set_exception(exc)
+        return future
 
     async def construct(self, payload_value: Any, *, timeout: float | None = None) -> None:
         """Build the hosted object from ``(cls_or_import_path, args, kwargs)``, a

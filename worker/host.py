@@ -287,6 +287,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.held = HeldStore(config.hold_budget_bytes)
         #: "host:port" peers use to reach this worker (set once bound).
         self.address = ""
+        #: Port of the raw call socket (podium.rawcall) on the same address; 0: none.
+        self.call_port = 0
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
                       "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
@@ -557,7 +559,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker_id=self.config.worker_id, rank=self.config.rank, world_size=self.config.world_size,
             pid=os.getpid(), class_name=self._class_name, constructed=self._construct_state == "done",
             methods=methods, node_address=self.config.node_address, hostname=self._hostname,
-            stats=self.stats)
+            call_port=self.call_port, stats=self.stats)
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:
         """(value, Encoded) of a held object or a row range of it."""
@@ -891,6 +893,8 @@ class RunningHost:
     resolver: HostResolver
     port: int
     host: str
+    #: The raw call socket's server (podium.rawcall), None where there is none (TLS).
+    call_server: Any = None
 
     @property
     def address(self) -> str:
@@ -904,6 +908,8 @@ class RunningHost:
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving (in-flight RPCs get ``grace`` seconds) and drop held results."""
         global _current
+        if self.call_server is not None:
+            self.call_server.close()  # no new connections; open ones end with the process
         await self.server.stop(grace)
         await self.resolver.close()
         self.servicer.close()
@@ -931,10 +937,22 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
     bound = rpc.bind(server, address, port, tls)
     servicer.address = f"[{address}]:{bound}" if ":" in address else f"{address}:{bound}"
     await rpc.start_server(server, health)
+    call_server = None
+    if tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
+        # The fast path of the Calls stream (podium.rawcall); with TLS, gRPC only.
+        from podium import rawcall
+
+        def on_connection(conn: Any) -> None:
+            task = asyncio.get_running_loop().create_task(_CallStream(servicer, conn).run())
+            task.add_done_callback(lambda t: (conn.close(), t.cancelled() or t.exception()))
+
+        call_server, servicer.call_port = await rawcall.serve(
+            address, token, worker_pb2.CallFrame.FromString, on_connection)
     resolver = HostResolver(servicer, token, tls)
     refs.set_resolver(resolver)
     _current = servicer
-    return RunningHost(server=server, servicer=servicer, resolver=resolver, port=bound, host=address)
+    return RunningHost(server=server, servicer=servicer, resolver=resolver, port=bound, host=address,
+                       call_server=call_server)
 
 
 def _write_ready(fd: int, port: int) -> None:
