@@ -36,9 +36,9 @@ SCRIPT = textwrap.dedent('''
     # One GPU per node and one placement group per GPU: ranks span both nodes.
     pool = ResourcePool(process_on_nodes=[1, 1], use_gpu=True, max_colocate_count=1)
     wg = WorkerGroup(resource_pool=pool, ray_cls_with_init=ClassWithInitArgs(HelloWorker),
-                     name_prefix="cli")
+                     name_prefix=sys.argv[2])
     print("RESULT", wg.hello("hello"), " ".join(wg.worker_names), flush=True)
-    sys.stdin.readline()  # the test looks at the cluster meanwhile, then kills us
+    sys.stdin.readline()  # the test looks at the cluster meanwhile, then kills us (or EOF)
 ''')
 
 
@@ -92,7 +92,15 @@ def test_up_script_status_logs_down(tmp_path, token):
     script.write_text(SCRIPT)
     job = None
     try:
-        job = subprocess.Popen([sys.executable, str(script), address], env=env, stdin=subprocess.PIPE,
+        # With PODIUM_LOG_TO_DRIVER=0 the script's terminal gets none of its workers' lines.
+        quiet = subprocess.run([sys.executable, str(script), address, "quiet"], input="",
+                               env=dict(env, PODIUM_LOG_TO_DRIVER="0"), capture_output=True,
+                               text=True, timeout=180)
+        assert quiet.returncode == 0, quiet.stderr[-3000:]
+        assert "RESULT [0, 1]" in quiet.stdout
+        assert "HelloWorker rank=" not in quiet.stdout + quiet.stderr
+
+        job = subprocess.Popen([sys.executable, str(script), address, "cli"], env=env, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         job_out = _Lines(job.stdout)
         out = job_out.wait(lambda lines: any(x.startswith("RESULT") for x in lines), 180)
