@@ -1,0 +1,157 @@
+"""The raw call socket (podium.rawcall): used by default, same answers as the gRPC stream,
+guarded by the token, robust to garbage, and off with PODIUM_RAW_CALLS=0.
+
+A real worker host in-process on port 0 and real WorkerClients; payloads cross TCP (shm
+off) so multi-chunk frames go over the raw socket too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+
+import pytest
+import torch
+
+from podium import errors, rawcall
+from podium.worker.client import WorkerClient
+from podium.worker.host import start_host
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Calc:
+    """Hosted object: sync and async methods, one that raises, one that sleeps."""
+
+    def add(self, a, b):
+        return a + b
+
+    async def aadd(self, a, b):
+        return a + b
+
+    def boom(self):
+        raise ValueError("boom")
+
+    def nap(self, seconds):
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
+
+@contextlib.asynccontextmanager
+async def host_and_client(token, *, raw: bool = True, monkeypatch=None):
+    host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+    client = WorkerClient(host.address, token)
+    try:
+        if not raw:
+            monkeypatch.setenv("PODIUM_RAW_CALLS", "0")
+        await client.start()
+        client.same_host = False  # TCP only: every byte crosses the socket under test
+        await client.construct((Calc, (), {}))
+        yield host, client
+    finally:
+        await client.close()
+        await host.stop(grace=0.2)
+
+
+async def exercise(client: WorkerClient) -> None:
+    """The same calls on either path."""
+    assert await client.call("add", (2, 3)) == 5
+    assert await client.call("aadd", (2, 5)) == 7
+    with pytest.raises(errors.RemoteError, match="boom"):
+        await client.call("boom")
+    big = torch.randint(0, 1 << 30, (3_000_000,), dtype=torch.int64)  # 24 MiB: several chunks
+    out = await client.call("add", (big, 1))
+    assert torch.equal(out, big + 1)
+    # pipelined calls through submit (one frame each) answer in any order, all correct
+    from podium.worker.client import prepare
+
+    futures = [client.submit("add", prepare(((i, i), {}))) for i in range(200)]
+    assert await asyncio.gather(*futures) == [2 * i for i in range(200)]
+    with pytest.raises(errors.DeadlineExceededError):
+        await client.call("nap", (2.0,), timeout=0.2)
+    assert await client.call("add", (1, 1)) == 2  # the stream survives a deadline
+
+
+def test_raw_socket_is_used_and_correct(token, arun):
+    async def scenario():
+        async with host_and_client(token) as (host, client):
+            assert client._raw is not None and client._stream is None
+            assert (await client.describe()).call_port == host.servicer.call_port > 0
+            await exercise(client)
+    arun(scenario())
+
+
+def test_grpc_stream_when_raw_calls_are_off(token, arun, monkeypatch):
+    async def scenario():
+        async with host_and_client(token, raw=False, monkeypatch=monkeypatch) as (_, client):
+            assert client._raw is None and client._stream is not None
+            await exercise(client)
+    arun(scenario())
+
+
+def test_wrong_token_is_rejected(token, arun):
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        try:
+            with pytest.raises(errors.AuthenticationError):
+                await rawcall.connect("127.0.0.1", host.servicer.call_port, "not-the-token",
+                                      bytes, lambda frame: None, lambda exc: None, timeout=10)
+        finally:
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_garbage_closes_only_that_connection(token, arun):
+    async def scenario():
+        async with host_and_client(token) as (host, client):
+            port = host.servicer.call_port
+            loop = asyncio.get_running_loop()
+
+            def send(payload: bytes) -> bytes:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                    sock.sendall(payload)
+                    sock.shutdown(socket.SHUT_WR)
+                    return sock.recv(100)
+
+            # not the protocol at all
+            assert await loop.run_in_executor(None, send, b"GET / HTTP/1.1\r\n\r\n") == b""
+            # right token, then a frame that announces 1 GiB, then one that does not parse
+            hello = struct.pack("<4sBH", rawcall.MAGIC, rawcall.VERSION, len(token)) + token.encode()
+            assert await loop.run_in_executor(None, send, hello + struct.pack("<I", 1 << 30)) == b"\x00"
+            assert await loop.run_in_executor(None, send, hello + struct.pack("<I", 3) + b"\xff\xff\xff") == b"\x00"
+            # the real client still works
+            assert await client.call("add", (20, 22)) == 42
+    arun(scenario())
+
+
+def test_worker_gone_fails_pending_calls(token, arun):
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        client = WorkerClient(host.address, token)
+        try:
+            await client.start()
+            await client.construct((Calc, (), {}))
+            pending = asyncio.ensure_future(client.call("nap", (5.0,)))
+            await asyncio.sleep(0.2)
+            host.call_server.close()
+            for conn in list(host_connections(host)):
+                conn.close()
+            with pytest.raises(errors.UnavailableError):
+                await asyncio.wait_for(pending, 10)
+            with pytest.raises(errors.UnavailableError):
+                await client.call("add", (1, 2))
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def host_connections(host):
+    """The host side of every open raw connection (found through the server's protocols)."""
+    import gc
+
+    return [o for o in gc.get_objects() if type(o) is rawcall.FrameConnection and o._server and not o.closed]
