@@ -274,6 +274,10 @@ def collect_dp_compute_data_proto(worker_group, output):
     for value in output:
         if not (_is_data(value) or _looks_like_ref(value)):
             raise AssertionError(f"expected DataProto outputs, got {type(value).__name__}")
+    if len(output) == 1 and isinstance(output[0], DataProto) and "metrics" not in output[0].meta_info:
+        # One rank: its reply was decoded for this call alone, so it is the result as is
+        # (concat would copy every tensor once more; it only reshapes "metrics").
+        return output[0]
     return _concat(list(output))
 
 
