@@ -55,6 +55,7 @@ class ProbeWorker(Worker):
         """A per-shard computation: doubles x and stamps the rank that did it."""
         data.batch["score"] = data.batch["x"] * 2
         data.batch["rank"] = torch.full_like(data.batch["x"], self.rank)
+        data.batch["payload_sum"] = data.batch["payload"].sum(dim=1)
         return data
 
 
@@ -75,12 +76,19 @@ def main() -> int:
             print(f"rank {info['rank']}/{info['world_size']} on {info['node']} "
                   f"(CUDA_VISIBLE_DEVICES={info['cuda_visible_devices']})", flush=True)
         sums = wg.all_reduce_ranks()
-        batch = DataProto.from_dict({"x": torch.arange(4 * world)})
+        # 1 MiB of payload per shard each way: large enough for the same-host
+        # shared-memory path where controller and workers share a host.
+        rows = 4 * world
+        batch = DataProto.from_dict({"x": torch.arange(rows),
+                                     "payload": torch.arange(rows * 65536, dtype=torch.float64
+                                                             ).reshape(rows, 65536) % 7})
         out = wg.score(batch)
         checks = {
             "ranks_in_order": [info["rank"] for info in ranks] == list(range(world)),
             "all_reduce": sums == [world * (world - 1) // 2] * world,
             "score": torch.equal(out.batch["score"], batch.batch["x"] * 2),
+            "payload": torch.equal(out.batch["payload"], batch.batch["payload"])
+            and torch.equal(out.batch["payload_sum"], batch.batch["payload"].sum(dim=1)),
             "every_rank_scored": sorted(set(out.batch["rank"].tolist())) == list(range(world)),
         }
         nodes = sorted({info["node"] for info in ranks})
