@@ -50,9 +50,12 @@ def http_json(url: str, token: str) -> dict:
         return json.loads(resp.read())
 
 
-def podium_children(parents: set[int]) -> list[int]:
-    """Live pids whose parent is one of ``parents`` (the workers of those agents), via /proc."""
-    found = []
+def descendants(roots: set[int]) -> set[int]:
+    """Live (not zombie) pids below ``roots`` in the process tree, via /proc.
+
+    Workers are the agents' descendants (directly, or through a helper such as a fork
+    server); compare with a baseline taken when no worker runs."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -61,8 +64,15 @@ def podium_children(parents: set[int]) -> list[int]:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if fields[0] != "Z" and int(fields[1]) in parents:
-            found.append(int(entry))
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
     return found
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from faultkit import (FaultCluster, agents, alive, podium_children, report,  # noqa: F401 - agents: fixture
+from faultkit import (FaultCluster, agents, alive, descendants, report,  # noqa: F401 - agents: fixture
                       shm_segments, wait_for)
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import RemoteError, WorkerDiedError
@@ -159,6 +159,9 @@ def test_soak_kill_and_rebuild_leaks_nothing(scheduler_process, agents, token):
         warm.shutdown()
         gc.collect()
         fds_before = _fds()
+        agent_pids = {a.proc.pid for a in fc.agents.values()}
+        wait_for(lambda: not seen & descendants(agent_pids), "the first group's worker to exit")
+        helpers = descendants(agent_pids)  # what the agents run with no worker (a fork server)
         started = time.monotonic()
         for _ in range(ROUNDS):
             _round(ledger, rng, seen)
@@ -172,8 +175,8 @@ def test_soak_kill_and_rebuild_leaks_nothing(scheduler_process, agents, token):
         assert ledger.unexpected == []
         assert ledger.returned > ROUNDS  # it really ran
         assert fds_after <= fds_before, f"controller fds {fds_before} -> {fds_after}"
-        agent_pids = {a.proc.pid for a in fc.agents.values()}
-        wait_for(lambda: podium_children(agent_pids) == [], "no worker process left")
+        wait_for(lambda: descendants(agent_pids) <= helpers, "no worker process left")
+        assert not any(alive(pid) for pid in seen)
         mine = {os.getpid()} | seen
         wait_for(lambda: not [s for s in shm_segments() if int(s.split("-")[1]) in mine],
                  "no shared-memory segment of the controller or its workers left")
