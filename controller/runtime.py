@@ -208,21 +208,36 @@ class Runtime:
 
     async def create_placement_groups(self, pool, strategy: str, name: str | None) -> list[Any]:
         """Create one placement group per pool entry, wait for all, sort by node address."""
+        from podium.controller.progress import Progress
         from podium.resources import sort_key_address
         created = []
+        groups = len(pool.store)
+        progress = Progress(f"resource pool ({groups} placement groups, {sum(pool.store)} bundles)")
+        placed = 0
+
+        async def wait(pg):
+            nonlocal placed
+            out = await self.scheduler.wait_placement_group(pg.id, timeout=self.placement_timeout)
+            placed += 1
+            progress.phase(f"{placed}/{groups} placement groups placed", count=True)
+            return out
+
         try:
+            progress.phase(f"creating {groups} placement groups")
             for i, n in enumerate(pool.store):
                 pg = await self.scheduler.create_placement_group(
                     pool.pg_name(i, name), [pool.bundle()] * n, strategy,
                     detached=pool.detached, owner="" if pool.detached else self.session_id)
                 created.append(pg)
-            ready = await asyncio.gather(*(self.scheduler.wait_placement_group(
-                pg.id, timeout=self.placement_timeout) for pg in created))
+            progress.phase(f"0/{groups} placement groups placed (waiting for free resources)")
+            ready = await asyncio.gather(*(wait(pg) for pg in created))
         except BaseException:
+            progress.done("failed")
             for pg in created:
                 with contextlib.suppress(Exception):
                     await self.scheduler.remove_placement_group(pg.id)
             raise
+        progress.done("placed")
         order = sorted(range(len(ready)), key=lambda i: (
             sort_key_address(ready[i].placements[0].node_address) if ready[i].placements else (3, 0, ""), i))
         return [ready[i] for i in order]
