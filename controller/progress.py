@@ -25,6 +25,9 @@ PROGRESS_AFTER = 2.0
 class Progress:
     """Phase reporting for one operation (see the module docstring)."""
 
+    #: Least seconds between two lines of ``count`` updates.
+    count_interval = 1.0
+
     def __init__(self, what: str, *, after: float = PROGRESS_AFTER, stream: TextIO | None = None,
                  enabled: bool = True) -> None:
         self.what = what
@@ -48,7 +51,7 @@ class Progress:
         """Enter a phase; printed at once if the operation is already late. A ``count``
         update (``3/64 constructed``) prints at most once a second."""
         self._phase = text
-        if self.late and not (count and time.monotonic() - self._last < 1.0):
+        if self.late and not (count and time.monotonic() - self._last < self.count_interval):
             self._print()
 
     def done(self, text: str = "ready") -> None:
