@@ -970,6 +970,10 @@ async def _serve(args: argparse.Namespace) -> int:
     tls = TlsConfig.from_paths(os.environ.get("PODIUM_TLS_CERT"), os.environ.get("PODIUM_TLS_KEY"),
                                os.environ.get("PODIUM_TLS_CA"))
     running = await start_host(address, os.environ.get("PODIUM_TOKEN") or None, os.environ, tls=tls)
+    # Start-up phases, epoch seconds, for whoever measures cold start (the bench reads
+    # PODIUM_*_AT): agent asked (SPAWN_REQUESTED), forked (FORKED, fork server only),
+    # host code running (HOST_MAIN), gRPC and raw call servers up (SERVING).
+    os.environ["PODIUM_SERVING_AT"] = repr(time.time())
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, running.servicer.stopping.set)
@@ -1004,6 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=None,
                         help="address to bind (default: $PODIUM_NODE_ADDRESS or 127.0.0.1)")
     args = parser.parse_args(argv)
+    os.environ["PODIUM_HOST_MAIN_AT"] = repr(time.time())
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s rank{os.environ.get('RANK', '?')} %(levelname)s "
                                f"%(name)s: %(message)s")

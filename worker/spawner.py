@@ -41,15 +41,22 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, Iterable, Mapping, Sequence
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from podium import shm
+from podium.worker import forkserver
 from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.process import die_with_parent_argv
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
+
+#: How long a spawn waits for the fork server to finish its imports before it starts
+#: workers as new processes instead (not at all: right after the agent starts, while the
+#: helper still imports torch, exec'ing is the faster way for a worker that may not need it).
+FORKSERVER_READY_SECONDS = 0.0
 
 #: The command that starts a worker process; ``--ready-fd N`` is appended.
 DEFAULT_WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "podium.worker.host")
@@ -240,6 +247,25 @@ class Spawner:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._workers: dict[str, ManagedWorker] = {}
         self._closed = False
+        #: The fork server (podium.worker.forkserver) that starts default-command workers
+        #: without an interpreter start-up each; None until started or where not used.
+        self._forkserver: forkserver.ForkServer | None = None
+        self._fork = self.command == DEFAULT_WORKER_COMMAND and forkserver.enabled(self._base_env)
+        with contextlib.suppress(RuntimeError):  # no loop yet: started by the first spawn
+            asyncio.get_running_loop()
+            self._start_forkserver()
+
+    def _start_forkserver(self) -> None:
+        if not self._fork or self._forkserver is not None:
+            return
+        server = forkserver.ForkServer(self._base_env, self.log_dir / "forkserver.log")
+        try:
+            server.start()
+        except OSError as exc:
+            log.warning("fork server did not start (%s); workers start as new processes", exc)
+            self._fork = False
+            return
+        self._forkserver = server
 
     # ------------------------------------------------------------ queries
 
@@ -297,21 +323,66 @@ class Spawner:
         self.validate(workers)
         if self._closed:
             raise UnavailableError(f"node {self.node_id} is shutting down", node=self.node_id)
-        out = []
+        self._start_forkserver()
+        fork = (self._forkserver is not None
+                and await self._forkserver.wait_ready(FORKSERVER_READY_SECONDS))
+        started: list[Any] = []
         for info in workers:
             known = self._workers.get(info.id)
             if known is None or known.ended:
                 self._workers.pop(info.id, None)  # re-insert: start order stays true
-                known = self._start(info)
+                # Forks are requested back to back (tasks) and answered by the helper in order.
+                known = (asyncio.ensure_future(self._start_forked(info)) if fork else self._start(info))
+            started.append(known)
+        out = []
+        for known in started:
+            if not isinstance(known, ManagedWorker):
+                known = await known
             out.append(node_pb2.SpawnedWorker(worker_id=known.id, pid=known.pid,
                                               log_path=str(known.out_path)))
         return out
+
+    async def _start_forked(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
+        """Like :meth:`_start`, through the fork server (falls back to :meth:`_start`)."""
+        worker = ManagedWorker(info, self.log_dir / f"{info.id}.out", self.log_dir / f"{info.id}.err")
+        self._workers[info.id] = worker
+        env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
+                         worker_id=info.id, node_address=self.node_address, tls=self.tls)
+        env["PODIUM_SPAWN_REQUESTED_AT"] = repr(time.time())
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
+        read_fd, write_fd = os.pipe()
+        try:
+            with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
+                out.write(header.encode())
+                err.write(header.encode())
+                out.flush()
+                err.flush()
+                worker.proc = await self._forkserver.spawn(
+                    env, os.getcwd(), (write_fd, out.fileno(), err.fileno()), [self.command[-1]])
+            os.close(write_fd)  # the helper got its own copies with the request
+            write_fd = -1
+        except OSError as exc:
+            os.close(read_fd)
+            if write_fd >= 0:
+                os.close(write_fd)
+            log.warning("worker %s: fork server failed (%s); starting it as a new process", info.id, exc)
+            self._workers.pop(info.id, None)
+            return self._start(info)
+        worker.pid = worker.proc.pid
+        log.info("worker %s (%s) forked, pid %d", info.id, info.spec.name, worker.pid)
+        self._watch_exit(worker)
+        self._watch_ready(worker, read_fd)
+        worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
+                                                             name=f"supervise-{info.id}")
+        return worker
 
     def _start(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
         worker = ManagedWorker(info, self.log_dir / f"{info.id}.out", self.log_dir / f"{info.id}.err")
         self._workers[info.id] = worker
         env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
                          worker_id=info.id, node_address=self.node_address, tls=self.tls)
+        env["PODIUM_SPAWN_REQUESTED_AT"] = repr(time.time())  # start-up phases (bench)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
         read_fd, write_fd = os.pipe()
@@ -352,6 +423,10 @@ class Spawner:
         def reaped(returncode: int) -> None:
             if not worker.exited.done():
                 worker.exited.set_result(returncode)
+
+        if isinstance(proc, forkserver.ForkedProcess):  # the fork server reaps it and reports
+            proc.on_exit(reaped)
+            return
 
         try:
             pidfd = os.pidfd_open(proc.pid)
@@ -485,7 +560,10 @@ class Spawner:
     async def stop_all(self, grace: float = 0.0) -> int:
         """Stop every live worker and refuse new ones from now on (agent shutdown)."""
         self._closed = True
-        return await self._stop(self.workers(), grace)
+        stopped = await self._stop(self.workers(), grace)
+        if self._forkserver is not None:
+            await self._forkserver.close()
+        return stopped
 
     async def _stop(self, workers: list[ManagedWorker], grace: float) -> int:
         grace = grace if grace > 0 else self.stop_grace

@@ -1,0 +1,147 @@
+"""Workers forked by the node agent's fork server behave like exec'd ones.
+
+Through the embedded cluster (real scheduler, agent, fork server and worker processes):
+each forked worker has its own session, its own CUDA_VISIBLE_DEVICES and RANK, its stdout
+and stderr in its own log files, a parent-death signal, a numpy RNG of its own; its exit
+code and signal reach the controller; they die with the fork server (parent-death signal;
+the agent reports them and execs later workers); and ``PODIUM_FORKSERVER=0`` starts
+workers the exec way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from podium import controller
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from podium.errors import WorkerDiedError
+from podium.worker import Dispatch, Worker, register
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class Probe(Worker):
+    """Reports how its process was set up; can exit or die on request."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def facts(self):
+        import numpy as np
+
+        print(f"stdout of rank {self.rank}", flush=True)
+        os.write(2, f"stderr of rank {self.rank}\n".encode())
+        return {"pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0), "ppid": os.getppid(),
+                "rank": os.environ["RANK"], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "forked": "PODIUM_FORKED_AT" in os.environ,
+                "stdout": os.readlink("/proc/self/fd/1"), "stderr": os.readlink("/proc/self/fd/2"),
+                "stdin": os.readlink("/proc/self/fd/0"), "random": int(np.random.randint(0, 2**62)),
+                "cwd": os.getcwd()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def exit_with(self, code):
+        os._exit(code)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_by(self, signum):
+        os.kill(os.getpid(), signum)
+
+
+def group(n: int) -> WorkerGroup:
+    return WorkerGroup(ResourcePool([n], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Probe))
+
+
+def wait_forkserver_ready(rt, seconds: float = 180.0) -> None:
+    """Until the agent's fork server has done its imports (its log says so)."""
+    path = os.path.join(rt.log_dir, "workers", "forkserver.log")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and " ready " in open(path).read():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the fork server did not get ready within {seconds} s ({path})")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    rt = controller.init(log_to_driver=False)
+    wait_forkserver_ready(rt)
+    yield
+    controller.shutdown()
+
+
+def test_forked_workers_are_set_up_like_exec_ones(cluster):
+    wg = group(3)
+    try:
+        facts = wg.facts()
+        assert all(f["forked"] for f in facts)
+        assert [f["rank"] for f in facts] == ["0", "1", "2"]
+        assert len({f["cuda"] for f in facts}) == 3 and all(f["cuda"] is not None for f in facts)
+        for f, w in zip(facts, wg.workers):
+            assert f["pid"] == w.pid == f["sid"] == f["pgid"]  # own session and process group
+            assert f["stdout"].endswith(".out") and f["stderr"].endswith(".err") and f["stdout"] != f["stderr"]
+            assert f["stdin"] == "/dev/null" and f["cwd"] == os.getcwd()
+            with open(f["stdout"]) as out, open(f["stderr"]) as err:
+                assert f"stdout of rank {f['rank']}" in out.read()
+                assert f"stderr of rank {f['rank']}" in err.read()
+        assert len({f["ppid"] for f in facts}) == 1  # the one fork server
+        assert len({f["random"] for f in facts}) == 3  # numpy reseeded in each child
+    finally:
+        wg.shutdown()
+
+
+def test_exit_code_and_signal_of_forked_workers_reach_the_controller(cluster):
+    wg = group(2)
+    try:
+        with pytest.raises(WorkerDiedError) as caught:
+            wg.exit_with(7)
+        assert caught.value.exit_code == 7 and not caught.value.signal
+    finally:
+        wg.shutdown()
+    wg = group(1)
+    try:
+        with pytest.raises(WorkerDiedError) as caught:
+            wg.die_by(signal.SIGSEGV)
+        assert caught.value.signal == signal.SIGSEGV
+    finally:
+        wg.shutdown()
+
+
+def test_workers_die_with_the_fork_server_and_later_ones_are_execed(cluster):
+    wg = group(2)
+    try:
+        facts = wg.facts()
+        helper = facts[0]["ppid"]
+        os.kill(helper, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{f['pid']}") for f in facts):
+            time.sleep(0.05)
+        assert not any(os.path.exists(f"/proc/{f['pid']}") for f in facts)  # PR_SET_PDEATHSIG
+        with pytest.raises(WorkerDiedError) as caught:
+            wg.facts()
+        assert caught.value.signal == signal.SIGKILL
+    finally:
+        wg.shutdown()
+    wg = group(1)
+    try:
+        assert not wg.facts()[0]["forked"]
+    finally:
+        wg.shutdown()
+
+
+def test_exec_when_the_fork_server_is_off(monkeypatch):
+    controller.shutdown()  # the module's cluster, if any, is restarted by the next test's fixture
+    monkeypatch.setenv("PODIUM_FORKSERVER", "0")
+    controller.init(log_to_driver=False)
+    try:
+        wg = group(2)
+        try:
+            facts = wg.facts()
+            assert not any(f["forked"] for f in facts)
+            assert all(f["pid"] == f["sid"] for f in facts)
+        finally:
+            wg.shutdown()
+    finally:
+        controller.shutdown()

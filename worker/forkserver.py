@@ -1,0 +1,377 @@
+"""The node agent's fork server: worker processes without interpreter start-up and imports.
+
+Starting a worker with ``python -m podium.worker.host`` costs an interpreter start plus
+the imports of gRPC, Podium and (in every training worker) torch: about a second of CPU
+each, paid N times, one after another, on a machine whose cores the new workers share.
+So the agent starts ONE helper process at its own start-up,
+``python -m podium.worker.forkserver --fd N``, which imports all of that once and then
+forks a worker per request:
+
+* The helper is single-threaded and never starts gRPC, an event loop or CUDA; it only
+  imports (torch's import starts no CUDA). ``fork()`` from it is therefore safe, and every
+  child starts its own gRPC server and event loop from scratch.
+* Each child, before running anything else: makes its own session and process group
+  (``setsid``, so the agent's ``killpg`` reaches its tree), sets ``PR_SET_PDEATHSIG``
+  (SIGKILL when the helper dies; the helper has the same on the agent), puts the request's
+  log files on fd 1 and 2 and /dev/null on fd 0, replaces its whole environment with the
+  worker environment the agent computed (``CUDA_VISIBLE_DEVICES`` included: nothing has
+  touched CUDA yet), changes directory, reseeds numpy's global RNG (siblings would share
+  it) and runs ``podium.worker.host.main(["--ready-fd", W])``: the same ready-fd contract
+  as an exec'd worker, so the agent's readiness and reaping code is unchanged.
+* The helper is the workers' parent, so it reaps them (SIGCHLD, ``waitpid``) and reports
+  each pid's exit code, Popen style (``-N`` for signal N), to the agent.
+
+Protocol on a ``SOCK_SEQPACKET`` socket pair (one JSON object per message):
+agent -> helper ``{"id", "env", "cwd", "argv"}`` with fds (ready pipe write end,
+stdout file, stderr file) attached; helper -> agent ``{"ready": true}`` once its imports
+are done, ``{"id", "pid"}`` or ``{"id", "error"}`` per request, ``{"exit": pid, "code"}``
+per reaped child. If the helper dies, its children die with it and the agent reports them
+ended (SIGKILL) and starts workers the exec way from then on.
+
+The agent side is :class:`ForkServer`; :class:`ForkedProcess` stands in for the
+``subprocess.Popen`` of a forked worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "main"]
+
+#: Modules the helper imports before it forks anything (missing ones are skipped).
+PRELOAD = ("podium.worker.host", "podium.worker.base", "podium.protocol", "uvloop", "numpy",
+           "torch", "tensordict")
+
+_PR_SET_PDEATHSIG = 1
+_MAX_MESSAGE = 1 << 20
+
+
+def enabled(env: dict | os._Environ | None = None) -> bool:
+    """Whether workers are forked (``PODIUM_FORKSERVER``, default on where Linux allows)."""
+    env = os.environ if env is None else env
+    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+            and env.get("PODIUM_FORKSERVER", "1") != "0")
+
+
+# --------------------------------------------------------------------------- helper side
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    with contextlib.suppress(OSError):  # the agent is gone: nothing to tell
+        sock.send(json.dumps(message).encode())
+
+
+def _preload() -> list[str]:
+    loaded = []
+    for name in PRELOAD:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception:  # noqa: BLE001 - an optional module missing or broken: workers import it themselves
+            pass
+    return loaded
+
+
+def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int], parent: int) -> None:
+    """Runs in the forked child; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the helper died in between
+            os._exit(1)
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        ready_fd, out_fd, err_fd = fds
+        sock.close()
+        for fd in close:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in (devnull, out_fd, err_fd):
+            if fd > 2:
+                os.close(fd)
+        os.chdir(request.get("cwd") or "/")
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["PODIUM_FORKED_AT"] = repr(time.time())
+        sys.argv = list(request.get("argv") or ["podium.worker.host"])
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()  # from fresh entropy: siblings would share the helper's state
+        from podium.worker import host
+
+        code = host.main(["--ready-fd", str(ready_fd)])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the worker's own crash: its stderr says why
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 1)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve(fd: int) -> int:
+    """The helper's main loop (see the module docstring)."""
+    sock = socket.socket(fileno=fd)
+    loaded = _preload()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up fd is written
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    me = os.getpid()
+    _send(sock, {"ready": True, "preloaded": loaded})
+    print(f"fork server {me} ready (preloaded {', '.join(loaded)})", file=sys.stderr, flush=True)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 4096):
+                        pass
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
+            except InterruptedError:
+                continue
+            if not data:  # the agent closed its end: stop (children die with us)
+                return 0
+            request: dict = {}
+            try:
+                request = json.loads(data)
+                if len(fds) != 3:
+                    raise ValueError(f"expected 3 fds, got {len(fds)}")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, fds, sock, [wake_r, wake_w, selector.fileno()], me)
+                _send(sock, {"id": request.get("id"), "pid": pid})
+            except Exception as exc:  # noqa: BLE001 - reported to the agent, which falls back
+                _send(sock, {"id": request.get("id") if isinstance(request, dict) else None,
+                             "error": f"{type(exc).__name__}: {exc}"})
+            finally:
+                for received in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(received)
+        _reap(sock)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m podium.worker.forkserver --fd N``."""
+    parser = argparse.ArgumentParser(prog="python -m podium.worker.forkserver")
+    parser.add_argument("--fd", type=int, required=True, help="the SOCK_SEQPACKET socket to the agent")
+    args = parser.parse_args(argv)
+    return serve(args.fd)
+
+
+# --------------------------------------------------------------------------- agent side
+
+
+class ForkedProcess:
+    """What the spawner keeps of a forked worker in place of a ``subprocess.Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        #: Popen-style exit code once the fork server reported it, else None.
+        self.returncode: int | None = None
+        self._callbacks: list[Callable[[int], None]] = []
+
+    def poll(self) -> int | None:
+        """The exit code, or None while it runs."""
+        return self.returncode
+
+    def on_exit(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` once it has ended (at once if it has)."""
+        if self.returncode is not None:
+            callback(self.returncode)
+        else:
+            self._callbacks.append(callback)
+
+    def _ended(self, code: int) -> None:
+        if self.returncode is not None:
+            return
+        self.returncode = code
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(code)
+
+
+class ForkServer:
+    """The agent's handle on its fork server (all methods on the agent's loop thread)."""
+
+    def __init__(self, env: dict[str, str], log_path: str | os.PathLike | None = None) -> None:
+        self._env = dict(env, PYTHONUNBUFFERED="1")
+        self._log_path = log_path
+        self._proc = None
+        self._sock: socket.socket | None = None
+        self._ready: asyncio.Future | None = None
+        self._requests: dict[int, asyncio.Future] = {}
+        self._children: dict[int, ForkedProcess] = {}
+        self._early_exits: dict[int, int] = {}
+        self._next_id = 0
+        self.dead = False
+
+    def start(self) -> None:
+        """Start the helper process (it imports in the background)."""
+        import subprocess
+
+        from podium.process import die_with_parent_argv
+
+        loop = asyncio.get_running_loop()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
+        try:
+            self._proc = subprocess.Popen(
+                die_with_parent_argv([sys.executable, "-m", "podium.worker.forkserver",
+                                      "--fd", str(theirs.fileno())], signal.SIGKILL),
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                env=self._env, start_new_session=True)
+        finally:
+            theirs.close()
+            if out is not subprocess.DEVNULL:
+                out.close()
+        mine.setblocking(False)
+        self._sock = mine
+        self._ready = loop.create_future()
+        loop.add_reader(mine.fileno(), self._on_readable)
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Whether the helper finished its imports within ``timeout`` seconds."""
+        if self.dead or self._ready is None:
+            return False
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - not ready: the caller execs instead
+            return False
+        return not self.dead
+
+    async def spawn(self, env: dict[str, str], cwd: str, fds: tuple[int, int, int],
+                    argv: list[str]) -> ForkedProcess:
+        """Fork a worker; returns once the helper reported its pid (OSError on failure)."""
+        if self.dead or self._sock is None:
+            raise OSError("the fork server is not running")
+        self._next_id += 1
+        request_id = self._next_id
+        future = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        message = json.dumps({"id": request_id, "env": env, "cwd": cwd, "argv": argv}).encode()
+        try:
+            socket.send_fds(self._sock, [message], list(fds))
+        except OSError:
+            self._requests.pop(request_id, None)
+            raise
+        pid = await future
+        child = ForkedProcess(pid)
+        self._children[pid] = child
+        if pid in self._early_exits:  # it ended before we knew its pid
+            child._ended(self._early_exits.pop(pid))
+        return child
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(_MAX_MESSAGE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            try:
+                message = json.loads(data)
+            except ValueError:
+                continue
+            if message.get("ready"):
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result(True)
+            elif "exit" in message:
+                child = self._children.pop(message["exit"], None)
+                if child is None:
+                    self._early_exits[message["exit"]] = int(message["code"])
+                else:
+                    child._ended(int(message["code"]))
+            elif "id" in message:
+                future = self._requests.pop(message["id"], None)
+                if future is not None and not future.done():
+                    if "pid" in message:
+                        future.set_result(int(message["pid"]))
+                    else:
+                        future.set_exception(OSError(f"fork server: {message.get('error')}"))
+
+    def _lost(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        error = OSError("the fork server ended")
+        for future in self._requests.values():
+            if not future.done():
+                future.set_exception(error)
+        self._requests.clear()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()
+        # Its children got SIGKILL from the kernel (PR_SET_PDEATHSIG).
+        children, self._children = self._children, {}
+        for child in children.values():
+            child._ended(-signal.SIGKILL)
+
+    async def close(self) -> None:
+        """Stop the helper (its remaining children die with it)."""
+        if self._sock is not None and not self.dead:
+            self._lost()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            for _ in range(100):
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait(5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
