@@ -104,6 +104,7 @@ class DockerDaemon:
             if problem is None:
                 return self
             failures.append(f"[storage driver {driver or 'default'}] {problem}")
+        self.stop()  # a failed dockerd leaves its data-root mounts behind too
         raise DockerUnavailable("dockerd cannot start here: " + " | ".join(failures))
 
     def _try_start(self, storage_driver: str | None) -> str | None:
@@ -130,7 +131,7 @@ class DockerDaemon:
             if probe.returncode == 0:
                 return None
             time.sleep(0.5)
-        self.stop()
+        self._halt()
         return f"no answer within {DAEMON_START_TIMEOUT:g}s; {self._log_errors()}"
 
     def _log_errors(self) -> str:
@@ -139,7 +140,15 @@ class DockerDaemon:
         return " / ".join((bad or lines)[-3:]) or "no output"
 
     def stop(self) -> None:
-        """Stop the daemon (SIGTERM, then SIGKILL to its session) and remove its directory."""
+        """Stop the daemon and remove its directory (mounts included)."""
+        self._halt()
+        # A stopped dockerd leaves mounts behind (its data root, exec/netns/default).
+        for mount in self._mounts_inside():
+            subprocess.run(["umount", "-l", mount], capture_output=True, timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _halt(self) -> None:
+        """SIGTERM dockerd (it stops its containers and containerd), SIGKILL its session after 60 s."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -153,10 +162,6 @@ class DockerDaemon:
             except ProcessLookupError:
                 pass
         self.proc = None
-        # A stopped dockerd leaves its network namespace mount (exec/netns/default) behind.
-        for mount in self._mounts_inside():
-            subprocess.run(["umount", "-l", mount], capture_output=True, timeout=30)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def _mounts_inside(self) -> list[str]:
         """Mount points under this daemon's directory, deepest first."""
