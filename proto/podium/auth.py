@@ -101,13 +101,41 @@ class TlsConfig:
     @classmethod
     def from_paths(cls, cert: str | None, key: str | None, ca: str | None,
                    server_name: str | None = None) -> "TlsConfig | None":
-        """Build from CLI flags; all three or none must be given."""
+        """Build from CLI flags (or PODIUM_TLS_* variables); all three or none must be
+        given, and they must load (see :meth:`check`)."""
         given = [cert, key, ca]
         if not any(given):
             return None
         if not all(given):
             raise InvalidArgumentError("--tls-cert, --tls-key and --tls-ca go together: give all three")
-        return cls(cert=str(cert), key=str(key), ca=str(ca), server_name=server_name)
+        return cls(cert=str(cert), key=str(key), ca=str(ca), server_name=server_name).check()
+
+    def check(self) -> "TlsConfig":
+        """Self, once the files are readable PEM and the key belongs to the certificate.
+
+        Raises InvalidArgumentError naming the file; otherwise grpc fails much later,
+        with "cannot bind" or a handshake error that names nothing.
+        """
+        import ssl
+
+        for flag, path in (("--tls-cert", self.cert), ("--tls-key", self.key), ("--tls-ca", self.ca)):
+            try:
+                pathlib.Path(path).read_bytes()
+            except OSError as exc:
+                raise InvalidArgumentError(f"{flag} {path}: {exc.strerror or exc}") from None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+        except ssl.SSLError as exc:
+            raise InvalidArgumentError(
+                f"--tls-cert {self.cert} / --tls-key {self.key}: not a PEM certificate and its "
+                f"private key ({exc.reason or exc})") from None
+        try:
+            ctx.load_verify_locations(cafile=self.ca)
+        except ssl.SSLError as exc:
+            raise InvalidArgumentError(f"--tls-ca {self.ca}: not a PEM CA certificate "
+                                       f"({exc.reason or exc})") from None
+        return self
 
     def _read(self) -> tuple[bytes, bytes, bytes]:
         return (pathlib.Path(self.cert).read_bytes(), pathlib.Path(self.key).read_bytes(),
