@@ -220,6 +220,16 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(cluster, pr
                 await client.start(timeout=5)
         finally:
             await client.close()
+        # The right certificate with a wrong token: AuthenticationError, from each service.
+        async with SchedulerClient(cluster.address, cluster.token + "x", cluster.tls, timeout=5) as client:
+            with pytest.raises(errors.AuthenticationError):
+                await client.cluster_state()
+        client = WorkerClient(workers[0], cluster.token + "x", tls=cluster.tls)
+        try:
+            with pytest.raises(errors.AuthenticationError):
+                await client.start(timeout=5)
+        finally:
+            await client.close()
     rt.run(plain_clients(), timeout=60)
     # HTTPS: plain HTTP and a client without a certificate are refused.
     with pytest.raises((urllib.error.URLError, ConnectionError)):

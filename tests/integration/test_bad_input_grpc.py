@@ -113,3 +113,29 @@ def test_a_worker_shutdown_request_that_does_not_parse_stops_nothing(live):
             error = raw_call(channel, path, method, payload, live.metadata(), timeout=CALL_TIMEOUT)
             assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     live.assert_serving()
+
+
+def test_messages_above_the_grpc_maximum_are_refused(live):
+    from podium.rpc import MAX_MESSAGE_BYTES
+
+    huge = b"\x0a" + b"\xff" * 4 + b"\x7f" + b"x" * (MAX_MESSAGE_BYTES + 1024)
+    for service, path, method in [next(m for m in ALL_METHODS if m[0] == s) for s in SERVICES]:
+        with live.channel(service) as channel:
+            error = raw_call(channel, path, method, huge, live.metadata(), timeout=30)
+        assert error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, (path, error)
+    live.assert_serving()
+
+
+def test_a_call_announcing_more_than_the_maximum_payload_is_refused_at_once(live):
+    from podium import rpc
+    from podium.v1 import worker_pb2
+
+    header = worker_pb2.CallHeader(kind=worker_pb2.CALL, method="add", payload_size=1 << 62)
+    frame = worker_pb2.CallFrame(call_id=9, header=header, data=b"x" * 10, last=False)
+    with live.channel("podium.v1.Worker") as channel:
+        stream = channel.stream_stream("/podium.v1.Worker/Calls", response_deserializer=worker_pb2.ReplyFrame.FromString)
+        replies = list(stream(iter([frame.SerializeToString()]), metadata=live.metadata(), timeout=10))
+    assert len(replies) == 1 and replies[0].call_id == 9 and not replies[0].header.ok
+    error = rpc.error_from_info(replies[0].header.error)
+    assert type(error).__name__ == "PayloadTooLargeError" and "exceeds the maximum" in str(error)
+    live.assert_serving()
