@@ -49,9 +49,28 @@ def nodes_view(model: ClusterModel) -> dict:
     return {"nodes": [_dict(n) for n in nodes]}
 
 
+#: Parts of an environment variable name that mark its value as a secret.
+_SECRET_PARTS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "APIKEY", "CREDENTIAL",
+                           "CREDENTIALS", "AUTH", "PRIVATE"})
+REDACTED = "<redacted>"
+
+
+def is_secret_name(name: str) -> bool:
+    """True for env names like WANDB_API_KEY, HF_TOKEN, DB_PASSWORD (by ``_``-separated part)."""
+    return any(part in _SECRET_PARTS for part in name.upper().replace("-", "_").split("_"))
+
+
 def workers_view(model: ClusterModel) -> dict:
-    """``{"workers": [WorkerInfo as JSON, ...]}`` (env values of user keys included)."""
-    return {"workers": [_dict(w) for w in model.workers.values()]}
+    """``{"workers": [WorkerInfo as JSON, ...]}``; the values of env variables whose names
+    say secret (``*_TOKEN``, ``*_API_KEY``, ...) read ``<redacted>``."""
+    out = []
+    for worker in model.workers.values():
+        doc = _dict(worker)
+        for holder in (doc, doc.get("spec") or {}):  # WorkerInfo.env and WorkerSpec.env
+            if "env" in holder:
+                holder["env"] = {k: REDACTED if is_secret_name(k) else v for k, v in holder["env"].items()}
+        out.append(doc)
+    return {"workers": out}
 
 
 def _bundle_units(group: common_pb2.PlacementGroup, index: int) -> BundleSpec:

@@ -79,8 +79,8 @@ class AgentConfig:
     log_dir: str | None = None
     #: Write {"port", "pid", "node_id", "address"} here once serving.
     port_file: str | None = None
-    #: Cluster token (default: resolved as podium.auth.resolve_token says).
-    token: str | None = None
+    #: Cluster token (default: resolved as podium.auth.resolve_token says). Never in repr (logs).
+    token: str | None = dataclasses.field(default=None, repr=False)
     #: File holding the cluster token.
     token_file: str | None = None
     #: Mutual TLS for the agent's server and its calls to the scheduler.
