@@ -21,11 +21,14 @@ from test_agents_processes import AgentProcess, agents, alive, wait_for  # noqa:
 
 from podium import controller
 
-#: Heartbeat interval told to the agents, and node lease (seconds).
+#: Heartbeat interval told to the agents, and node lease (seconds): short for quick tests,
+#: yet six beats long, so a busy 2-core machine does not lose a live node.
 HEARTBEAT = 0.5
-NODE_LEASE = 2.0
-#: Lease of the controller session (seconds).
-SESSION_LEASE = 3.0
+NODE_LEASE = 3.0
+#: Session lease of the controller that is made to vanish (seconds); the scheduler's default.
+SESSION_LEASE = 5.0
+#: Session lease of the test process itself: long, so a stalled keep-alive cannot lose it.
+OWN_SESSION_LEASE = 60.0
 #: Default deadline of a test's wait.
 DEADLINE = 30.0
 #: Flags of a fault cluster's scheduler.
@@ -105,7 +108,7 @@ class FaultCluster:
         wait_for(lambda: self.node_state(agent.node_id) == "NODE_ALIVE", f"node {host} alive")
         return agent
 
-    def connect(self, call_timeout: float = 60.0, session_lease: float = SESSION_LEASE):
+    def connect(self, call_timeout: float = 60.0, session_lease: float = OWN_SESSION_LEASE):
         """``controller.init`` against this cluster (shut down by the fixture)."""
         self.runtime = controller.init(address=self.scheduler.address, token=self.token,
                                        call_timeout=call_timeout, session_lease=session_lease)
