@@ -81,6 +81,7 @@ class LiveServices:
         self.agent = await run_agent(AgentConfig(
             scheduler=self.scheduler.address, node_id="node-live", cpus=4, fake_gpus=2,
             log_dir=str(self.workdir / "agent-logs"), token=self.token, tls=self.tls, stop_grace=1.0,
+            metrics_port=0,
             worker_command=[sys.executable, str(FAKE_WORKER)]))
         await asyncio.wait_for(self.agent.registered.wait(), 30)
         self.host = await start_host("127.0.0.1", token=self.token, tls=self.tls,

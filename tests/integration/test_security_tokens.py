@@ -121,3 +121,27 @@ def test_token_comparison_is_constant_time_and_exact():
     assert token_matches("abc", "abc")
     for presented in (None, "", "ab", "abcd", "ABC", "abc "):
         assert not token_matches("abc", presented)
+
+
+def test_agent_metrics_endpoint_needs_the_token(live):
+    import asyncio
+
+    import aiohttp
+
+    url = f"http://{live.agent.host}:{live.agent.metrics.port}"
+
+    async def probe():
+        async with aiohttp.ClientSession() as http:
+            out = {}
+            for label, headers in (("none", {}), ("wrong", {"Authorization": f"Bearer {live.token}x"}),
+                                   ("raw", {"Authorization": live.token}),
+                                   ("good", {"Authorization": f"Bearer {live.token}"})):
+                async with http.get(url + "/metrics", headers=headers) as resp:
+                    out[label] = (resp.status, await resp.text())
+            async with http.post(url + "/metrics", headers={"Authorization": f"Bearer {live.token}"},
+                                 data=b"x") as resp:
+                out["post"] = (resp.status, "")
+            return out
+    out = asyncio.run(probe())
+    assert {k: v[0] for k, v in out.items()} == {"none": 401, "wrong": 401, "raw": 401, "good": 200, "post": 405}
+    assert all(live.token not in text for _, text in out.values())
