@@ -2,13 +2,15 @@
 
 A call without the token, or with a wrong one, is UNAUTHENTICATED before its request
 is parsed: the handler never runs, nothing changes, and (the point of it all) a pickled
-payload from such a peer is never unpickled. The comparison is constant-time
+payload from such a peer is never unpickled, on the gRPC port and on the worker's raw
+call socket (podium.rawcall) alike. The comparison is constant-time
 (hmac.compare_digest, see podium.auth.token_matches).
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 
 import grpc
 import pytest
@@ -145,3 +147,61 @@ def test_agent_metrics_endpoint_needs_the_token(live):
     out = asyncio.run(probe())
     assert {k: v[0] for k, v in out.items()} == {"none": 401, "wrong": 401, "raw": 401, "good": 200, "post": 405}
     assert all(live.token not in text for _, text in out.values())
+
+
+def _trap_frame(path, kind=None, method="touch") -> bytes:
+    class Trap:
+        def __init__(self, path):
+            self.path = path
+
+        def __reduce__(self):
+            return open, (self.path, "w")
+
+    payload = b"".join(codec.encode(((Trap(str(path)),), {})).to_segments())
+    header = worker_pb2.CallHeader(kind=kind or worker_pb2.CALL, method=method, payload_size=len(payload))
+    return worker_pb2.CallFrame(call_id=1, header=header, data=payload, last=True).SerializeToString()
+
+
+def _raw_socket_exchange(port: int, token: bytes, frames: list[bytes], magic: bytes = b"PDMC") -> bytes:
+    """Speak podium.rawcall by hand: hello with ``token``, then frames; everything read back."""
+    import socket
+    import struct
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(struct.pack("<4sBH", magic, 1, len(token)) + token
+                     + b"".join(struct.pack("<I", len(f)) + f for f in frames))
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def test_the_raw_call_socket_never_unpickles_for_a_wrong_token(live, tmp_path):
+    port = live.host.servicer.call_port
+    assert port, "the worker host serves no raw call socket (is PODIUM_RAW_CALLS=0 set?)"
+    token = live.token.encode()
+    for label, offered in (("none", b""), ("wrong", token[:-1] + b"?"), ("prefix", token[:8]),
+                           ("longer", token + b"x"), ("bearer", b"Bearer " + token)):
+        trap = tmp_path / f"raw-trap-{label}"
+        reply = _raw_socket_exchange(port, offered, [_trap_frame(trap)])
+        assert reply[:1] in (b"\x01", b""), (label, reply[:20])  # rejected (or closed)
+        assert not trap.exists(), f"raw socket, token {label!r}: the payload was unpickled"
+    # Not the protocol at all: closed, nothing decoded.
+    trap = tmp_path / "raw-trap-magic"
+    assert _raw_socket_exchange(port, token, [_trap_frame(trap)], magic=b"GET ")[:1] != b"\x00"
+    assert not trap.exists()
+    # The right token: accepted and decoded (the trap is live).
+    trap = tmp_path / "raw-trap-good"
+    assert _raw_socket_exchange(port, token, [_trap_frame(trap)])[:1] == b"\x00"
+    deadline = time.monotonic() + 10
+    while not trap.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert trap.exists()
+    live.assert_serving()
