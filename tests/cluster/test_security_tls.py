@@ -195,6 +195,13 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(cluster, pr
     assert len(workers) >= 2
     targets = {"scheduler": cluster.address, **{f"agent {h}": a for h, a in cluster.agents.items()},
                **{f"worker {a}": a for a in workers}}
+    # Under TLS a worker opens no plaintext side port (podium.rawcall): every call is mTLS gRPC.
+    from podium.v1 import worker_pb2, worker_pb2_grpc
+    for address in workers:
+        with rpc.make_sync_channel(address, cluster.tls) as channel:
+            described = worker_pb2_grpc.WorkerStub(channel).Describe(
+                worker_pb2.DescribeRequest(), metadata=rpc.token_metadata(cluster.token), timeout=10)
+        assert described.call_port == 0, address
     foreign = make_foreign_tls(tmp_path)
     for what, address in targets.items():
         with rpc.make_sync_channel(address, cluster.tls) as good:
