@@ -290,7 +290,7 @@ def test_no_secret_in_any_response_env_or_log(cluster, producers):
                 node_pb2.ListWorkersRequest(), metadata=rpc.token_metadata(cluster.token), timeout=10)
         assert token not in listed.SerializeToString()
         assert all("PODIUM_TOKEN" not in w.env for w in listed.workers)
-    for path in ("/healthz", "/readyz", "/v1/nodes", "/v1/placement", "/v1/workers", "/metrics"):
+    for path in ("/", "/healthz", "/readyz", "/v1/nodes", "/v1/placement", "/v1/workers", "/metrics"):
         body = _get(cluster.http_url + path, cluster.token, cluster.tls)
         assert body and token not in body, path
     # Every log file of the run: scheduler, agents, every worker's stdout and stderr.

@@ -35,7 +35,7 @@ def test_no_token_and_no_user_secret_in_any_v1_response(token, arun):
             headers = {"Authorization": f"Bearer {token}"}
             async with aiohttp.ClientSession() as http:
                 bodies = {}
-                for path in ("/healthz", "/readyz", "/v1/nodes", "/v1/placement", "/v1/workers", "/metrics"):
+                for path in ("/", "/healthz", "/readyz", "/v1/nodes", "/v1/placement", "/v1/workers", "/metrics"):
                     async with http.get(c.running.http_url + path, headers=headers) as resp:
                         assert resp.status == 200, path
                         bodies[path] = await resp.text()
