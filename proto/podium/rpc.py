@@ -248,11 +248,18 @@ class TokenServerInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str) -> None:
         self._token = token
+        # method path -> (its handler, the parsing wrapper of it): built once, not per call.
+        self._parsing: dict[str, tuple] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if token_matches(self._token, token_from_metadata(handler_call_details.invocation_metadata)):
-            return _parsing_handler(handler)
+            cached = self._parsing.get(handler_call_details.method)
+            if cached is None or cached[0] is not handler:
+                cached = (handler, _parsing_handler(handler))
+                if handler is not None:
+                    self._parsing[handler_call_details.method] = cached
+            return cached[1]
         return _unauthenticated_handler(handler)
 
 
