@@ -193,7 +193,7 @@ def _interrupt(proc: subprocess.Popen) -> None:
 
 
 def _expected_keys(args: argparse.Namespace, n: int) -> set[tuple]:
-    keys = {(m, n, None) for m in ("cold_start_s", "noop_latency_median_ms", "noop_latency_p90_ms",
+    keys = {(m, n, None) for m in ("cluster_start_s", "cold_start_s", "noop_latency_median_ms", "noop_latency_p90_ms",
                                     "nonblocking_calls_s", "cold_start_torch_s")}
     return keys | {("dp_proto_mb_s", n, mib) for mib in args.payload_mib}
 

@@ -8,6 +8,7 @@ Lines without the marker (Ray forwards worker logs to the driver's stdout) are i
 the parent.
 
 Measures (cell ``measure`` names, shared with bench.report):
+  cluster_start_s          ray.init() / podium init() returned (not part of cold start)
   cold_start_s             WorkerGroup constructed -> first ONE_TO_ALL returned (fresh group)
   cold_start_torch_s       the same for a worker whose __init__ imports torch
   noop_latency_median_ms   no-op ONE_TO_ALL, median after warm-up
@@ -31,7 +32,7 @@ from typing import Any, Callable, Iterator
 from bench import workloads
 
 MARKER = "BENCHCELL "
-SETTLE_SECONDS = 2.0
+SETTLE_SECONDS = 5.0
 
 
 class StepTimeout(Exception):
@@ -122,10 +123,15 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
     emit({**base, "measure": "meta", "versions": adapter.versions()})
     try:
         with deadline(args.step_timeout, "cluster start"):
+            start = time.perf_counter()
             adapter.start(max(args.n))
-        # Both clusters keep starting helpers (Ray's idle workers, agents) for a moment
-        # after they answer; let that finish so it is not billed to the first group.
+            cluster_start = time.perf_counter() - start
+        # Both clusters keep starting helpers (Ray's idle workers and agents, Podium's fork
+        # server importing torch) for a while after they answer; let that finish so it is
+        # not billed to the first group. The start itself is reported as cluster_start_s.
         time.sleep(SETTLE_SECONDS)
+        for n in args.n:
+            emit({**base, "measure": "cluster_start_s", "n": n, "value": cluster_start, "unit": "s"})
     except BaseException as exc:  # noqa: BLE001 - report, never crash the run
         error = _describe(exc)
         for n in args.n:
@@ -144,7 +150,7 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
 
 
 def _cells_of(args: argparse.Namespace, n: int) -> list[dict]:
-    cells = [{"measure": "cold_start_s", "n": n},
+    cells = [{"measure": "cluster_start_s", "n": n}, {"measure": "cold_start_s", "n": n},
              {"measure": "noop_latency_median_ms", "n": n},
              {"measure": "noop_latency_p90_ms", "n": n}]
     cells += [{"measure": "dp_proto_mb_s", "n": n, "payload_mib": mib} for mib in args.payload_mib]

@@ -13,6 +13,8 @@ from typing import Any, Iterable
 
 # measure -> (title, unit, which direction is better, number format)
 MEASURES: dict[str, tuple[str, str, str, str]] = {
+    "cluster_start_s": ("cluster start: ray.init() / podium init() returned (untimed by cold start)", "s",
+                        "lower", "{:.2f}"),
     "cold_start_s": ("cold start: WorkerGroup constructed -> first ONE_TO_ALL returned", "s", "lower", "{:.2f}"),
     "cold_start_torch_s": ("cold start, worker imports torch in __init__ (as a training worker does)", "s",
                            "lower", "{:.2f}"),
@@ -140,7 +142,8 @@ def breakdown_table(cells: Iterable[dict]) -> str:
         def at(key: str) -> str:
             return f"{b[key]:.3f}" if isinstance(b.get(key), (int, float)) else "-"
 
-        stamps = ", ".join(f"{k}={v:.3f}" for k, v in sorted((b.get("env") or {}).items())) or "-"
+        env = sorted((b.get("env") or {}).items(), key=lambda kv: kv[1])
+        stamps = ", ".join(f"{_short(k)} {v:.3f}" for k, v in env) or "-"
         body.append([cell["measure"], cell["backend"], str(cell["n"]), at("worker_process_started"), at("worker_serving"),
                      at("worker_constructed"),
                      at("constructor_returned"), at("worker_first_call"), at("first_call_returned"), stamps])
@@ -148,6 +151,12 @@ def breakdown_table(cells: Iterable[dict]) -> str:
         return ""
     return ("## cold start breakdown (seconds after WorkerGroup construction began, latest rank)\n"
             + _render(header, body) + "\n")
+
+
+def _short(env_key: str) -> str:
+    """PODIUM_SPAWN_REQUESTED_AT -> spawn_requested."""
+    key = env_key.removeprefix("PODIUM_")
+    return key.removesuffix("_AT").lower()
 
 
 def _render(header: list[str], body: list[list[str]]) -> str:
