@@ -219,6 +219,8 @@ class ExecutionThread:
         self._loop = loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._done: list = []  # (future, ok, result) waiting for the loop
+        self._wake_scheduled = False
         self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
         self._thread.start()
 
@@ -260,11 +262,24 @@ class ExecutionThread:
                 result, ok = job.fn(*job.args), True
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
                 result, ok = exc, False
-            try:
-                self._loop.call_soon_threadsafe(_settle, job.future, ok, result)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                return
+            # Outcomes of a burst of calls reach the loop with one wake-up, not one each.
+            with self._lock:
+                self._done.append((job.future, ok, result))
+                wake = not self._wake_scheduled
+                self._wake_scheduled = True
+            if wake:
+                try:
+                    self._loop.call_soon_threadsafe(self._settle_done)
+                except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    return
             del job, result
+
+    def _settle_done(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+            self._wake_scheduled = False
+        for future, ok, result in done:
+            _settle(future, ok, result)
 
 
 def _settle(future: asyncio.Future, ok: bool, result: Any) -> None:
@@ -289,6 +304,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.address = ""
         #: Port of the raw call socket (podium.rawcall) on the same address; 0: none.
         self.call_port = 0
+        #: Its open connections (closed when the host stops).
+        self.raw_connections: set = set()
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
                       "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
@@ -909,7 +926,9 @@ class RunningHost:
         """Stop serving (in-flight RPCs get ``grace`` seconds) and drop held results."""
         global _current
         if self.call_server is not None:
-            self.call_server.close()  # no new connections; open ones end with the process
+            self.call_server.close()  # no new connections
+            for conn in list(self.servicer.raw_connections):
+                conn.close()  # and the open ones end, as the gRPC server's streams do
         await self.server.stop(grace)
         await self.resolver.close()
         self.servicer.close()
@@ -943,8 +962,10 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
         from podium import rawcall
 
         def on_connection(conn: Any) -> None:
+            servicer.raw_connections.add(conn)
             task = asyncio.get_running_loop().create_task(_CallStream(servicer, conn).run())
-            task.add_done_callback(lambda t: (conn.close(), t.cancelled() or t.exception()))
+            task.add_done_callback(lambda t: (conn.close(), servicer.raw_connections.discard(conn),
+                                              t.cancelled() or t.exception()))
 
         call_server, servicer.call_port = await rawcall.serve(
             address, token, worker_pb2.CallFrame.FromString, on_connection)

@@ -51,8 +51,12 @@ MAX_FRAME_BYTES = CHUNK_SIZE + (1 << 20)
 _LEN = struct.Struct("<I")
 _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
+# Frames smaller than this wait for the end of the loop turn to leave together.
+_COALESCE_MAX = 65536
 # Stop reading from the socket while this many parsed frames wait for the server side.
 _MAX_QUEUED_FRAMES = 64
+#: A connection that has not completed its handshake by then is closed (server side).
+HANDSHAKE_SECONDS = 10.0
 
 
 class FrameConnection(asyncio.Protocol):
@@ -81,6 +85,8 @@ class FrameConnection(asyncio.Protocol):
         self._drained: asyncio.Future | None = None
         self._paused_writing = False
         self._paused_reading = False
+        self._pending: list[bytes] = []
+        self._flush_scheduled = False
         self._closed = False
         self.lost_error: BaseException | None = None
         #: Resolves when the handshake is done (True) or failed (exception).
@@ -90,7 +96,9 @@ class FrameConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        if not self._server:
+        if self._server:  # a peer that never says hello must not hold a socket forever
+            asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
+        else:
             token = (self._token or "").encode()
             transport.write(_HELLO.pack(MAGIC, VERSION, len(token)) + token)  # type: ignore[attr-defined]
 
@@ -125,6 +133,10 @@ class FrameConnection(asyncio.Protocol):
             if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._paused_reading:
                 self._paused_reading = True
                 self._transport.pause_reading()
+
+    def _handshake_deadline(self) -> None:
+        if not self._handshaken and not self._closed:
+            self._abort(errors.DeadlineExceededError("raw call connection: no handshake in time"))
 
     def _handshake(self) -> bool:
         buffer = self._buffer
@@ -202,13 +214,32 @@ class FrameConnection(asyncio.Protocol):
             self._transport.close()
 
     def write_nowait(self, message: Any) -> None:
-        """Queue ``message`` on the socket (never blocks; see :meth:`drain`)."""
+        """Queue ``message`` on the socket (never blocks; see :meth:`drain`).
+
+        Small frames written in one loop turn leave in one send (a burst of calls or
+        replies costs one system call and one wake-up of the peer, not one per frame).
+        """
         if self._closed:
             raise errors.UnavailableError("the raw call connection is closed")
         data = message.SerializeToString()
-        self._transport.write(_LEN.pack(len(data)) + data if len(data) < 65536 else _LEN.pack(len(data)))
-        if len(data) >= 65536:
+        if len(data) >= _COALESCE_MAX:
+            self._flush()
+            self._transport.write(_LEN.pack(len(data)))
             self._transport.write(data)
+            return
+        self._pending.append(_LEN.pack(len(data)) + data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        pending = self._pending
+        if not pending or self._closed:
+            pending.clear()
+            return
+        self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        pending.clear()
 
     @property
     def must_drain(self) -> bool:
@@ -244,6 +275,7 @@ class FrameConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close the socket (buffered frames are still sent)."""
         if self._transport is not None and not self._closed:
+            self._flush()
             self._transport.close()
 
 

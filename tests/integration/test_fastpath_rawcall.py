@@ -105,6 +105,35 @@ def test_wrong_token_is_rejected(token, arun):
     arun(scenario())
 
 
+def test_silent_peer_is_dropped_after_the_handshake_deadline(token, arun, monkeypatch):
+    monkeypatch.setattr(rawcall, "HANDSHAKE_SECONDS", 0.2)
+
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", host.servicer.call_port)
+            assert await asyncio.wait_for(reader.read(10), 10) == b""  # closed by the worker
+            writer.close()
+        finally:
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_stopping_the_host_ends_open_connections(token, arun):
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        client = WorkerClient(host.address, token)
+        try:
+            await client.start()
+            await client.construct((Calc, (), {}))
+            await host.stop(grace=0.2)
+            with pytest.raises(errors.UnavailableError):
+                await asyncio.wait_for(client.call("add", (1, 2)), 10)
+        finally:
+            await client.close()
+    arun(scenario())
+
+
 def test_garbage_closes_only_that_connection(token, arun):
     async def scenario():
         async with host_and_client(token) as (host, client):
@@ -137,8 +166,7 @@ def test_worker_gone_fails_pending_calls(token, arun):
             await client.construct((Calc, (), {}))
             pending = asyncio.ensure_future(client.call("nap", (5.0,)))
             await asyncio.sleep(0.2)
-            host.call_server.close()
-            for conn in list(host_connections(host)):
+            for conn in list(host.servicer.raw_connections):  # the worker side drops it
                 conn.close()
             with pytest.raises(errors.UnavailableError):
                 await asyncio.wait_for(pending, 10)
@@ -149,9 +177,3 @@ def test_worker_gone_fails_pending_calls(token, arun):
             await host.stop(grace=0.2)
     arun(scenario())
 
-
-def host_connections(host):
-    """The host side of every open raw connection (found through the server's protocols)."""
-    import gc
-
-    return [o for o in gc.get_objects() if type(o) is rawcall.FrameConnection and o._server and not o.closed]
