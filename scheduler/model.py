@@ -122,13 +122,21 @@ def _check_time(value: float, name: str) -> float:
     return float(value)
 
 
+#: After a restart, how long leases are not enforced (agents and controllers reconnect).
+RESTORE_GRACE_SECONDS = 10.0
+
+
 class ClusterModel:
     """The whole scheduler state and every operation on it (see the module docstring)."""
 
     def __init__(self, *, node_lease: float = 10.0, default_session_lease: float = 30.0,
-                 max_ended: int = 10_000, new_id: Callable[[str], str] = _new_id) -> None:
+                 max_ended: int = 10_000, new_id: Callable[[str], str] = _new_id,
+                 restore_grace: float = RESTORE_GRACE_SECONDS) -> None:
         #: Seconds without a heartbeat before a node is marked DEAD.
         self.node_lease = node_lease
+        #: After a restore, no lease expires for this long (see :meth:`restore`).
+        self.restore_grace = restore_grace
+        self._quiet_until = 0.0
         #: Lease of a session that asks for 0 seconds.
         self.default_session_lease = default_session_lease
         #: How many ended workers (and, separately, removed groups) are remembered.
@@ -165,8 +173,11 @@ class ClusterModel:
         """Load persisted records (a restarted scheduler). Leases restart at ``now``.
 
         Alive nodes and open sessions get a fresh lease so their agents and
-        controllers can heartbeat again before anything is reclaimed. Groups must
-        come in creation order.
+        controllers can heartbeat again before anything is reclaimed, and nothing
+        expires during the first ``restore_grace`` seconds: the agents and controllers
+        were retrying with backoff while the scheduler was down, and a lease shorter
+        than their next try would declare live nodes dead (and stop their workers).
+        Groups must come in creation order.
         """
         for node in nodes:
             if node.state == common_pb2.NODE_ALIVE:
@@ -180,6 +191,8 @@ class ClusterModel:
         for session in sessions:
             session.renewed_at = now
             self.sessions[session.id] = session
+        if self.sessions or any(n.state == common_pb2.NODE_ALIVE for n in self.nodes.values()):
+            self._quiet_until = now + self.restore_grace
         self.version += 1
 
     # ------------------------------------------------------------ lookups
@@ -428,11 +441,13 @@ class ClusterModel:
         are stopped. An expired session's non-detached groups and workers go too.
         """
         effects = Effects()
+        enforce = now >= self._quiet_until  # not while a restored cluster is coming back
         for node in list(self.nodes.values()):
-            if node.state == common_pb2.NODE_ALIVE and now - node.last_heartbeat > self.node_lease:
+            if (enforce and node.state == common_pb2.NODE_ALIVE
+                    and now - node.last_heartbeat > self.node_lease):
                 effects.merge(self._node_died(node, now))
         for session in list(self.sessions.values()):
-            if session.expired(now):
+            if enforce and session.expired(now):
                 _, _, more = self._close_session(session, f"session {session.id} lease expired", now)
                 effects.merge(more)
         if effects.stop or self._dirty:

@@ -404,6 +404,9 @@ class RunningAgent:
 
     async def _scheduler_loop(self) -> None:
         backoff, outage_logged = 0.1, False
+        # Once registered, retry at least as often as it heartbeats: a restarted scheduler
+        # must hear from this node well within the node lease it restores.
+        max_backoff = MAX_BACKOFF_SECONDS
         while not self._stop.is_set():
             try:
                 response = await self._scheduler.register_node(self.node_info(),
@@ -416,13 +419,14 @@ class RunningAgent:
                     outage_logged = True
                 if await self._sleep(backoff):
                     return
-                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                backoff = min(backoff * 2, max_backoff)
                 continue
             backoff, outage_logged = 0.1, False
             self.scheduler_id = response.scheduler_id
             self.registrations += 1
             self.registered.set()
             interval = response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
+            max_backoff = min(MAX_BACKOFF_SECONDS, interval)
             log.info("registered node %s with scheduler %s (heartbeat every %g s)",
                      self.node_id, response.scheduler_id or self.config.scheduler, interval)
             await self._heartbeats(interval)

@@ -40,6 +40,13 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect to a restarted peer (a scheduler back on its port) within ~2 s. gRPC's
+    # default backoff grows to 120 s, during which every call fails at once: a controller
+    # could not reach a scheduler that was down for a minute until long after it is back,
+    # and its session lease could run out meanwhile.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

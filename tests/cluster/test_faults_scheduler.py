@@ -16,9 +16,13 @@ from google.protobuf.json_format import MessageToDict
 
 from faultkit import SCHEDULER_FLAGS, FaultCluster, agents, elapsed, report, wait_for  # noqa: F401 - agents: fixture
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from podium.errors import UnavailableError
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(240)]
+
+#: Seconds the scheduler stays down.
+OUTAGE = 8.0
 
 
 class Counter(Worker):
@@ -76,6 +80,9 @@ def test_scheduler_sigkill_restart_keeps_groups_serving_and_state_equal(
         assert served == [[n] * 4 for n in range(2, 7)]
         report("scheduler SIGKILL: calls while it is down", elapsed(down) / 5,
                "5 calls on 4 ranks served normally (mean seconds per call)")
+        # Down long enough for the controller's keep-alives and the agents' heartbeats to fail
+        # several times (their channels back off), and longer than the node lease.
+        time.sleep(OUTAGE)
 
         fc.scheduler = scheduler_process(state_file, *SCHEDULER_FLAGS, "--port", str(port))
         restarted = time.time()
@@ -88,7 +95,16 @@ def test_scheduler_sigkill_restart_keeps_groups_serving_and_state_equal(
         started = time.monotonic()
         wait_for(reattached, "both agents heartbeating the restarted scheduler")
         report("scheduler SIGKILL+restart: agents re-attached", elapsed(started), "both nodes NODE_ALIVE")
-        after = _comparable(rt.run(rt.cluster_state()))
+
+        def reached():
+            # The controller's channel reconnects on its own (backoff at most ~2 s).
+            try:
+                return rt.run(rt.cluster_state(), timeout=10)
+            except UnavailableError:
+                return None
+
+        after = _comparable(wait_for(reached, "the controller reaching the restarted scheduler"))
+        report("scheduler SIGKILL+restart: controller reaches it", elapsed(started), "cluster state read")
         _assert_same(before, after)
 
         # Still one cluster: calls, and the restored session may create more.

@@ -263,6 +263,33 @@ def test_session_expiry_removes_owned_but_not_detached():
     assert not model.keep_alive(s.id, now=11)
 
 
+def test_restored_leases_wait_for_the_restore_grace_then_apply():
+    """A restarted scheduler gives its agents and controllers restore_grace seconds to come
+    back (they were backing off while it was down) before any lease is enforced."""
+    old = _model(nodes=(2, 3))
+    s = old.open_session("script", 2, now=0)
+    pg = old.create_placement_group("p", [ONE_GPU], 1, False, s.id, now=0)
+    model = ClusterModel(node_lease=3, default_session_lease=2, restore_grace=10)
+    model.restore(old.nodes.values(), old.groups.values(), old.workers.values(),
+                  old.sessions.values(), now=100)
+    model.heartbeat("node-2", [], [], [], now=108)
+    model.expire(now=109)                   # past every lease, within the grace: nothing ends
+    assert {n.state for n in model.nodes.values()} == {common_pb2.NODE_ALIVE}
+    assert s.id in model.sessions and model.groups[pg.id].state == common_pb2.PG_CREATED
+    model.expire(now=110.5)                 # grace over: node-3 and the session never came back
+    assert model.nodes["node-2"].state == common_pb2.NODE_ALIVE
+    assert model.nodes["node-3"].state == common_pb2.NODE_DEAD
+    assert s.id not in model.sessions and model.groups[pg.id].state == common_pb2.PG_REMOVED
+
+
+def test_a_fresh_scheduler_has_no_restore_grace():
+    model = ClusterModel(node_lease=3, restore_grace=10)
+    model.restore([], [], [], [], now=0)    # an empty state file
+    model.register_node(_node(2), [], now=0)
+    model.expire(now=4)
+    assert model.nodes["node-2"].state == common_pb2.NODE_DEAD
+
+
 def test_heartbeat_lists_workers_the_scheduler_no_longer_wants():
     model = _model()
     pg = model.create_placement_group("p", [ONE_GPU], 1, False, "", now=0)
