@@ -196,6 +196,8 @@ class WorkerClient:
         self._on_frame(frame)
 
     def _on_raw_lost(self, exc: BaseException | None) -> None:
+        if self._raw is None:  # lost while connecting: start() reports it (or uses gRPC)
+            return
         if isinstance(exc, errors.PodiumError) and not isinstance(exc, errors.DataLossError):
             self._fail_all(exc)
             return
@@ -247,6 +249,11 @@ class WorkerClient:
         return errors.UnavailableError(
             f"lost the call stream to {self._who()}: {exc.code().name}: {exc.details()}",
             rank=self.rank)
+
+    def fail_pending(self, exc: errors.PodiumError) -> None:
+        """Fail every pending call with ``exc``, and every later call too: the worker is
+        known to be gone (the controller's death watch heard it from the scheduler)."""
+        self._fail_all(exc)
 
     def _fail_all(self, exc: errors.PodiumError) -> None:
         if self._broken is None:
