@@ -37,13 +37,13 @@ import functools
 import itertools
 import logging
 import random
-import re
 import string
 import time
 import weakref
 from typing import Any, Callable
 
 from podium.controller import dispatch as _dispatch
+from podium.controller.deathwatch import deathwatch_for, died_error
 from podium.controller.futures import PendingRef, get as _get, is_pending, resolve_args
 from podium.controller.loopcalls import soon
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
@@ -322,6 +322,9 @@ class WorkerGroup:
                    for info in infos]
         self._workers = handles
         await asyncio.gather(*(h.client.start() for h in handles))
+        watch = deathwatch_for(self._rt)
+        for h in handles:
+            watch.watch(h.worker_id, h.client)
         self._worker_names = [h.name for h in handles]
         self._world_size = len(handles)
         if handles:
@@ -574,15 +577,7 @@ class WorkerGroup:
             return WorkerDiedError(f"worker rank {worker.rank} ({worker.name}) at {worker.address} is "
                                    f"unreachable during {what}: {exc}", rank=worker.rank,
                                    node=worker.info.node_id)
-        ex = info.exit
-        signal = ex.signal or None
-        # The error's own text ends "(killed by SIGKILL)" / "(exit code 1)": not twice.
-        reason = re.sub(r"\s*\(?(killed by [^)]*|exited with code -?\d+)\)?$", "", ex.reason)
-        return WorkerDiedError(
-            f"worker rank {worker.rank} ({worker.name}) on node {info.node_id} ({info.node_address}) died "
-            f"during {what}" + (f": {reason}" if reason else ""),
-            exit_code=None if signal or ex.exit_code < 0 else ex.exit_code, signal=signal, stderr_tail=ex.stderr_tail,
-            node=info.node_id, rank=worker.rank)
+        return died_error(info, worker.rank, worker.name, what)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[PendingRef]:
         """Call ``method_name`` on every rank (verl's slicing rule); a PendingRef per rank."""
@@ -713,6 +708,8 @@ class WorkerGroup:
         owns = self._owns_workers and not self.detached
 
         async def teardown():
+            if owns or self._is_init_with_detached_workers:
+                deathwatch_for(self._rt).forget([w.worker_id for w in self._workers])
             for w in self._workers:
                 if w.client is not None and (owns or self._is_init_with_detached_workers):
                     with contextlib.suppress(Exception):

@@ -255,6 +255,11 @@ class WorkerClient:
         known to be gone (the controller's death watch heard it from the scheduler)."""
         self._fail_all(exc)
 
+    def fail_pending(self, exc: errors.PodiumError) -> None:
+        """Fail every pending call with ``exc``, and every later call too: the worker is
+        known to be gone (the controller's death watch heard it from the scheduler)."""
+        self._fail_all(exc)
+
     def _fail_all(self, exc: errors.PodiumError) -> None:
         if self._broken is None:
             self._broken = exc

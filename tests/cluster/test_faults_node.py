@@ -1,13 +1,19 @@
-"""A node agent killed with SIGKILL (issue 7, item 3).
+"""A node agent killed with SIGKILL, and a whole node frozen (issue 7, item 3).
 
-Its workers die with it (the kernel's parent-death signal); the scheduler marks the node
-dead once its lease (2 s here) runs out and reports the node's workers EXITED; the
+Killed: its workers die with it (the kernel's parent-death signal); the scheduler marks the
+node dead once its lease (3 s here) runs out and reports the node's workers EXITED; the
 controller's next call on them raises WorkerDiedError naming the node; /v1/placement shows
 the node dead, and new placement groups land on the live node only.
+
+Frozen (agent and workers SIGSTOPped, as a machine that hangs or is cut off: no socket
+closes): a call pending on its worker fails with WorkerDiedError soon after the node's
+lease, through the controller's death watch, instead of waiting for the call's deadline.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import signal
 import time
 
@@ -35,6 +41,11 @@ class Where(Worker):
     def pid(self):
         import os
         return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return self.rank
 
 
 def test_killed_agent_node_dead_workers_reported_dead_no_new_placement(scheduler_process, agents, token):
@@ -86,3 +97,35 @@ def test_killed_agent_node_dead_workers_reported_dead_no_new_placement(scheduler
         again.shutdown()
     finally:
         fc.close()
+
+
+def test_frozen_node_fails_pending_calls_after_its_lease(scheduler_process, agents, token):
+    fc = FaultCluster(scheduler_process, agents, token, ("127.0.0.2", "127.0.0.3"))
+    fc.connect(call_timeout=300)
+    frozen: list[int] = []
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        wg = WorkerGroup(ResourcePool([2, 2], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Where))
+        assert wg.node() == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2
+        pids = wg.pid()
+        node = fc.agents["127.0.0.3"]
+        call = pool.submit(wg.nap, 120)  # would hold the caller for two minutes
+        time.sleep(0.5)
+        frozen[:] = [node.proc.pid, pids[2], pids[3]]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        err = call.exception(timeout=NODE_LEASE + 30)
+        seen = elapsed(stopped)
+        assert isinstance(err, WorkerDiedError), repr(err)
+        report(f"node frozen (SIGSTOP agent + workers; lease {NODE_LEASE:g} s): pending call", seen, str(err))
+        assert err.rank in (2, 3) and err.node == node.node_id and f"node {node.node_id} died" in str(err)
+        assert fc.node_state(node.node_id) == "NODE_DEAD"
+        # Its workers are dead for this controller from now on: a call fails at once.
+        with pytest.raises(WorkerDiedError):
+            wg.workers[3].call("pid")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)  # the agent re-registers and stops its stale workers
+        fc.close()  # (stops the live node's workers, so the naps there end too)
+        pool.shutdown(wait=True)
