@@ -156,6 +156,10 @@ class _Frozen:
         return [memoryview(self.buffer)]
 
 
+#: The wire form of None, made once (its segments are immutable bytes).
+_ENCODED_NONE = codec.encode(None)
+
+
 def _remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1) -> errors.RemoteError:
     # Drop the host's own frames so the traceback starts in user code.
     tb = exc.__traceback__
@@ -386,7 +390,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def package(self, value: Any, header: worker_pb2.CallHeader) -> _Outcome:
         """Encode a result and hold it, put it in shared memory, or ready it for streaming."""
-        encoded = codec.encode(value)
+        encoded = _ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
         nbytes = encoded.nbytes
         if header.hold_result:
             rows = refs.rows_of(value)

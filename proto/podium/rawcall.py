@@ -51,8 +51,10 @@ MAX_FRAME_BYTES = CHUNK_SIZE + (1 << 20)
 _LEN = struct.Struct("<I")
 _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
-# Frames smaller than this wait for the end of the loop turn to leave together.
+# Frames smaller than this wait for the end of the loop turn to leave together,
+# at most this many at a time.
 _COALESCE_MAX = 65536
+_COALESCE_FRAMES = 16
 # Stop reading from the socket while this many parsed frames wait for the server side.
 _MAX_QUEUED_FRAMES = 64
 #: A connection that has not completed its handshake by then is closed (server side).
@@ -228,7 +230,9 @@ class FrameConnection(asyncio.Protocol):
             self._transport.write(data)
             return
         self._pending.append(_LEN.pack(len(data)) + data)
-        if not self._flush_scheduled:
+        if len(self._pending) >= _COALESCE_FRAMES:
+            self._flush()  # a long burst: let the peer start on the first frames meanwhile
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
