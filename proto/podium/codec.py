@@ -267,7 +267,21 @@ class _Pickler(cloudpickle.Pickler):
             return _reduce_tensordict(obj)
         if isinstance(obj, (types.FunctionType, type)):
             _register_test_module_by_value(getattr(obj, "__module__", None))
+        if isinstance(obj, types.CodeType):
+            return _reduce_code(obj)
         return super().reducer_override(obj)
+
+
+_DYNAMIC_FILENAME = "<dynamic-code>"
+
+
+def _reduce_code(code: types.CodeType) -> Any:
+    # cloudpickle writes every by-value code object's file name as "<dynamic-code>",
+    # so a remote traceback of a class sent by value would name no file and show no
+    # source. Keep the real name: the worker's traceback then points at the user's
+    # file and line (with the source line where the file exists there too).
+    rebuild, args = cloudpickle.cloudpickle._code_reduce(code)
+    return rebuild, tuple(code.co_filename if arg == _DYNAMIC_FILENAME else arg for arg in args)
 
 
 _checked_modules: set[str] = set()

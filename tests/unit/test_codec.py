@@ -382,3 +382,13 @@ def test_arbitrary_bytes_only_ever_raise_data_loss(blob, with_header):
                     max_leaves=20))
 def test_plain_python_round_trips(value):
     assert codec.loads(codec.dumps(value)) == value
+
+
+def test_code_sent_by_value_keeps_its_file_name():
+    # cloudpickle would write "<dynamic-code>"; remote tracebacks must name the user's file.
+    def local_function():
+        return 1
+
+    rebuilt = codec.loads(codec.dumps(local_function))
+    assert rebuilt() == 1
+    assert rebuilt.__code__.co_filename == __file__
