@@ -1,7 +1,9 @@
-"""Every dispatch mode through real worker processes on the embedded cluster.
+"""Every dispatch mode through real worker processes, on two clusters.
 
-One module-scoped ``init()`` (scheduler + node agent child processes, 8 fake GPUs) and one
-4-rank WorkerGroup serve every test here; the cluster is shut down at the end.
+Every test runs twice: on the embedded cluster (``init()``: scheduler + one node agent as
+child processes, 8 fake GPUs) and on a 2-node loopback cluster of real processes
+(127.0.0.2 and 127.0.0.3), where the 4 ranks span both nodes. One 4-rank WorkerGroup per
+cluster serves every test; the cluster is shut down at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make
 from podium.errors import RemoteError
 from podium.protocol import DataProto
 from podium.worker import Dispatch, Execute, Worker, register
+from podium_clusters import TWO_NODES, controller_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,14 +112,29 @@ class Echo(Worker):
         return x * 2 + self.rank
 
 
+#: What the group looks like on each cluster: the pool, the worker names, the group's process
+#: count per node, each rank's GPU and rank 0's node. On two nodes the ranks span both.
+LAYOUTS = {
+    "embedded": {"pool": [4], "names": [f"echoEcho_0:{i}" for i in range(4)], "local": "4",
+                 "gpus": ["0", "1", "2", "3"], "master": "127.0.0.1"},
+    "two_nodes": {"pool": [2, 2], "names": ["echoEcho_0:0", "echoEcho_0:1", "echoEcho_1:0", "echoEcho_1:1"],
+                  "local": "2", "gpus": ["0", "1", "0", "1"], "master": TWO_NODES[0]},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def layout(request, tmp_path_factory):
+    # 2 GPUs per node: the pool's two placement groups cannot share a node.
+    with controller_cluster(request.param, tmp_path_factory.mktemp(request.param), gpus_per_node=2):
+        yield LAYOUTS[request.param]
+
+
 @pytest.fixture(scope="module")
-def wg():
-    controller.init()
-    try:
-        yield WorkerGroup(ResourcePool([4], use_gpu=True, max_colocate_count=4),
-                          ClassWithInitArgs(Echo, offset=0), name_prefix="echo")
-    finally:
-        controller.shutdown()
+def wg(layout):
+    group = WorkerGroup(ResourcePool(layout["pool"], use_gpu=True, max_colocate_count=4),
+                        ClassWithInitArgs(Echo, offset=0), name_prefix="echo")
+    yield group
+    group.shutdown()
 
 
 def proto(n: int, padding: bool = False) -> DataProto:
@@ -125,11 +143,11 @@ def proto(n: int, padding: bool = False) -> DataProto:
                                auto_padding=padding)
 
 
-def test_surface(wg):
+def test_surface(wg, layout):
     assert wg.world_size == 4
-    assert wg.worker_names == [f"echoEcho_0:{i}" for i in range(4)]
+    assert wg.worker_names == layout["names"]
     assert [w.rank for w in wg.workers] == [0, 1, 2, 3]
-    assert wg.master_address == "127.0.0.1" and int(wg.master_port) > 0
+    assert wg.master_address == layout["master"] and int(wg.master_port) > 0
     assert type(wg.add_rank).__name__ == "add_rank"
     assert not hasattr(wg, "plain")
 
@@ -214,7 +232,7 @@ def test_remote_error_names_rank_and_traceback(wg):
     assert wg.one(1)[0] == (0, 1, 0)  # still serving
 
 
-def test_env_each_rank_sees(wg):
+def test_env_each_rank_sees(wg, layout):
     keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PODIUM_LOCAL_WORLD_SIZE",
             "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND",
             "CUDA_VISIBLE_DEVICES"]
@@ -222,10 +240,10 @@ def test_env_each_rank_sees(wg):
     for rank, env in enumerate(envs):
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
         assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1"
-        assert env["PODIUM_LOCAL_WORLD_SIZE"] == env["RAY_LOCAL_WORLD_SIZE"] == "4"
+        assert env["PODIUM_LOCAL_WORLD_SIZE"] == env["RAY_LOCAL_WORLD_SIZE"] == layout["local"]
         assert env["MASTER_ADDR"] == wg.master_address and env["MASTER_PORT"] == str(wg.master_port)
         assert env["WG_PREFIX"] == "echo" and env["WG_BACKEND"] == "podium"
-        assert env["CUDA_VISIBLE_DEVICES"] == str(rank)
+        assert env["CUDA_VISIBLE_DEVICES"] == layout["gpus"][rank]
 
 
 def test_torch_distributed_gloo(wg):

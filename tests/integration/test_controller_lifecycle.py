@@ -1,5 +1,6 @@
-"""WorkerGroup lifecycle on the embedded cluster: futures between groups, colocation, pools,
-errors (slot full, infeasible, dead worker), worker_env and from_detached."""
+"""WorkerGroup lifecycle: futures between groups, colocation, pools, errors (slot full,
+infeasible, dead worker), worker_env and from_detached; on the embedded cluster and on a
+2-node loopback cluster of real processes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from podium.controller.runtime import get_runtime
 from podium.errors import InfeasibleError, SlotFullError, WorkerDiedError
 from podium.protocol import DataProto
 from podium.worker import Dispatch, Worker, register
+from podium_clusters import controller_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,7 +35,7 @@ class Producer(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def info(self):
         return {"pid": os.getpid(), "rank": self.rank, "env": {k: os.environ.get(k) for k in (
-            "WORLD_SIZE", "PODIUM_LOCAL_WORLD_SIZE", "FOO", "CUDA_VISIBLE_DEVICES")}}
+            "WORLD_SIZE", "PODIUM_LOCAL_WORLD_SIZE", "FOO", "CUDA_VISIBLE_DEVICES", "PODIUM_NODE_ADDRESS")}}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def die(self):
@@ -75,11 +77,11 @@ class RankZeroDispatch(Worker):
         return 0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    controller.init()
-    yield
-    controller.shutdown()
+@pytest.fixture(scope="module", autouse=True, params=["embedded", "two_nodes"])
+def cluster(request, tmp_path_factory):
+    """Every test runs on the embedded cluster and on 2 loopback nodes (4 fake GPUs each)."""
+    with controller_cluster(request.param, tmp_path_factory.mktemp(request.param)):
+        yield request.param
 
 
 def worker_count() -> int:
@@ -135,7 +137,8 @@ def test_heterogeneous_pool_2_4():
         assert {i["env"]["WORLD_SIZE"] for i in infos} == {"6"}
         local = sorted(int(i["env"]["PODIUM_LOCAL_WORLD_SIZE"]) for i in infos)
         assert local == [6] * 6 or local == [2, 2, 4, 4, 4, 4]  # one node holds both groups
-        assert len({i["env"]["CUDA_VISIBLE_DEVICES"] for i in infos}) == 6
+        # six distinct GPUs: (node, index) pairs, since indices repeat across nodes
+        assert len({(i["env"]["PODIUM_NODE_ADDRESS"], i["env"]["CUDA_VISIBLE_DEVICES"]) for i in infos}) == 6
     finally:
         wg.shutdown()
 
@@ -298,7 +301,7 @@ def test_split_pool_gives_disjoint_gpus():
         gpus_a = [i["env"]["CUDA_VISIBLE_DEVICES"] for i in a.info()]
         gpus_b = [i["env"]["CUDA_VISIBLE_DEVICES"] for i in b.info()]
         assert a.world_size == b.world_size == 2
-        assert len(set(gpus_a + gpus_b)) == 4
+        assert len(set(gpus_a + gpus_b)) == 4  # the pool is STRICT_PACK: one node, 4 GPUs
         assert [i["env"]["WORLD_SIZE"] for i in a.info()] == ["2", "2"]
     finally:
         a.shutdown()

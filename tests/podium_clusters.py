@@ -1,0 +1,97 @@
+"""Clusters the controller tests run on: the embedded one, and 2 real nodes on loopback.
+
+``controller_cluster(kind, tmp_dir)`` is a context manager that leaves ``podium.controller``
+initialised against the cluster and tears everything down afterwards:
+
+* ``"embedded"``: ``init()`` (a scheduler and one node agent as child processes, 8 fake GPUs);
+* ``"two_nodes"``: a ``podium scheduler`` process and two ``podium node`` processes on
+  127.0.0.2 and 127.0.0.3 (``gpus_per_node`` fake GPUs each), joined with ``init(address=...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+from podium import controller
+
+#: Node addresses of the two-node cluster, in rank order.
+TWO_NODES = ("127.0.0.2", "127.0.0.3")
+
+
+def _wait_port_file(path: pathlib.Path, proc: subprocess.Popen, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            with contextlib.suppress(ValueError):
+                return json.loads(path.read_text())
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[3]} exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} was not written within {timeout}s")
+
+
+@contextlib.contextmanager
+def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4):
+    """Yield (scheduler address, token) of a scheduler + 2 node agent processes."""
+    token = secrets.token_urlsafe(16)
+    env = dict(os.environ, PODIUM_TOKEN=token)
+    env.pop("PODIUM_TOKEN_FILE", None)
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str]) -> subprocess.Popen:
+        with open(tmp / f"{name}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        return procs[-1]
+
+    try:
+        sched = start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
+                                    "--state", ":memory:", "--port-file", str(tmp / "scheduler.json")])
+        address = f"127.0.0.1:{_wait_port_file(tmp / 'scheduler.json', sched)['port']}"
+        # Started in reverse address order: rank order must still follow node addresses.
+        for host in reversed(TWO_NODES):
+            agent = start(host, ["node", "--scheduler", address, "--host", host, "--fake-gpus",
+                                 str(gpus_per_node), "--cpus", "64", "--port-file", str(tmp / f"{host}.json"),
+                                 "--log-dir", str(tmp / host)])
+            _wait_port_file(tmp / f"{host}.json", agent)
+        yield address, token
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+
+
+@contextlib.contextmanager
+def controller_cluster(kind: str, tmp: pathlib.Path, gpus_per_node: int = 4):
+    """Initialise podium.controller on a cluster of ``kind`` (see the module docstring)."""
+    if kind == "embedded":
+        controller.init()
+        try:
+            yield
+        finally:
+            controller.shutdown()
+        return
+    assert kind == "two_nodes", kind
+    with two_node_processes(tmp, gpus_per_node) as (address, token):
+        rt = controller.init(address=address, token=token)
+        try:
+            deadline = time.monotonic() + 30
+            while len(rt.run(rt.cluster_state()).nodes) < len(TWO_NODES):
+                assert time.monotonic() < deadline, "the node agents did not register"
+                time.sleep(0.1)
+            yield
+        finally:
+            controller.shutdown()
