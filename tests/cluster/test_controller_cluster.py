@@ -6,25 +6,17 @@ GPUs each) run as separate processes; the controller joins with ``init(address=.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
-from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn
 from podium.protocol import DataProto
 from podium.worker import Dispatch, Worker, register
+from podium_clusters import controller_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
-
-NODES = ("127.0.0.3", "127.0.0.2")  # started in this order: ranks must still follow address order
 
 
 class MeshWorker(Worker):
@@ -47,59 +39,11 @@ class MeshWorker(Worker):
                                                "PODIUM_LOCAL_WORLD_SIZE", "WORLD_SIZE")}
 
 
-def _wait_file(path, proc, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except ValueError:
-                pass
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-        time.sleep(0.05)
-    raise TimeoutError(f"{path} not written within {timeout}s")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cluster")
-    token = secrets.token_urlsafe(16)
-    env = dict(os.environ, PODIUM_TOKEN=token)
-    env.pop("PODIUM_TOKEN_FILE", None)
-    procs = []
-
-    def start(args, name):
-        log = open(tmp / f"{name}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        procs.append(proc)
-        return proc
-
-    try:
-        sched = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--state",
-                       ":memory:", "--port-file", str(tmp / "sched.json")], "scheduler")
-        port = _wait_file(tmp / "sched.json", sched)["port"]
-        for host in NODES:
-            agent = start(["node", "--scheduler", f"127.0.0.1:{port}", "--host", host, "--fake-gpus", "2",
-                           "--cpus", "16", "--port-file", str(tmp / f"{host}.json"),
-                           "--log-dir", str(tmp / host)], host)
-            _wait_file(tmp / f"{host}.json", agent)
-        rt = controller.init(address=f"127.0.0.1:{port}", token=token)
-        deadline = time.monotonic() + 30
-        while len(rt.run(rt.cluster_state()).nodes) < 2:
-            assert time.monotonic() < deadline, "nodes did not register"
-            time.sleep(0.1)
-        yield rt
-    finally:
-        controller.shutdown()
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+    # 2 GPUs per node: the pool's two placement groups land on different nodes.
+    with controller_cluster("two_nodes", tmp_path_factory.mktemp("cluster"), gpus_per_node=2):
+        yield
 
 
 def test_mesh_dispatch_over_two_nodes_in_address_order(cluster):
