@@ -24,7 +24,6 @@ import asyncio
 import itertools
 import logging
 import os
-import socket
 from typing import Any
 
 import grpc
@@ -77,6 +76,12 @@ class Payload:
     def segments(self) -> list[memoryview]:
         """The wire form as zero-copy segments (for shared memory)."""
         return self.encoded.to_segments()
+
+
+def _shares_shm(info: worker_pb2.DescribeResponse) -> bool:
+    """Whether the described worker sees this process's /dev/shm (see shm.domain)."""
+    mine = shm.domain()
+    return bool(mine) and info.shm_domain == mine
 
 
 def prepare(value: Any) -> Payload:
@@ -167,7 +172,7 @@ class WorkerClient:
         if self._stream is not None or self._raw is not None:  # already started: just the fresh Describe
             return info
         if self.same_host is None:
-            self.same_host = info.hostname == socket.gethostname()
+            self.same_host = _shares_shm(info)
         if self.rank < 0:
             self.rank = info.rank
         self.worker_id = self.worker_id or info.worker_id
@@ -249,11 +254,6 @@ class WorkerClient:
         return errors.UnavailableError(
             f"lost the call stream to {self._who()}: {exc.code().name}: {exc.details()}",
             rank=self.rank)
-
-    def fail_pending(self, exc: errors.PodiumError) -> None:
-        """Fail every pending call with ``exc``, and every later call too: the worker is
-        known to be gone (the controller's death watch heard it from the scheduler)."""
-        self._fail_all(exc)
 
     def fail_pending(self, exc: errors.PodiumError) -> None:
         """Fail every pending call with ``exc``, and every later call too: the worker is
@@ -525,7 +525,7 @@ class WorkerClient:
         """The value ``ref`` names (or only rows ``[rows[0], rows[1])`` of it), from its owner."""
         self.connect()
         if self.same_host is None and ref.size_bytes >= self.shm_threshold:
-            self.same_host = (await self.describe(timeout=timeout or 30.0)).hostname == socket.gethostname()
+            self.same_host = _shares_shm(await self.describe(timeout=timeout or 30.0))
         request = worker_pb2.FetchRequest(object_id=ref.object_id,
                                           reply_in_shm=bool(self.same_host) and ref.size_bytes >= self.shm_threshold)
         if rows is not None:

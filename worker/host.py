@@ -333,6 +333,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._gate.set_result(None)
         self._method_info: dict[str, tuple[bool, bool]] = {}
         self._hostname = socket.gethostname()
+        self._shm_domain = shm.domain()
 
     # ---------------------------------------------------------------- helpers
 
@@ -580,6 +581,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker_id=self.config.worker_id, rank=self.config.rank, world_size=self.config.world_size,
             pid=os.getpid(), class_name=self._class_name, constructed=self._construct_state == "done",
             methods=methods, node_address=self.config.node_address, hostname=self._hostname,
+            shm_domain=self._shm_domain,
             call_port=self.call_port, stats=self.stats)
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:

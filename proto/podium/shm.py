@@ -25,8 +25,8 @@ from collections.abc import Iterable
 
 from podium.errors import DataLossError, InvalidArgumentError, PayloadTooLargeError
 
-__all__ = ["PREFIX", "SHM_DIR", "write_segments", "read_segment", "remove_segment", "cleanup_stale",
-           "remove_segments_of"]
+__all__ = ["PREFIX", "SHM_DIR", "domain", "write_segments", "read_segment", "remove_segment",
+           "cleanup_stale", "remove_segments_of"]
 
 #: Every segment name starts with this, followed by "<creator pid>-<uuid hex>".
 PREFIX = "podium-"
@@ -35,6 +35,22 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 # Names arrive over the wire: allow nothing that could leave SHM_DIR.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+
+
+def domain() -> str:
+    """Who else can see this process's segments: boot id + device + inode of SHM_DIR.
+
+    Two processes can pass segments by name exactly when their domains are equal. A
+    host name does not say that: containers on the host network share one host name
+    but may each have a private /dev/shm. "" when it cannot be told (never shared).
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+        info = os.stat(SHM_DIR)
+    except OSError:
+        return ""
+    return f"{boot}:{info.st_dev}:{info.st_ino}"
 
 
 def _path(name: str) -> str:

@@ -94,3 +94,21 @@ def test_cleanup_stale_removes_only_dead_creators():
         for name in (stale, live):
             if exists(name):
                 os.unlink(os.path.join(shm.SHM_DIR, name))
+
+
+def test_domain_is_shared_by_processes_that_see_the_same_shm_dir():
+    import subprocess
+    import sys
+
+    from podium.v1 import worker_pb2
+    from podium.worker.client import _shares_shm
+
+    mine = shm.domain()
+    assert mine and mine.count(":") == 2
+    other = subprocess.run([sys.executable, "-c", "from podium import shm; print(shm.domain())"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert other == mine
+    # Same host name but another /dev/shm (a container with a private one) is not shared.
+    assert _shares_shm(worker_pb2.DescribeResponse(shm_domain=mine))
+    assert not _shares_shm(worker_pb2.DescribeResponse(shm_domain=mine + "x"))
+    assert not _shares_shm(worker_pb2.DescribeResponse())

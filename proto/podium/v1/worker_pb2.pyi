@@ -164,6 +164,7 @@ class DescribeResponse(_message.Message):
     HOSTNAME_FIELD_NUMBER: _builtins.int
     CALL_PORT_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
+    SHM_DOMAIN_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id given by the scheduler."""
     rank: _builtins.int
@@ -184,6 +185,12 @@ class DescribeResponse(_message.Message):
     """Port of the worker's raw call socket on node_address (the fast path for CALL and
     CONSTRUCT: the same CallFrame/ReplyFrame messages, length-prefixed, after a token
     handshake); 0 when it has none (TLS is on), and clients use the Calls stream.
+    """
+    shm_domain: _builtins.str
+    """Identity of the shared-memory directory the worker sees (boot id, device and inode
+    of /dev/shm). A client uses shared memory only when its own identity is equal: a
+    host name is not enough (containers on the host network share one, with private
+    /dev/shm each).
     """
     @_builtins.property
     def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodInfo]:
@@ -210,10 +217,11 @@ class DescribeResponse(_message.Message):
         hostname: _builtins.str = ...,
         call_port: _builtins.int = ...,
         stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        shm_domain: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "stats", b"stats", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "shm_domain", b"shm_domain", "stats", b"stats", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
