@@ -97,9 +97,6 @@ def test_cleanup_stale_removes_only_dead_creators():
 
 
 def test_domain_is_shared_by_processes_that_see_the_same_shm_dir():
-    import subprocess
-    import sys
-
     from podium.v1 import worker_pb2
     from podium.worker.client import _shares_shm
 
