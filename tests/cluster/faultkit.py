@@ -4,7 +4,10 @@ A fault cluster is one real ``podium scheduler`` with short leases and real ``po
 agents on their own loopback addresses (the helpers of ``conftest.py`` and
 ``test_agents_processes.py``), joined by this test process as the controller. Every test
 prints what it measured (``FAULT <name>: <seconds> s: <what the user saw>``) for the closing
-note's table; no test asserts a time, each waits with a stated deadline instead.
+note's table (``pytest -s``, or ``PODIUM_FAULT_REPORT=<file>`` to collect the lines);
+detection times are only printed, each test waits with a stated deadline instead.
+
+    PODIUM_FAULT_REPORT=/tmp/faults.txt python -m pytest -q -m faults tests/cluster
 """
 
 from __future__ import annotations
