@@ -403,13 +403,13 @@ class WorkerClient:
                 else:
                     await self._write(worker_pb2.CallFrame(call_id=call_id, header=first, data=chunk,
                                                            last=True))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, errors.PodiumError):
             self._pending.pop(call_id, None)
             _drop_segment(p)
-            raise
-        except errors.PodiumError:
-            self._pending.pop(call_id, None)
-            _drop_segment(p)
+            # The connection may have failed the call's future while this was sending (it
+            # awaits the shm copy and the writes): the error is raised here instead.
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: no "Future exception was never retrieved"
             raise
         except Exception as exc:  # noqa: BLE001 - a write on a broken stream
             err = self._broken or errors.UnavailableError(
