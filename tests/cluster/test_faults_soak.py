@@ -150,8 +150,13 @@ def _round(ledger: Ledger, rng: random.Random, seen_pids: set[int]) -> None:
 def test_soak_kill_and_rebuild_leaks_nothing(scheduler_process, agents, token):
     fc = FaultCluster(scheduler_process, agents, token, ("127.0.0.2", "127.0.0.3"),
                       agent_flags=("--fake-gpus", "4"))
-    fc.connect(call_timeout=CALL_TIMEOUT)
+    rt = fc.connect(call_timeout=CALL_TIMEOUT)
     ledger, rng, seen = Ledger(), random.Random(7), set()
+    # Whatever the controller's loop could not hand to a caller (an exception nobody
+    # retrieved, a callback that raised) is a call that neither returned nor raised.
+    unhandled: list[dict] = []
+    rt.loop.call_soon_threadsafe(rt.loop.set_exception_handler,
+                                 lambda _loop, context: unhandled.append(context))
     try:
         # A first short group: channels, threads and pools the runtime keeps are made now.
         warm = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Mixed))
@@ -173,6 +178,7 @@ def test_soak_kill_and_rebuild_leaks_nothing(scheduler_process, agents, token):
                f"{len(ledger.unexpected)} unexpected; fds {fds_before}->{fds_after}")
         assert ledger.accepted == ledger.returned + ledger.raised
         assert ledger.unexpected == []
+        assert [c.get("message") for c in unhandled] == [], unhandled[:3]
         assert ledger.returned > ROUNDS  # it really ran
         assert fds_after <= fds_before, f"controller fds {fds_before} -> {fds_after}"
         wait_for(lambda: descendants(agent_pids) <= helpers, "no worker process left")
