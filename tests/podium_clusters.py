@@ -11,6 +11,7 @@ initialised against the cluster and tears everything down afterwards:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -38,9 +39,19 @@ def _wait_port_file(path: pathlib.Path, proc: subprocess.Popen, timeout: float =
     raise TimeoutError(f"{path} was not written within {timeout}s")
 
 
+@dataclasses.dataclass
+class Processes:
+    """A running two-node cluster: its scheduler address, token and agent processes."""
+
+    address: str
+    token: str
+    #: node address -> its ``podium node`` process.
+    agents: dict[str, subprocess.Popen]
+
+
 @contextlib.contextmanager
-def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4):
-    """Yield (scheduler address, token) of a scheduler + 2 node agent processes."""
+def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4, *, state: str = ":memory:"):
+    """Yield :class:`Processes` of a scheduler + 2 node agent processes; all stopped after."""
     token = secrets.token_urlsafe(16)
     env = dict(os.environ, PODIUM_TOKEN=token)
     env.pop("PODIUM_TOKEN_FILE", None)
@@ -54,15 +65,16 @@ def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4):
 
     try:
         sched = start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
-                                    "--state", ":memory:", "--port-file", str(tmp / "scheduler.json")])
+                                    "--state", state, "--port-file", str(tmp / "scheduler.json")])
         address = f"127.0.0.1:{_wait_port_file(tmp / 'scheduler.json', sched)['port']}"
+        agents = {}
         # Started in reverse address order: rank order must still follow node addresses.
         for host in reversed(TWO_NODES):
-            agent = start(host, ["node", "--scheduler", address, "--host", host, "--fake-gpus",
-                                 str(gpus_per_node), "--cpus", "64", "--port-file", str(tmp / f"{host}.json"),
-                                 "--log-dir", str(tmp / host)])
-            _wait_port_file(tmp / f"{host}.json", agent)
-        yield address, token
+            agents[host] = start(host, ["node", "--scheduler", address, "--host", host, "--fake-gpus",
+                                        str(gpus_per_node), "--cpus", "64", "--port-file",
+                                        str(tmp / f"{host}.json"), "--log-dir", str(tmp / host)])
+            _wait_port_file(tmp / f"{host}.json", agents[host])
+        yield Processes(address, token, agents)
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -85,8 +97,8 @@ def controller_cluster(kind: str, tmp: pathlib.Path, gpus_per_node: int = 4):
             controller.shutdown()
         return
     assert kind == "two_nodes", kind
-    with two_node_processes(tmp, gpus_per_node) as (address, token):
-        rt = controller.init(address=address, token=token)
+    with two_node_processes(tmp, gpus_per_node) as cluster:
+        rt = controller.init(address=cluster.address, token=cluster.token)
         try:
             deadline = time.monotonic() + 30
             while len(rt.run(rt.cluster_state()).nodes) < len(TWO_NODES):

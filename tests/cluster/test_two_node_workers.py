@@ -12,12 +12,8 @@ reported with its signal, and no process left once the agents stop.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -28,10 +24,10 @@ from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2
 from podium.worker import ClassWithInitArgs, Dispatch, Worker, create_colocated_worker_cls, register
 from podium.worker.client import WorkerClient
+from podium_clusters import TWO_NODES, two_node_processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
-NODES = ("127.0.0.2", "127.0.0.3")
 GROUP = "twonode"
 
 
@@ -79,19 +75,6 @@ class Critic(Worker):
         return os.getpid()
 
 
-def _wait_file(path, proc, timeout=60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except ValueError:
-                pass
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-        time.sleep(0.05)
-    raise TimeoutError(f"{path} not written within {timeout}s")
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -106,31 +89,10 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """The processes, and the 4 workers created through the scheduler."""
-    tmp = tmp_path_factory.mktemp("twonode")
-    token = secrets.token_urlsafe(16)
-    env = dict(os.environ, PODIUM_TOKEN=token)
-    env.pop("PODIUM_TOKEN_FILE", None)
-    procs: dict[str, subprocess.Popen] = {}
-
-    def start(name, args):
-        log = open(tmp / f"{name}.log", "wb")
-        procs[name] = subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        return procs[name]
-
-    try:
-        sched = start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
-                                    "--state", str(tmp / "state.db"), "--port-file", str(tmp / "s.json")])
-        address = f"127.0.0.1:{_wait_file(tmp / 's.json', sched)['port']}"
-        for host in NODES:
-            agent = start(host, ["node", "--scheduler", address, "--host", host, "--fake-gpus", "2",
-                                 "--cpus", "8", "--port-file", str(tmp / f"{host}.json"),
-                                 "--log-dir", str(tmp / host)])
-            _wait_file(tmp / f"{host}.json", agent)
-
+    """The processes (2 fake GPUs per node), and the 4 workers created through the scheduler."""
+    with two_node_processes(tmp_path_factory.mktemp("twonode"), gpus_per_node=2) as procs:
         async def create():
-            async with SchedulerClient(address, token) as sched_client:
+            async with SchedulerClient(procs.address, procs.token) as sched_client:
                 deadline = time.monotonic() + 30
                 while len((await sched_client.cluster_state()).nodes) < 2:
                     assert time.monotonic() < deadline, "the agents did not register"
@@ -145,17 +107,8 @@ def cluster(tmp_path_factory):
                 return pg, await sched_client.wait_workers([w.id for w in created], timeout=60)
 
         pg, workers = asyncio.run(create())
-        yield {"address": address, "token": token, "procs": procs, "pg": pg,
-               "workers": sorted(workers, key=lambda w: w.spec.rank), "tmp": tmp}
-    finally:
-        for proc in reversed(list(procs.values())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+        yield {"address": procs.address, "token": procs.token, "agents": procs.agents, "pg": pg,
+               "workers": sorted(workers, key=lambda w: w.spec.rank)}
 
 
 def _run_on_all(cluster, body):
@@ -180,8 +133,8 @@ def _run_on_all(cluster, body):
 
 def test_spread_puts_two_ranks_on_each_node_in_address_order(cluster):
     nodes = [w.node_address for w in cluster["workers"]]
-    assert sorted(nodes) == sorted(NODES * 2)
-    by_node = {n: [w.spec.rank for w in cluster["workers"] if w.node_address == n] for n in NODES}
+    assert sorted(nodes) == sorted(TWO_NODES * 2)
+    by_node = {n: [w.spec.rank for w in cluster["workers"] if w.node_address == n] for n in TWO_NODES}
     assert all(len(ranks) == 2 for ranks in by_node.values())
 
 
@@ -274,8 +227,7 @@ def test_zz_sigkilled_worker_is_reported_with_its_signal_then_agents_leave_nothi
     info = asyncio.run(reported())
     assert info.exit.signal == signal.SIGKILL and "SIGKILL" in info.exit.reason
 
-    for host in NODES:
-        agent = cluster["procs"][host]
+    for agent in cluster["agents"].values():
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(30) == 0
     deadline = time.monotonic() + 10
