@@ -47,6 +47,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # gRPC shares connections (subchannels) between channels to the same address. Worker
+    # ports are reused: a new worker can get the port of one that just exited, and a
+    # shared subchannel still backing off from the dead one failed the new worker's first
+    # call with "Connection refused". Each channel keeps its own connections.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
