@@ -750,6 +750,11 @@ class ClusterModel:
                              master_port=port, gpu_indices=list(worker.gpu_indices),
                              group=spec.group, local_world_size=local, worker_id=worker.id,
                              node_address=worker.node_address)
+            # As Ray does: a worker's math libraries use as many threads as it has CPUs
+            # (its spec.env may say otherwise). Unset, every worker of a node starts one
+            # OpenMP thread per core, and their spinning threads slow each other down
+            # (measured: a 1 MiB DP_COMPUTE_PROTO on 4 CPU workers, 28.6 ms -> 4.2 ms).
+            worker.env["OMP_NUM_THREADS"] = str(max(1, int(spec.num_cpus)))
             worker.env.update(dict(spec.env))
             worker.env.update(env)
         self._touch(workers=[w.id for w in created])

@@ -117,6 +117,10 @@ def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int],
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()  # from fresh entropy: siblings would share the helper's state
+        torch = sys.modules.get("torch")
+        if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            # OpenMP read OMP_NUM_THREADS when the helper imported torch, not now.
+            torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
         from podium.worker import host
 
         code = host.main(["--ready-fd", str(ready_fd)])

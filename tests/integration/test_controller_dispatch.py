@@ -88,7 +88,8 @@ class Echo(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self, keys):
-        return {k: os.environ.get(k) for k in keys}
+        import torch
+        return {"torch_threads": torch.get_num_threads(), **{k: os.environ.get(k) for k in keys}}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail(self):
@@ -235,7 +236,7 @@ def test_remote_error_names_rank_and_traceback(wg):
 def test_env_each_rank_sees(wg, layout):
     keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PODIUM_LOCAL_WORLD_SIZE",
             "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND",
-            "CUDA_VISIBLE_DEVICES"]
+            "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"]
     envs = wg.env(keys)
     for rank, env in enumerate(envs):
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
@@ -244,6 +245,9 @@ def test_env_each_rank_sees(wg, layout):
         assert env["MASTER_ADDR"] == wg.master_address and env["MASTER_PORT"] == str(wg.master_port)
         assert env["WG_PREFIX"] == "echo" and env["WG_BACKEND"] == "podium"
         assert env["CUDA_VISIBLE_DEVICES"] == layout["gpus"][rank]
+        # one CPU per worker: one math-library thread (also in workers forked from a helper
+        # that imported torch before the variable was set)
+        assert env["OMP_NUM_THREADS"] == "1" and env["torch_threads"] == 1
 
 
 def test_torch_distributed_gloo(wg):

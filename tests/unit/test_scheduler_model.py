@@ -217,9 +217,14 @@ def test_environment_of_each_worker():
         assert w.env["PODIUM_WORKER_ID"] == w.id
         assert w.env["PODIUM_LOCAL_WORLD_SIZE"] == str(per_node[w.node_id])
         assert w.env["LOCAL_RANK"] == "0"
+        assert w.env["OMP_NUM_THREADS"] == "1"  # as Ray: as many threads as CPUs (1 here)
     # A CPU-only worker sees no GPU.
     [cpu] = model.create_workers([_spec(pg.id, 0, bundle=0, group="cpu", num_gpus=0)], "", 0, 1, now=2)
     assert cpu.env["CUDA_VISIBLE_DEVICES"] == "" and not cpu.gpu_indices
+    # The caller's env may choose the thread count.
+    [mine] = model.create_workers([_spec(pg.id, 0, bundle=1, group="omp", num_gpus=0,
+                                         env={"OMP_NUM_THREADS": "3"})], "", 0, 1, now=3)
+    assert mine.env["OMP_NUM_THREADS"] == "3"
 
 
 # ------------------------------------------------------------------ leases
