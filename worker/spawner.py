@@ -342,22 +342,34 @@ class Spawner:
                                               log_path=str(known.out_path)))
         return out
 
-    async def _start_forked(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
-        """Like :meth:`_start`, through the fork server (falls back to :meth:`_start`)."""
+    def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
+        """Record a worker about to start, and the environment it starts with."""
         worker = ManagedWorker(info, self.log_dir / f"{info.id}.out", self.log_dir / f"{info.id}.err")
         self._workers[info.id] = worker
         env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
                          worker_id=info.id, node_address=self.node_address, tls=self.tls)
-        env["PODIUM_SPAWN_REQUESTED_AT"] = repr(time.time())
+        env["PODIUM_SPAWN_REQUESTED_AT"] = repr(time.time())  # start-up phases (bench)
+        return worker, env
+
+    @contextlib.contextmanager
+    def _log_files(self, worker: "ManagedWorker"):
+        """The worker's stdout and stderr files, opened for appending, each headed by a line
+        that names the worker."""
+        info = worker.info
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
+        with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
+            for handle in (out, err):
+                handle.write(header.encode())
+                handle.flush()
+            yield out, err
+
+    async def _start_forked(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
+        """Like :meth:`_start`, through the fork server (falls back to :meth:`_start`)."""
+        worker, env = self._new_worker(info)
         read_fd, write_fd = os.pipe()
         try:
-            with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
-                out.write(header.encode())
-                err.write(header.encode())
-                out.flush()
-                err.flush()
+            with self._log_files(worker) as (out, err):
                 worker.proc = await self._forkserver.spawn(
                     env, os.getcwd(), (write_fd, out.fileno(), err.fileno()), [self.command[-1]])
             os.close(write_fd)  # the helper got its own copies with the request
@@ -378,20 +390,10 @@ class Spawner:
         return worker
 
     def _start(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
-        worker = ManagedWorker(info, self.log_dir / f"{info.id}.out", self.log_dir / f"{info.id}.err")
-        self._workers[info.id] = worker
-        env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
-                         worker_id=info.id, node_address=self.node_address, tls=self.tls)
-        env["PODIUM_SPAWN_REQUESTED_AT"] = repr(time.time())  # start-up phases (bench)
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
+        worker, env = self._new_worker(info)
         read_fd, write_fd = os.pipe()
         try:
-            with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
-                out.write(header.encode())
-                err.write(header.encode())
-                out.flush()
-                err.flush()
+            with self._log_files(worker) as (out, err):
                 # No preexec_fn, so Popen can vfork (see the module docstring).
                 worker.proc = subprocess.Popen(
                     launch_argv(self.command, write_fd), pass_fds=(write_fd,),
