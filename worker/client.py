@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from podium import codec, errors, framing, rpc, shm
+from podium import codec, errors, framing, rpc, shm, shmpool
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
 from podium.v1 import worker_pb2, worker_pb2_grpc
@@ -90,7 +90,7 @@ def prepare(value: Any) -> Payload:
 
 
 class _Pending:
-    __slots__ = ("future", "method", "assembler", "timer", "shm_name", "decode")
+    __slots__ = ("future", "method", "assembler", "timer", "shm_name", "shm_pooled", "decode")
 
     def __init__(self, future: asyncio.Future, method: str) -> None:
         self.future = future
@@ -100,6 +100,8 @@ class _Pending:
         #: The call's argument segment: unlinked by the worker when it maps it, by us
         #: when the call ends otherwise (a worker that died never maps it).
         self.shm_name = ""
+        #: shm_name is a segment of the client's pool (podium.shmpool), not a one-shot one.
+        self.shm_pooled = False
         #: Resolve the future with the decoded value (submit) rather than the raw reply.
         self.decode = False
 
@@ -136,6 +138,9 @@ class WorkerClient:
         self._lock: asyncio.Lock | None = None
         self._broken: errors.PodiumError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Reused shared-memory segments, both ways (made in start() for a same-host worker).
+        self._shm_pool: shmpool.SegmentPool | None = None
+        self._shm_cache: shmpool.SegmentCache | None = None
 
     @property
     def broken(self) -> errors.PodiumError | None:
@@ -173,6 +178,9 @@ class WorkerClient:
             return info
         if self.same_host is None:
             self.same_host = _shares_shm(info)
+        if self.same_host:
+            self._shm_pool = shmpool.SegmentPool(lambda names: self._send_shm_control(forget=names))
+            self._shm_cache = shmpool.SegmentCache(lambda names: self._send_shm_control(released=names))
         if self.rank < 0:
             self.rank = info.rank
         self.worker_id = self.worker_id or info.worker_id
@@ -224,6 +232,9 @@ class WorkerClient:
                 pass
         if self._channel is not None:
             await self._channel.close()
+        if self._shm_pool is not None:
+            self._shm_pool.close()
+            self._shm_cache.close()
         self._channel = self._stub = self._stream = self._reader = self._raw = None
 
     # ---------------------------------------------------------------- reader
@@ -265,17 +276,19 @@ class WorkerClient:
             self._broken = exc
         pending, self._pending = self._pending, {}
         for p in pending.values():
-            _drop_segment(p)
+            self._drop_segment(p)
             if p.timer is not None:
                 p.timer.cancel()
             if not p.future.done():
                 p.future.set_exception(exc)
 
     def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
+        if frame.shm_released or frame.shm_forget:
+            self._on_shm_control(frame)
         p = self._pending.get(frame.call_id)
-        if p is None:  # a call that already timed out or was cancelled
+        if p is None:  # a call that already timed out or was cancelled (or call id 0)
             if frame.HasField("header") and frame.header.shm_name:
-                shm.remove_segment(frame.header.shm_name)
+                self._discard_reply(_ShmReply.of(frame.header))
             return
         if frame.HasField("header"):
             header = frame.header
@@ -289,7 +302,7 @@ class WorkerClient:
                                                          r.inline_value or None))
                 return
             if header.shm_name:
-                self._finish(frame.call_id, p, _ShmReply(header.shm_name))
+                self._finish(frame.call_id, p, _ShmReply.of(header))
                 return
             if frame.last:
                 self._finish(frame.call_id, p, frame.data)
@@ -312,12 +325,13 @@ class WorkerClient:
 
     def _finish(self, call_id: int, p: _Pending, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
-        _drop_segment(p)
+        if exc is not None or not p.shm_pooled:  # a pooled argument comes back in shm_released
+            self._drop_segment(p)
         if p.timer is not None:
             p.timer.cancel()
         if p.future.done():
             if isinstance(value, _ShmReply):
-                shm.remove_segment(value.name)
+                self._discard_reply(value)
             return
         if exc is None and p.decode:
             try:
@@ -333,7 +347,7 @@ class WorkerClient:
         p = self._pending.pop(call_id, None)
         if p is None or p.future.done():
             return
-        _drop_segment(p)
+        self._drop_segment(p)
         p.future.set_exception(errors.DeadlineExceededError(
             f"call {p.method!r} to {self._who()} did not answer within {timeout} s",
             rank=self.rank, details={"method": p.method}))
@@ -378,19 +392,18 @@ class WorkerClient:
         try:
             name = ""
             if same_host and payload.nbytes >= self.shm_threshold:
+                copy = asyncio.ensure_future(asyncio.to_thread(self._write_shm, payload))
                 try:
-                    name, _ = await asyncio.to_thread(shm.write_segments, payload.segments())
-                except OSError:  # /dev/shm full or missing: send over TCP instead
-                    name = ""
+                    name, p.shm_pooled = await asyncio.shield(copy)
+                except asyncio.CancelledError:  # the copy finishes anyway: drop what it wrote
+                    copy.add_done_callback(lambda done: self._drop_written(done, p))
+                    raise
             if name:
                 header.shm_name = name
+                header.shm_pooled = p.shm_pooled
                 p.shm_name = name
                 self.stats["shm_sent"] += 1
-                try:
-                    await self._write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
-                except BaseException:
-                    shm.remove_segment(name)
-                    raise
+                await self._write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
             else:
                 chunks = iter(payload.iter_chunks())
                 chunk = next(chunks)
@@ -405,7 +418,7 @@ class WorkerClient:
                                                            last=True))
         except (asyncio.CancelledError, errors.PodiumError):
             self._pending.pop(call_id, None)
-            _drop_segment(p)
+            self._drop_segment(p)
             # The connection may have failed the call's future while this was sending (it
             # awaits the shm copy and the writes): the error is raised here instead.
             if future.done() and not future.cancelled():
@@ -422,7 +435,7 @@ class WorkerClient:
             reply = await future
         except asyncio.CancelledError:
             if self._pending.pop(call_id, None) is not None:
-                _drop_segment(p)
+                self._drop_segment(p)
                 if p.timer is not None:
                     p.timer.cancel()
                 self._loop.create_task(self._send_cancel(call_id))
@@ -434,8 +447,92 @@ class WorkerClient:
             return reply
         if isinstance(reply, _ShmReply):
             self.stats["shm_received"] += 1
-            return codec.decode(shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES))
+            return codec.decode(self._read_shm(reply))
         return codec.decode(reply)
+
+    # ---------------------------------------------------------------- shared memory
+
+    def _write_shm(self, payload: Payload) -> tuple[str, bool]:
+        """(segment name, pooled) holding ``payload``, or ("", False) to send it over TCP.
+
+        Runs on a worker thread: the copy does not hold the loop."""
+        try:
+            if self._shm_pool is not None:
+                name = self._shm_pool.write(payload.segments(), payload.nbytes)
+                if name:
+                    return name, True
+            return shm.write_segments(payload.segments())[0], False
+        except OSError:  # /dev/shm full or missing: send over TCP instead
+            return "", False
+
+    def _read_shm(self, reply: "_ShmReply") -> memoryview:
+        if reply.pooled:
+            if self._shm_cache is None:
+                raise errors.DataLossError(f"{self._who()} sent a pooled segment to a client without shm")
+            return self._shm_cache.read(reply.name, reply.nbytes, MAX_REPLY_BYTES)
+        return shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES)
+
+    def _discard_reply(self, reply: "_ShmReply") -> None:
+        # A reply nobody waits for: a one-shot segment is removed; a pooled one is mapped
+        # and let go at once, which gives it back to the worker's pool.
+        if not reply.pooled:
+            shm.remove_segment(reply.name)
+            return
+        try:
+            self._read_shm(reply)
+        except errors.PodiumError:
+            pass
+
+    def _drop_written(self, copy: asyncio.Future, p: _Pending) -> None:
+        if not copy.cancelled() and copy.exception() is None:
+            p.shm_name, p.shm_pooled = copy.result()
+            self._drop_segment(p)
+
+    def _drop_segment(self, p: _Pending) -> None:
+        # A one-shot argument is unlinked by the worker when it maps it, so this is a
+        # no-op after a normal call; after a failed one it keeps a dead worker's input
+        # from leaking. A pooled argument of a failed call is never written again.
+        if not p.shm_name:
+            return
+        if p.shm_pooled and self._shm_pool is not None:
+            self._shm_pool.abandon(p.shm_name)
+        else:
+            shm.remove_segment(p.shm_name)
+        p.shm_name = ""
+
+    def _send_shm_control(self, released: list[str] = (), forget: list[str] = ()) -> None:
+        # Called from any thread (where the last view of a reply died, or the pool's copy).
+        loop = self._loop
+        if loop is None or self._broken is not None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._write_shm_control, list(released), list(forget))
+        except RuntimeError:  # the loop is closed: the connection is gone with it
+            pass
+
+    def _write_shm_control(self, released: list[str], forget: list[str]) -> None:
+        if self._broken is not None:
+            return
+        frame = worker_pb2.CallFrame(call_id=0, shm_released=released, shm_forget=forget)
+        if self._raw is not None:
+            try:
+                self._raw.write_nowait(frame)
+            except errors.PodiumError:
+                pass
+        elif self._stream is not None:
+            self._loop.create_task(self._write_quietly(frame))
+
+    async def _write_quietly(self, frame: worker_pb2.CallFrame) -> None:
+        try:
+            await self._write(frame)
+        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
+            pass
+
+    def _on_shm_control(self, frame: worker_pb2.ReplyFrame) -> None:
+        if self._shm_pool is not None and frame.shm_released:
+            self._shm_pool.release(list(frame.shm_released))
+        if self._shm_cache is not None and frame.shm_forget:
+            self._shm_cache.forget(list(frame.shm_forget))
 
     def submit(self, method: str, payload: Payload, *, hold: bool = False,
                timeout: float | None = None) -> asyncio.Future:
@@ -569,16 +666,14 @@ class WorkerClient:
             raise self._rpc_error(exc, "Shutdown") from None
 
 
-def _drop_segment(p: _Pending) -> None:
-    # The worker unlinks the segment when it maps it, so this is a no-op after a
-    # normal call; after a failed one it keeps a dead worker's input from leaking.
-    if p.shm_name:
-        shm.remove_segment(p.shm_name)
-        p.shm_name = ""
-
-
 class _ShmReply:
-    __slots__ = ("name",)
+    __slots__ = ("name", "pooled", "nbytes")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, pooled: bool = False, nbytes: int = 0) -> None:
         self.name = name
+        self.pooled = pooled
+        self.nbytes = nbytes
+
+    @classmethod
+    def of(cls, header: worker_pb2.ReplyHeader) -> "_ShmReply":
+        return cls(header.shm_name, header.shm_pooled, header.payload_size)

@@ -48,7 +48,7 @@ from typing import Any
 import cloudpickle
 import grpc
 
-from podium import codec, errors, framing, refs, rpc, shm
+from podium import codec, errors, framing, refs, rpc, shm, shmpool
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.heldstore import HeldStore, default_budget
@@ -122,6 +122,8 @@ class _Outcome:
 
     ref: worker_pb2.ObjectRefInfo | None = None
     shm_name: str = ""
+    #: shm_name is a segment of the stream's pool (podium.shmpool), not a one-shot one.
+    shm_pooled: bool = False
     segments: list | None = None
     nbytes: int = 0
 
@@ -347,9 +349,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             exc.rank = self.config.rank
         return exc
 
-    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any) -> Any:
+    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: "_CallStream") -> Any:
         if header.shm_name:
-            payload = shm.read_segment(header.shm_name, max_size=self.config.max_payload_bytes)
+            if header.shm_pooled:
+                payload = stream.shm_cache.read(header.shm_name, header.payload_size,
+                                                self.config.max_payload_bytes)
+            else:
+                payload = shm.read_segment(header.shm_name, max_size=self.config.max_payload_bytes)
             self.stats["shm_in"] += 1
         return codec.decode(payload)
 
@@ -389,8 +395,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             result = asyncio.run_coroutine_threadsafe(result, self._loop).result()
         return result
 
-    def package(self, value: Any, header: worker_pb2.CallHeader) -> _Outcome:
-        """Encode a result and hold it, put it in shared memory, or ready it for streaming."""
+    def package(self, value: Any, header: worker_pb2.CallHeader,
+                pool: shmpool.SegmentPool | None = None) -> _Outcome:
+        """Encode a result and hold it, put it in shared memory (``pool``'s segments when
+        it has room, else a one-shot segment), or ready it for streaming."""
         encoded = _ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
         nbytes = encoded.nbytes
         if header.hold_result:
@@ -407,6 +415,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         segments = encoded.to_segments()
         if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes:
             try:
+                name = pool.write(segments, nbytes) if pool is not None else None
+                if name:
+                    self.stats["shm_out"] += 1
+                    return _Outcome(shm_name=name, shm_pooled=True, nbytes=nbytes)
                 name, size = shm.write_segments(segments)
             except OSError as exc:  # /dev/shm full or missing: TCP still works
                 log.warning("shared memory unavailable (%s); replying over TCP", exc)
@@ -415,13 +427,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 return _Outcome(shm_name=name, nbytes=size)
         return _Outcome(segments=segments, nbytes=nbytes)
 
-    def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader) -> _Outcome:
+    def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
+                     pool: shmpool.SegmentPool | None) -> _Outcome:
         # Runs on the execution thread.
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
             raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-        return self.package(value, header)
+        return self.package(value, header, pool)
 
     def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
         # Runs on the execution thread: CUDA/NCCL state made here belongs to it.
@@ -458,7 +471,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         prev, mine = active.gates
         try:
             try:
-                value = self._decode_payload(active.header, payload)
+                value = self._decode_payload(active.header, payload, active.stream)
                 if not (isinstance(value, (tuple, list)) and len(value) == 3):
                     raise errors.InvalidArgumentError(
                         "a CONSTRUCT payload must decode to (class_or_import_path, args, kwargs), "
@@ -500,7 +513,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         header = active.header
         job = None
         try:
-            value = self._decode_payload(header, payload)
+            value = self._decode_payload(header, payload, active.stream)
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
                 raise errors.InvalidArgumentError(
                     f"a CALL payload must decode to (args, kwargs), got {type(value).__name__}")
@@ -521,7 +534,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if active.deadline and time.monotonic() > active.deadline:
                     raise errors.DeadlineExceededError(
                         f"call {header.method!r} reached its deadline before it started")
-                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header)
+                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.shm_pool)
                 active.job = job
         finally:
             self.open_gate(prev, mine)
@@ -533,7 +546,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
                 raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-            outcome = self.package(result, header)
+            outcome = self.package(result, header, active.stream.shm_pool)
         await active.stream.send_outcome(active.call_id, outcome)
 
     async def _materialize(self, active: "_Active", args: Any, kwargs: Any) -> tuple[list, dict]:
@@ -668,6 +681,11 @@ class _CallStream:
         self.incoming: dict[int, _Incoming] = {}
         self.active: dict[int, _Active] = {}
         self.lock = asyncio.Lock()
+        self.loop = asyncio.get_running_loop()
+        self.closed = False
+        #: Reused shared-memory segments, both ways (used only by a same-host client).
+        self.shm_pool = shmpool.SegmentPool(lambda names: self.send_shm_control(forget=names))
+        self.shm_cache = shmpool.SegmentCache(lambda names: self.send_shm_control(released=names))
 
     async def run(self) -> None:
         context = self.context
@@ -689,10 +707,42 @@ class _CallStream:
                     self.host._exec.cancel(active.job)
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
+            self.closed = True
+            self.shm_pool.close()
+            self.shm_cache.close()
 
     async def write(self, frame: worker_pb2.ReplyFrame) -> None:
         async with self.lock:
             await self.context.write(frame)
+
+    closed = False
+
+    def send_shm_control(self, released: list[str] = (), forget: list[str] = ()) -> None:
+        """Tell the client which pooled segments it may reuse or must forget (any thread)."""
+        if self.closed:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._write_shm_control, list(released), list(forget))
+        except RuntimeError:  # the loop is closed: so is the stream
+            pass
+
+    def _write_shm_control(self, released: list[str], forget: list[str]) -> None:
+        if not self.closed:
+            self.loop.create_task(self._write_quietly(
+                worker_pb2.ReplyFrame(call_id=0, shm_released=released, shm_forget=forget)))
+
+    async def _write_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
+        try:
+            await self.write(frame)
+        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
+            pass
+
+    def on_shm_control(self, frame: worker_pb2.CallFrame) -> None:
+        """Segments the client gave back (``shm_released``) or dropped (``shm_forget``)."""
+        if frame.shm_released:
+            self.shm_pool.release(list(frame.shm_released))
+        if frame.shm_forget:
+            self.shm_cache.forget(list(frame.shm_forget))
 
     async def send_error(self, call_id: int, exc: BaseException) -> None:
         if not isinstance(exc, errors.PodiumError):
@@ -710,7 +760,8 @@ class _CallStream:
             await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True))
             return
         if outcome.shm_name:
-            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name)
+            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name,
+                                            shm_pooled=outcome.shm_pooled)
             await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True))
             return
         header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
@@ -731,6 +782,10 @@ class _CallStream:
 
     async def on_frame(self, frame: worker_pb2.CallFrame) -> None:
         call_id = frame.call_id
+        if frame.shm_released or frame.shm_forget:
+            self.on_shm_control(frame)
+        if call_id == 0 and not frame.HasField("header"):  # segment bookkeeping only
+            return
         if frame.HasField("header"):
             header = frame.header
             if header.kind == _CANCEL:

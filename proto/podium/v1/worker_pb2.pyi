@@ -240,6 +240,7 @@ class CallHeader(_message.Message):
     SHM_NAME_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     REPLY_IN_SHM_FIELD_NUMBER: _builtins.int
+    SHM_POOLED_FIELD_NUMBER: _builtins.int
     kind: Global___CallKind.ValueType
     """What the call asks for."""
     method: _builtins.str
@@ -256,6 +257,11 @@ class CallHeader(_message.Message):
     """The caller's deadline for this call, in seconds from now (0: none)."""
     reply_in_shm: _builtins.bool
     """Ask for the reply through shared memory (the caller is on the same host)."""
+    shm_pooled: _builtins.bool
+    """shm_name is one of the caller's pooled segments (podium.shmpool): the worker keeps
+    it mapped, reads payload_size bytes of it, and sends its name back in
+    ReplyFrame.shm_released once no value uses it.
+    """
     def __init__(
         self,
         *,
@@ -266,10 +272,11 @@ class CallHeader(_message.Message):
         shm_name: _builtins.str = ...,
         timeout_seconds: _builtins.float = ...,
         reply_in_shm: _builtins.bool = ...,
+        shm_pooled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -285,6 +292,8 @@ class CallFrame(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    SHM_RELEASED_FIELD_NUMBER: _builtins.int
+    SHM_FORGET_FIELD_NUMBER: _builtins.int
     call_id: _builtins.int
     """Chosen by the caller, unique per stream."""
     data: _builtins.bytes
@@ -295,6 +304,16 @@ class CallFrame(_message.Message):
     def header(self) -> Global___CallHeader:
         """Present in the first frame of each call only."""
 
+    @_builtins.property
+    def shm_released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Pooled segments of the worker's that the caller is done with: the worker may write
+        them again. A frame with call_id 0 carries only this and shm_forget.
+        """
+
+    @_builtins.property
+    def shm_forget(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Pooled segments the caller dropped: the worker unmaps them once unused."""
+
     def __init__(
         self,
         *,
@@ -302,10 +321,12 @@ class CallFrame(_message.Message):
         header: Global___CallHeader | None = ...,
         data: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        shm_released: _abc.Iterable[_builtins.str] | None = ...,
+        shm_forget: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "data", b"data", "header", b"header", "last", b"last"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "data", b"data", "header", b"header", "last", b"last", "shm_forget", b"shm_forget", "shm_released", b"shm_released"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -370,12 +391,18 @@ class ReplyHeader(_message.Message):
     PAYLOAD_SIZE_FIELD_NUMBER: _builtins.int
     REF_FIELD_NUMBER: _builtins.int
     SHM_NAME_FIELD_NUMBER: _builtins.int
+    SHM_POOLED_FIELD_NUMBER: _builtins.int
     ok: _builtins.bool
     """False when the call raised or could not run; `error` says why."""
     payload_size: _builtins.int
     """Total bytes of the encoded result that follow in `data` frames."""
     shm_name: _builtins.str
     """When set, the result is in this shared-memory segment; the caller unlinks it."""
+    shm_pooled: _builtins.bool
+    """shm_name is one of the worker's pooled segments: the caller keeps it mapped, reads
+    payload_size bytes of it, and sends its name back in CallFrame.shm_released once no
+    value uses it.
+    """
     @_builtins.property
     def error(self) -> _common_pb2.ErrorInfo:
         """The error, when ok is false."""
@@ -392,10 +419,11 @@ class ReplyHeader(_message.Message):
         payload_size: _builtins.int = ...,
         ref: Global___ObjectRefInfo | None = ...,
         shm_name: _builtins.str = ...,
+        shm_pooled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ref", b"ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "payload_size", b"payload_size", "ref", b"ref", "shm_name", b"shm_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "payload_size", b"payload_size", "ref", b"ref", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -411,6 +439,8 @@ class ReplyFrame(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    SHM_RELEASED_FIELD_NUMBER: _builtins.int
+    SHM_FORGET_FIELD_NUMBER: _builtins.int
     call_id: _builtins.int
     """The call this answers."""
     data: _builtins.bytes
@@ -421,6 +451,16 @@ class ReplyFrame(_message.Message):
     def header(self) -> Global___ReplyHeader:
         """Present in the first frame of each reply only."""
 
+    @_builtins.property
+    def shm_released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Pooled segments of the caller's that the worker is done with: the caller may write
+        them again. A frame with call_id 0 carries only this and shm_forget.
+        """
+
+    @_builtins.property
+    def shm_forget(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Pooled segments the worker dropped: the caller unmaps them once unused."""
+
     def __init__(
         self,
         *,
@@ -428,10 +468,12 @@ class ReplyFrame(_message.Message):
         header: Global___ReplyHeader | None = ...,
         data: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        shm_released: _abc.Iterable[_builtins.str] | None = ...,
+        shm_forget: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "data", b"data", "header", b"header", "last", b"last"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "data", b"data", "header", b"header", "last", b"last", "shm_forget", b"shm_forget", "shm_released", b"shm_released"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
