@@ -29,7 +29,7 @@ from typing import Sequence
 
 import grpc
 
-from podium import errors, rpc
+from podium import errors, rpc, shm
 from podium.auth import TlsConfig, resolve_token
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
@@ -44,6 +44,8 @@ RPC_TIMEOUT_SECONDS = 5.0
 DEFAULT_HEARTBEAT_SECONDS = 2.0
 #: How long ReservePort holds a port when the request does not say.
 DEFAULT_PORT_HOLD_SECONDS = 60.0
+#: How often the agent removes shared-memory segments of dead processes.
+SHM_SWEEP_SECONDS = 60.0
 #: Retry delays towards an unreachable scheduler grow up to this.
 MAX_BACKOFF_SECONDS = 5.0
 #: How often a following TailLog looks for new lines.
@@ -332,7 +334,8 @@ class RunningAgent:
                                           timeout=RPC_TIMEOUT_SECONDS)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._scheduler_loop(), name="agent-heartbeat"),
-                       loop.create_task(self._report_loop(), name="agent-reports")]
+                       loop.create_task(self._report_loop(), name="agent-reports"),
+                       loop.create_task(self._shm_sweep_loop(), name="agent-shm-sweep")]
         if self.config.port_file:
             _write_json_atomic(self.config.port_file, {"port": self.port, "pid": os.getpid(),
                                                        "node_id": self.node_id,
@@ -401,6 +404,19 @@ class RunningAgent:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
         return self._stop.is_set()
+
+    async def _shm_sweep_loop(self) -> None:
+        """Remove shared-memory segments whose creator died before a reader mapped them.
+
+        A reaped worker's segments go at once (the spawner); this catches the rest, e.g. a
+        controller killed while its argument waited for a worker.
+        """
+        while True:
+            removed = await asyncio.to_thread(shm.cleanup_stale)
+            if removed:
+                log.info("removed %d shared-memory segment(s) of dead processes", len(removed))
+            if await self._sleep(SHM_SWEEP_SECONDS):
+                return
 
     async def _scheduler_loop(self) -> None:
         backoff, outage_logged = 0.1, False

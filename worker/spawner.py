@@ -54,9 +54,11 @@ from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 log = logging.getLogger(__name__)
 
 #: How long a spawn waits for the fork server to finish its imports before it starts
-#: workers as new processes instead (not at all: right after the agent starts, while the
-#: helper still imports torch, exec'ing is the faster way for a worker that may not need it).
-FORKSERVER_READY_SECONDS = 0.0
+#: workers as new processes instead. Right after the agent starts the helper is still
+#: importing torch; waiting for it costs at most the rest of that one import, while each
+#: exec'd worker pays all of it again (and its first DataProto call took ~3 s more on
+#: 2 cores, importing torch and tensordict then).
+FORKSERVER_READY_SECONDS = 10.0
 
 #: The command that starts a worker process; ``--ready-fd N`` is appended.
 DEFAULT_WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "podium.worker.host")

@@ -171,6 +171,30 @@ def test_registers_and_heartbeats_with_fake_gpus(tmp_path):
     run(body())
 
 
+def test_segments_of_dead_processes_are_removed_at_start(tmp_path):
+    from podium import shm
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}{dead.pid}-stale")
+    mine = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}{os.getpid()}-alive")
+    for path in (stale, mine):
+        with open(path, "wb") as handle:
+            handle.write(b"x")
+
+    async def body():
+        async with node(tmp_path):
+            await eventually(lambda: not os.path.exists(stale), "the dead process's segment removed")
+            assert os.path.exists(mine)  # its creator lives: a reader may still come
+
+    try:
+        run(body())
+    finally:
+        for path in (stale, mine):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
 def test_reregisters_when_asked_and_after_the_scheduler_comes_back(tmp_path):
     async def body():
         # A port nobody serves yet: the agent must keep retrying, not crash.
