@@ -6,7 +6,9 @@ float16, int64, bool), non-contiguous and zero-size tensors, and numpy object ar
 echoed, concatenated), as a ``ONE_TO_ALL`` argument (one payload for every rank), and as a
 held result fetched after a ``blocking=False`` call. Each case runs once with shared memory
 forced for every payload (threshold 1 byte) and once with ``PODIUM_DISABLE_SHM`` semantics
-(TCP only); the client and worker counters prove which path carried the bytes.
+(TCP only); the client and worker counters prove which path carried the bytes. The shared
+memory runs happen twice: through reused segments (podium.shmpool, the default) and through
+one-shot segments (what a spent pool budget falls back to).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from podium import controller
+from podium import controller, shmpool
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.protocol import DataProto
 from podium.worker import Dispatch, Worker, register
@@ -41,6 +43,10 @@ class Mirror(Worker):
         return value
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pooled_bytes(self):
+        return shmpool._budget.used
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shm_stats(self):
         from podium.worker.host import current_host
 
@@ -48,15 +54,27 @@ class Mirror(Worker):
         return stats["shm_in"], stats["shm_out"]
 
 
-@pytest.fixture(scope="module")
-def wg():
+@pytest.fixture(scope="module", params=["pooled", "oneshot"])
+def wg(request):
+    """A group whose shared-memory payloads go through reused segments, or one-shot ones
+    (a pool budget of 0 on both sides: the fallback of a spent budget)."""
+    env = {"PODIUM_SHM_THRESHOLD_BYTES": "1"}
+    if request.param == "oneshot":
+        env["PODIUM_SHM_POOL_BYTES"] = "0"
+        shmpool._budget.limit = 0  # this controller's fresh pools for this group create nothing
     controller.init()
     try:
         group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror),
-                            worker_env={"PODIUM_SHM_THRESHOLD_BYTES": "1"})
+                            worker_env=env)
         yield group
+        pooled = [w.client._shm_pool.segments for w in group.workers], group.pooled_bytes()
         group.shutdown()
+        if request.param == "oneshot":
+            assert pooled == ([0, 0], [0, 0]), pooled
+        else:
+            assert all(pooled[0]) and all(pooled[1]), pooled  # the pooled path was taken
     finally:
+        shmpool._budget.limit = None
         controller.shutdown()
 
 
