@@ -139,8 +139,7 @@ class WorkerClient:
         self._broken: errors.PodiumError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Reused shared-memory segments, both ways (made in start() for a same-host worker).
-        self._shm_pool: shmpool.SegmentPool | None = None
-        self._shm_cache: shmpool.SegmentCache | None = None
+        self._shm: shmpool.SharedSegments | None = None
 
     @property
     def broken(self) -> errors.PodiumError | None:
@@ -179,8 +178,7 @@ class WorkerClient:
         if self.same_host is None:
             self.same_host = _shares_shm(info)
         if self.same_host:
-            self._shm_pool = shmpool.SegmentPool(lambda names: self._send_shm_control(forget=names))
-            self._shm_cache = shmpool.SegmentCache(lambda names: self._send_shm_control(released=names))
+            self._shm = shmpool.SharedSegments(self._loop, worker_pb2.CallFrame, self._send_quietly)
         if self.rank < 0:
             self.rank = info.rank
         self.worker_id = self.worker_id or info.worker_id
@@ -232,9 +230,8 @@ class WorkerClient:
                 pass
         if self._channel is not None:
             await self._channel.close()
-        if self._shm_pool is not None:
-            self._shm_pool.close()
-            self._shm_cache.close()
+        if self._shm is not None:
+            self._shm.close()
         self._channel = self._stub = self._stream = self._reader = self._raw = None
 
     # ---------------------------------------------------------------- reader
@@ -283,8 +280,8 @@ class WorkerClient:
                 p.future.set_exception(exc)
 
     def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
-        if frame.shm_released or frame.shm_forget:
-            self._on_shm_control(frame)
+        if self._shm is not None and (frame.shm_released or frame.shm_forget):
+            self._shm.on_frame(frame)
         p = self._pending.get(frame.call_id)
         if p is None:  # a call that already timed out or was cancelled (or call id 0)
             if frame.HasField("header") and frame.header.shm_name:
@@ -457,8 +454,8 @@ class WorkerClient:
 
         Runs on a worker thread: the copy does not hold the loop."""
         try:
-            if self._shm_pool is not None:
-                name = self._shm_pool.write(payload.segments(), payload.nbytes)
+            if self._shm is not None:
+                name = self._shm.pool.write(payload.segments(), payload.nbytes)
                 if name:
                     return name, True
             return shm.write_segments(payload.segments())[0], False
@@ -467,9 +464,9 @@ class WorkerClient:
 
     def _read_shm(self, reply: "_ShmReply") -> memoryview:
         if reply.pooled:
-            if self._shm_cache is None:
+            if self._shm is None:
                 raise errors.DataLossError(f"{self._who()} sent a pooled segment to a client without shm")
-            return self._shm_cache.read(reply.name, reply.nbytes, MAX_REPLY_BYTES)
+            return self._shm.cache.read(reply.name, reply.nbytes, MAX_REPLY_BYTES)
         return shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES)
 
     def _discard_reply(self, reply: "_ShmReply") -> None:
@@ -494,26 +491,16 @@ class WorkerClient:
         # from leaking. A pooled argument of a failed call is never written again.
         if not p.shm_name:
             return
-        if p.shm_pooled and self._shm_pool is not None:
-            self._shm_pool.abandon(p.shm_name)
+        if p.shm_pooled and self._shm is not None:
+            self._shm.pool.abandon(p.shm_name)
         else:
             shm.remove_segment(p.shm_name)
         p.shm_name = ""
 
-    def _send_shm_control(self, released: list[str] = (), forget: list[str] = ()) -> None:
-        # Called from any thread (where the last view of a reply died, or the pool's copy).
-        loop = self._loop
-        if loop is None or self._broken is not None:
-            return
-        try:
-            loop.call_soon_threadsafe(self._write_shm_control, list(released), list(forget))
-        except RuntimeError:  # the loop is closed: the connection is gone with it
-            pass
-
-    def _write_shm_control(self, released: list[str], forget: list[str]) -> None:
+    def _send_quietly(self, frame: worker_pb2.CallFrame) -> None:
+        # Segment bookkeeping (on the loop): lost with a broken connection, as its pool is.
         if self._broken is not None:
             return
-        frame = worker_pb2.CallFrame(call_id=0, shm_released=released, shm_forget=forget)
         if self._raw is not None:
             try:
                 self._raw.write_nowait(frame)
@@ -527,12 +514,6 @@ class WorkerClient:
             await self._write(frame)
         except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
             pass
-
-    def _on_shm_control(self, frame: worker_pb2.ReplyFrame) -> None:
-        if self._shm_pool is not None and frame.shm_released:
-            self._shm_pool.release(list(frame.shm_released))
-        if self._shm_cache is not None and frame.shm_forget:
-            self._shm_cache.forget(list(frame.shm_forget))
 
     def submit(self, method: str, payload: Payload, *, hold: bool = False,
                timeout: float | None = None) -> asyncio.Future:

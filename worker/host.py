@@ -352,7 +352,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: "_CallStream") -> Any:
         if header.shm_name:
             if header.shm_pooled:
-                payload = stream.shm_cache.read(header.shm_name, header.payload_size,
+                payload = stream.shm.cache.read(header.shm_name, header.payload_size,
                                                 self.config.max_payload_bytes)
             else:
                 payload = shm.read_segment(header.shm_name, max_size=self.config.max_payload_bytes)
@@ -534,7 +534,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if active.deadline and time.monotonic() > active.deadline:
                     raise errors.DeadlineExceededError(
                         f"call {header.method!r} reached its deadline before it started")
-                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.shm_pool)
+                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.shm.pool)
                 active.job = job
         finally:
             self.open_gate(prev, mine)
@@ -546,7 +546,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
                 raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-            outcome = self.package(result, header, active.stream.shm_pool)
+            outcome = self.package(result, header, active.stream.shm.pool)
         await active.stream.send_outcome(active.call_id, outcome)
 
     async def _materialize(self, active: "_Active", args: Any, kwargs: Any) -> tuple[list, dict]:
@@ -681,11 +681,9 @@ class _CallStream:
         self.incoming: dict[int, _Incoming] = {}
         self.active: dict[int, _Active] = {}
         self.lock = asyncio.Lock()
-        self.loop = asyncio.get_running_loop()
-        self.closed = False
         #: Reused shared-memory segments, both ways (used only by a same-host client).
-        self.shm_pool = shmpool.SegmentPool(lambda names: self.send_shm_control(forget=names))
-        self.shm_cache = shmpool.SegmentCache(lambda names: self.send_shm_control(released=names))
+        self.shm = shmpool.SharedSegments(asyncio.get_running_loop(), worker_pb2.ReplyFrame,
+                                          self._send_quietly)
 
     async def run(self) -> None:
         context = self.context
@@ -707,42 +705,21 @@ class _CallStream:
                     self.host._exec.cancel(active.job)
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
-            self.closed = True
-            self.shm_pool.close()
-            self.shm_cache.close()
+            self.shm.close()
 
     async def write(self, frame: worker_pb2.ReplyFrame) -> None:
         async with self.lock:
             await self.context.write(frame)
 
-    closed = False
-
-    def send_shm_control(self, released: list[str] = (), forget: list[str] = ()) -> None:
-        """Tell the client which pooled segments it may reuse or must forget (any thread)."""
-        if self.closed:
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._write_shm_control, list(released), list(forget))
-        except RuntimeError:  # the loop is closed: so is the stream
-            pass
-
-    def _write_shm_control(self, released: list[str], forget: list[str]) -> None:
-        if not self.closed:
-            self.loop.create_task(self._write_quietly(
-                worker_pb2.ReplyFrame(call_id=0, shm_released=released, shm_forget=forget)))
+    def _send_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
+        # Segment bookkeeping: lost with a broken stream, as the stream's pool is.
+        asyncio.get_running_loop().create_task(self._write_quietly(frame))
 
     async def _write_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
         try:
             await self.write(frame)
         except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
             pass
-
-    def on_shm_control(self, frame: worker_pb2.CallFrame) -> None:
-        """Segments the client gave back (``shm_released``) or dropped (``shm_forget``)."""
-        if frame.shm_released:
-            self.shm_pool.release(list(frame.shm_released))
-        if frame.shm_forget:
-            self.shm_cache.forget(list(frame.shm_forget))
 
     async def send_error(self, call_id: int, exc: BaseException) -> None:
         if not isinstance(exc, errors.PodiumError):
@@ -783,7 +760,7 @@ class _CallStream:
     async def on_frame(self, frame: worker_pb2.CallFrame) -> None:
         call_id = frame.call_id
         if frame.shm_released or frame.shm_forget:
-            self.on_shm_control(frame)
+            self.shm.on_frame(frame)
         if call_id == 0 and not frame.HasField("header"):  # segment bookkeeping only
             return
         if frame.HasField("header"):

@@ -41,7 +41,7 @@ import numpy as np
 from podium import shm
 from podium.errors import DataLossError, PayloadTooLargeError
 
-__all__ = ["SegmentPool", "SegmentCache", "Lease", "pool_budget"]
+__all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget"]
 
 # Segments are made a multiple of this, so batches whose size varies a little (another
 # skeleton length, a few more rows) still fit the segment of the previous step.
@@ -274,19 +274,6 @@ def _create(size: int) -> _Segment:
     return _Segment(name, size, mapping)
 
 
-class Lease:
-    """A view of one payload in a cached segment; its memory is ``view``.
-
-    Values decoded from ``view`` keep the lease alive. When the last of them dies the
-    cache tells the writer the segment is free again.
-    """
-
-    __slots__ = ("view", "__weakref__")
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-
-
 class _Mapped:
     __slots__ = ("mapping", "leased", "forgotten")
 
@@ -374,3 +361,49 @@ class SegmentCache:
         with self._lock:
             self._closed = True
             self._mapped.clear()
+
+
+class SharedSegments:
+    """Both halves for one call connection: the :class:`SegmentPool` this side writes and
+    the :class:`SegmentCache` of the peer's segments, plus the bookkeeping frames between them.
+
+    ``make_frame(**fields)`` builds this side's frame type (CallFrame or ReplyFrame) and
+    ``send(frame)`` queues it on the connection; both run on ``loop``. Pools and caches
+    call back from any thread, so their messages hop onto the loop first.
+    """
+
+    def __init__(self, loop: Any, make_frame: Callable[..., Any], send: Callable[[Any], None]) -> None:
+        self._loop = loop
+        self._make_frame = make_frame
+        self._send = send
+        self.closed = False
+        #: What this side writes for the peer.
+        self.pool = SegmentPool(lambda names: self._queue(forget=names))
+        #: What the peer wrote for this side.
+        self.cache = SegmentCache(lambda names: self._queue(released=names))
+
+    def _queue(self, released: Sequence[str] = (), forget: Sequence[str] = ()) -> None:
+        if self.closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._write, list(released), list(forget))
+        except RuntimeError:  # the loop is closed: so is the connection
+            pass
+
+    def _write(self, released: list[str], forget: list[str]) -> None:
+        if not self.closed:
+            # call id 0: a frame that carries only segment bookkeeping
+            self._send(self._make_frame(call_id=0, shm_released=released, shm_forget=forget))
+
+    def on_frame(self, frame: Any) -> None:
+        """Apply a received frame's ``shm_released`` (to the pool) and ``shm_forget`` (to the cache)."""
+        if frame.shm_released:
+            self.pool.release(list(frame.shm_released))
+        if frame.shm_forget:
+            self.cache.forget(list(frame.shm_forget))
+
+    def close(self) -> None:
+        """The connection ended: drop the pool's segments and forget the peer's."""
+        self.closed = True
+        self.pool.close()
+        self.cache.close()

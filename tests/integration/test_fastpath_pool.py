@@ -95,7 +95,7 @@ def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
         gc.collect()
     assert [w.client.stats["shm_sent"] - s for w, s in zip(wg.workers, sent_before)] == [12, 12]
     for w in wg.workers:
-        assert w.client._shm_pool.segments <= 4  # not one per call
+        assert w.client._shm.pool.segments <= 4  # not one per call
     assert float(data.batch["x"].max()) == 0.0  # the controller's own batch is untouched
     pids = wg.pid() + [os.getpid()]
     assert _segment_files(pids) == []  # every segment was mapped and unlinked
