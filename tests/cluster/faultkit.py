@@ -20,7 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from test_agents_processes import AgentProcess, agents, alive, wait_for  # noqa: F401 - re-exported (agents: a fixture)
+from proctable import alive, descendants  # noqa: F401 - re-exported
+from test_agents_processes import AgentProcess, agents, wait_for  # noqa: F401 - re-exported (agents: a fixture)
 
 from podium import controller
 
@@ -54,32 +55,6 @@ def http_json(url: str, token: str) -> dict:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=10) as resp:
         return json.loads(resp.read())
-
-
-def descendants(roots: set[int]) -> set[int]:
-    """Live (not zombie) pids below ``roots`` in the process tree, via /proc.
-
-    Workers are the agents' descendants (directly, or through a helper such as a fork
-    server); compare with a baseline taken when no worker runs."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found: set[int] = set()
-    todo = list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def shm_segments() -> set[str]:

@@ -15,13 +15,13 @@ import sys
 import time
 import urllib.request
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from podium import rpc
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
+from proctable import alive, members_of_groups  # noqa: F401 - alive is re-exported (faultkit)
 
 pytestmark = pytest.mark.cluster
 
@@ -39,31 +39,6 @@ def wait_for(predicate, what: str, timeout: float = DEADLINE):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def members_of_groups(pgids: set[int]) -> list[int]:
-    """Live pids whose process group is one of ``pgids`` (the process table, via /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) in pgids:
-            found.append(int(entry))
-    return found
 
 
 class AgentProcess:

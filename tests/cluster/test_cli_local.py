@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import threading
 import time
 
 import pytest
+
+from proctable import alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -45,14 +46,6 @@ SCRIPT = textwrap.dedent('''
 def _podium(*args: str, env: dict, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "podium.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 class _Lines:
@@ -152,9 +145,9 @@ def test_up_script_status_logs_down(tmp_path, token):
     assert "stopped 2 nodes" in down.stdout
     assert follow.wait(30) == 0
     deadline = time.monotonic() + 10
-    while any(map(_alive, daemons + workers)) and time.monotonic() < deadline:
+    while any(map(alive, daemons + workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in daemons + workers if _alive(pid)]
+    assert not [pid for pid in daemons + workers if alive(pid)]
     assert not (state_dir / "cluster.json").exists()
     again = _podium("down", "--dir", str(state_dir), env=env)
     assert again.returncode == 0 and "no local cluster" in again.stderr

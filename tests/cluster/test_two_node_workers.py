@@ -25,6 +25,7 @@ from podium.v1 import common_pb2
 from podium.worker import ClassWithInitArgs, Dispatch, Worker, create_colocated_worker_cls, register
 from podium.worker.client import WorkerClient
 from podium_clusters import TWO_NODES, two_node_processes
+from proctable import alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -73,18 +74,6 @@ class Critic(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +220,6 @@ def test_zz_sigkilled_worker_is_reported_with_its_signal_then_agents_leave_nothi
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(30) == 0
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, [pid for pid in pids if _alive(pid)]
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
         time.sleep(0.05)

@@ -26,6 +26,7 @@ from podium import errors, rpc
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from podium.worker.agent import AgentConfig, run_agent
 from podium.worker.gpus import FakeProvider, ProcessUsage, fake_uuid
+from proctable import alive
 
 TOKEN = "agent-test-token"
 FAKE_WORKER = pathlib.Path(__file__).with_name("agent_fake_worker.py")
@@ -138,15 +139,6 @@ async def rpc_error(call):
     with pytest.raises(grpc.RpcError) as caught:
         await call
     return rpc.error_from_rpc(caught.value)
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # ---------------------------------------------------------------- registration
