@@ -47,34 +47,44 @@ class Processes:
     token: str
     #: node address -> its ``podium node`` process.
     agents: dict[str, subprocess.Popen]
+    #: The scheduler's HTTP port.
+    http_port: int = 0
+    #: node address -> its agent's gRPC "host:port".
+    agent_addresses: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
-def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4, *, state: str = ":memory:"):
-    """Yield :class:`Processes` of a scheduler + 2 node agent processes; all stopped after."""
+def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4, *, state: str = ":memory:",
+                       cpus: int = 64, flags: tuple[str, ...] = ()):
+    """Yield :class:`Processes` of a scheduler + 2 node agent processes; all stopped after.
+
+    ``flags`` go to every process (e.g. ``--tls-cert ...``); TLS settings in this process's
+    environment do not."""
     token = secrets.token_urlsafe(16)
     env = dict(os.environ, PODIUM_TOKEN=token)
-    env.pop("PODIUM_TOKEN_FILE", None)
+    for key in ("PODIUM_TOKEN_FILE", "PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA"):
+        env.pop(key, None)
     procs: list[subprocess.Popen] = []
 
     def start(name: str, args: list[str]) -> subprocess.Popen:
         with open(tmp / f"{name}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            procs.append(subprocess.Popen([sys.executable, "-m", "podium.cli", *args, *flags], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         return procs[-1]
 
     try:
         sched = start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
                                     "--state", state, "--port-file", str(tmp / "scheduler.json")])
-        address = f"127.0.0.1:{_wait_port_file(tmp / 'scheduler.json', sched)['port']}"
-        agents = {}
+        ports = _wait_port_file(tmp / "scheduler.json", sched)
+        address = f"127.0.0.1:{ports['port']}"
+        agents, agent_addresses = {}, {}
         # Started in reverse address order: rank order must still follow node addresses.
         for host in reversed(TWO_NODES):
             agents[host] = start(host, ["node", "--scheduler", address, "--host", host, "--fake-gpus",
-                                        str(gpus_per_node), "--cpus", "64", "--port-file",
+                                        str(gpus_per_node), "--cpus", str(cpus), "--port-file",
                                         str(tmp / f"{host}.json"), "--log-dir", str(tmp / host)])
-            _wait_port_file(tmp / f"{host}.json", agents[host])
-        yield Processes(address, token, agents)
+            agent_addresses[host] = f"{host}:{_wait_port_file(tmp / f'{host}.json', agents[host])['port']}"
+        yield Processes(address, token, agents, ports.get("http_port", 0), agent_addresses)
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

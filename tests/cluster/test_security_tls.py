@@ -11,14 +11,9 @@ no log file, no /v1 response and no WorkerInfo.env.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import secrets
-import signal
 import ssl
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -37,10 +32,11 @@ from podium.controller import DataProtoFuture
 from podium.protocol import DataProto
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
 from podium.worker import Dispatch, Worker, register
+from podium_clusters import TWO_NODES, two_node_processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(300)]
 
-NODES = ("127.0.0.2", "127.0.0.3")
+NODES = TWO_NODES
 
 
 class Producer(Worker):
@@ -80,25 +76,12 @@ class Consumer(Worker):
                                                 os.environ["PODIUM_NODE_ADDRESS"].rsplit(".", 1)[1]))})
 
 
-def _wait_file(path, proc, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except ValueError:
-                pass
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-        time.sleep(0.05)
-    raise TimeoutError(f"{path} not written within {timeout}s")
-
-
 class TlsCluster:
     """What the tests need to reach the processes."""
 
-    def __init__(self, tmp: pathlib.Path, token: str, tls, port: int, http_port: int, agents: dict):
+    def __init__(self, tmp: pathlib.Path, token: str, tls, address: str, http_port: int, agents: dict):
         self.tmp, self.token, self.tls = tmp, token, tls
-        self.address = f"127.0.0.1:{port}"
+        self.address = address
         self.http_url = f"https://127.0.0.1:{http_port}"
         self.http_port = http_port
         self.agents = agents  # node address -> agent "host:port"
@@ -108,46 +91,17 @@ class TlsCluster:
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls-cluster")
     tls = make_tls(tmp / "certs")
-    token = secrets.token_urlsafe(24)
-    env = dict(os.environ, PODIUM_TOKEN=token)
-    for key in ("PODIUM_TOKEN_FILE", "PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA"):
-        env.pop(key, None)
-    flags = ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca]
-    procs = []
-
-    def start(args, name):
-        log = open(tmp / f"{name}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", *args, *flags], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        procs.append(proc)
-        return proc
-
-    try:
-        sched = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--state",
-                       ":memory:", "--port-file", str(tmp / "sched.json")], "scheduler")
-        ports = _wait_file(tmp / "sched.json", sched)
-        agents = {}
-        for host in NODES:
-            agent = start(["node", "--scheduler", f"127.0.0.1:{ports['port']}", "--host", host,
-                           "--fake-gpus", "1", "--cpus", "8", "--port-file", str(tmp / f"{host}.json"),
-                           "--log-dir", str(tmp / "workers" / host)], f"node-{host}")
-            agents[host] = f"{host}:{_wait_file(tmp / f'{host}.json', agent)['port']}"
-        rt = controller.init(address=f"127.0.0.1:{ports['port']}", token=token, tls=tls)
-        deadline = time.monotonic() + 30
-        while len(rt.run(rt.cluster_state()).nodes) < 2:
-            assert time.monotonic() < deadline, "nodes did not register"
-            time.sleep(0.1)
-        yield TlsCluster(tmp, token, tls, ports["port"], ports["http_port"], agents)
-    finally:
-        controller.shutdown()
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+    flags = ("--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
+    with two_node_processes(tmp, gpus_per_node=1, cpus=8, flags=flags) as procs:
+        rt = controller.init(address=procs.address, token=procs.token, tls=tls)
+        try:
+            deadline = time.monotonic() + 30
+            while len(rt.run(rt.cluster_state()).nodes) < 2:
+                assert time.monotonic() < deadline, "nodes did not register"
+                time.sleep(0.1)
+            yield TlsCluster(tmp, procs.token, tls, procs.address, procs.http_port, procs.agent_addresses)
+        finally:
+            controller.shutdown()
 
 
 @pytest.fixture(scope="module")
