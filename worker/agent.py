@@ -194,28 +194,32 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
         if request.last_lines < 0:
             raise errors.InvalidArgumentError(f"last_lines must be >= 0, got {request.last_lines}")
         followers = []
-        for stream, path in (("stdout", worker.out_path), ("stderr", worker.err_path)):
-            end = _size(path)
-            if request.last_lines:
-                texts = read_tail(path, request.last_lines, end=end)
-                follower = _Follower(stream, path, end)
-            else:
-                # The whole file, read in bounded chunks (a log can be gigabytes).
-                follower = _Follower(stream, path, 0)
-                texts = follower.drain(final=not request.follow, until=end)
-            for text in texts:
-                yield node_pb2.LogLine(worker_id=worker.id, stream=stream, text=text)
-            followers.append(follower)
-        if not request.follow:
-            return
-        while True:
-            finished = worker.exited.done()
-            for follower in followers:
-                for text in follower.drain(final=finished):
-                    yield node_pb2.LogLine(worker_id=worker.id, stream=follower.stream, text=text)
-            if finished:
+        try:
+            for stream, path in (("stdout", worker.out_path), ("stderr", worker.err_path)):
+                end = _size(path)
+                if request.last_lines:
+                    texts = read_tail(path, request.last_lines, end=end)
+                    follower = _Follower(stream, path, end)
+                else:
+                    # The whole file, read in bounded chunks (a log can be gigabytes).
+                    follower = _Follower(stream, path, 0)
+                    texts = follower.drain(final=not request.follow, until=end)
+                followers.append(follower)
+                for text in texts:
+                    yield node_pb2.LogLine(worker_id=worker.id, stream=stream, text=text)
+            if not request.follow:
                 return
-            await asyncio.wait({worker.exited}, timeout=TAIL_POLL_SECONDS)
+            while True:
+                finished = worker.exited.done()
+                for follower in followers:
+                    for text in follower.drain(final=finished):
+                        yield node_pb2.LogLine(worker_id=worker.id, stream=follower.stream, text=text)
+                if finished:
+                    return
+                await asyncio.wait({worker.exited}, timeout=TAIL_POLL_SECONDS)
+        finally:
+            for follower in followers:
+                follower.close()
 
     @rpc.handle_errors
     async def GetNodeInfo(self, request, context):
@@ -231,7 +235,10 @@ def _size(path: pathlib.Path) -> int:
 
 
 class _Follower:
-    """Complete lines of a growing log file, from a byte offset on, read in bounded chunks."""
+    """Complete lines of a growing log file, from a byte offset on, read in bounded chunks.
+
+    The file stays open between reads (a follower polls every few tenths of a second, for
+    every worker a controller streams); :meth:`close` when done."""
 
     CHUNK = 1 << 20
 
@@ -240,18 +247,26 @@ class _Follower:
         self._path = path
         self._offset = offset
         self._partial = b""
+        self._handle = None
+
+    def close(self) -> None:
+        """Close the file (a later drain opens it again)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
     def drain(self, *, final: bool = False, until: int | None = None):
         """Yield the lines written since the last call (up to byte ``until``); with
         ``final`` also the last line even without its newline."""
         while until is None or self._offset < until:
             limit = self.CHUNK if until is None else min(self.CHUNK, until - self._offset)
-            try:
-                with open(self._path, "rb") as handle:
-                    handle.seek(self._offset)
-                    data = handle.read(limit)
-            except FileNotFoundError:
-                break
+            if self._handle is None:
+                try:
+                    self._handle = open(self._path, "rb")
+                except FileNotFoundError:
+                    break
+            self._handle.seek(self._offset)
+            data = self._handle.read(limit)
             if not data:
                 break
             self._offset += len(data)
