@@ -292,7 +292,9 @@ class SegmentCache:
 
     def __init__(self, send_release: Callable[[list[str]], None]) -> None:
         self._send_release = send_release
-        self._lock = threading.Lock()
+        # Re-entrant: the last view of a payload may die (and run _returned) inside any
+        # allocation, including one made while this thread holds the lock.
+        self._lock = threading.RLock()
         self._mapped: dict[str, _Mapped] = {}
         self._closed = False
 
