@@ -19,54 +19,159 @@ controller, :func:`wait` waits for some of them like ``ray.wait``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import logging
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from podium.errors import DeadlineExceededError
 from podium.refs import DataProtoFuture, ObjectRef
 
-__all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "resolve_args",
-           "is_pending", "unpadded_future"]
+__all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
+           "resolve_args", "is_pending", "unpadded_future"]
+
+log = logging.getLogger("podium.controller")
+
+
+#: Where threads wait for PendingRefs: one condition for every ref in the process. A
+#: waiter marks the ref it blocks on (``_watched``); settling a marked ref notifies, so a
+#: burst of results costs a handful of wake-ups, not one per ref (see PendingRef._settle).
+_board = threading.Condition(threading.Lock())
+
+_PENDING, _VALUE, _ERROR = 0, 1, 2
 
 
 class PendingRef:
-    """One rank's held result of a ``blocking=False`` call (becomes an ObjectRef)."""
+    """One rank's held result of a ``blocking=False`` call (becomes an ObjectRef).
 
-    __slots__ = ("_future", "rank", "method", "__weakref__")
+    It is its own future, settled once by the runtime's loop thread when the worker
+    answers, and the only object a non-blocking call keeps per rank (a cheap handle for a
+    burst of thousands of calls). ``release(object_id)`` runs when the ref is garbage
+    after its call succeeded: the result held in the worker is dropped then.
+    """
 
-    def __init__(self, future: concurrent.futures.Future, rank: int, method: str) -> None:
-        self._future = future
+    __slots__ = ("rank", "method", "_state", "_outcome", "_watched", "_callbacks", "_release",
+                 "__weakref__")
+
+    def __init__(self, rank: int, method: str, release: Callable[[str], None] | None = None) -> None:
         self.rank = rank
         self.method = method
+        self._state = _PENDING
+        self._outcome: Any = None
+        self._watched = False
+        self._callbacks: list | None = None
+        self._release = release
 
     def done(self) -> bool:
         """True once the call finished (successfully or not)."""
-        return self._future.done()
+        return self._state != _PENDING
 
     def ref(self, timeout: float | None = None) -> ObjectRef:
-        """The ObjectRef, waiting up to ``timeout`` seconds for the call to finish.
+        """The ObjectRef, waiting up to ``timeout`` seconds (None: no limit) for the call.
 
         Raises the call's error (RemoteError, WorkerDiedError, ...).
         """
-        try:
-            return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        if self._state == _PENDING and not wait_all([self], timeout):
             raise DeadlineExceededError(
-                f"{self.method} on rank {self.rank} did not finish within {timeout}s") from None
+                f"{self.method} on rank {self.rank} did not finish within {timeout}s")
+        return self._result()
+
+    def _result(self) -> ObjectRef:
+        """The outcome of a finished call: its ObjectRef, or its error raised."""
+        if self._state == _ERROR:
+            raise self._outcome
+        return self._outcome
 
     async def aref(self) -> ObjectRef:
-        """The ObjectRef, awaited on the runtime's loop."""
-        return await asyncio.wrap_future(self._future)
+        """The ObjectRef, awaited on the running loop."""
+        if self._state == _PENDING:
+            loop = asyncio.get_running_loop()
+            woken = loop.create_future()
+            loop_thread = threading.get_ident()
+
+            def wake(_ref: "PendingRef") -> None:
+                if threading.get_ident() == loop_thread:
+                    woken.done() or woken.set_result(None)
+                else:  # settled on another thread (tests do): hand over to the loop
+                    loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+
+            self.add_done_callback(wake)
+            await woken
+        return self._result()
+
+    def add_done_callback(self, fn: Callable[["PendingRef"], None]) -> None:
+        """Call ``fn(ref)`` once the call finished (at once if it has), on the settling thread."""
+        if self._state != _PENDING:
+            fn(self)
+            return
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append(fn)
 
     def get(self, timeout: float | None = None) -> Any:
         """The value: waits for the call, then fetches the result from its worker."""
         return get(self, timeout=timeout)
 
+    def _set_result(self, ref: ObjectRef) -> bool:
+        """Settle with the call's ObjectRef (from any thread); False if already settled."""
+        return self._settle(_VALUE, ref)
+
+    def _set_exception(self, exc: BaseException) -> bool:
+        """Settle with the call's error (from any thread); False if already settled."""
+        return self._settle(_ERROR, exc)
+
+    def _settle(self, state: int, outcome: Any) -> bool:
+        if self._state != _PENDING:
+            return False
+        self._outcome = outcome
+        self._state = state
+        # A waiter sets _watched before it reads _state, under _board, and holds _board
+        # until it sleeps: so either it sees the state set above, or this sees its mark
+        # and the notify below reaches it asleep.
+        if self._watched:
+            with _board:
+                _board.notify_all()
+        callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - one waiter's failure must not stop the others
+                log.exception("PendingRef callback %r failed", fn)
+        return True
+
+    def __del__(self) -> None:
+        # The result stays in its worker only while something here can name it.
+        if self._state == _VALUE and self._release is not None:
+            try:
+                self._release(self._outcome.object_id)
+            except Exception:  # noqa: BLE001 - never raise from a finalizer (e.g. at exit)
+                pass
+
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"PendingRef({self.method} rank {self.rank}, {state})"
+
+
+def wait_all(refs: list[PendingRef], timeout: float | None) -> bool:
+    """Wait until every PendingRef in ``refs`` finished, at most ``timeout`` seconds
+    (None: no limit); True if they all did. Refs that finish in order cost one pass."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    i, n = 0, len(refs)
+    with _board:
+        while i < n:
+            ref = refs[i]
+            ref._watched = True  # before reading _state: see PendingRef._settle
+            if ref._state != _PENDING:
+                i += 1
+                continue
+            if deadline is None:
+                _board.wait()
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                _board.wait(remaining)
+    return True
 
 
 class PendingDataProtoFuture(DataProtoFuture):
@@ -277,13 +382,12 @@ def _get_inline(rt: Any, values: list | tuple, timeout: float | None) -> list | 
     (no hop to the loop thread, no coroutine per ref); None when some ref needs a fetch."""
     if not all(type(v) is PendingRef or type(v) is ObjectRef for v in values):
         return None
-    pending = [v._future for v in values if type(v) is PendingRef and not v._future.done()]
+    pending = [v for v in values if type(v) is PendingRef and v._state == _PENDING]
     if pending:
         limit = rt.call_timeout if timeout is None else timeout
-        _, not_done = concurrent.futures.wait(pending, timeout=limit)
-        if not_done:
+        if not wait_all(pending, limit):
             raise DeadlineExceededError(f"get did not finish within {limit:g}s")
-    refs = [v._future.result() if type(v) is PendingRef else v for v in values]  # raises a call's error
+    refs = [v._result() if type(v) is PendingRef else v for v in values]  # raises a call's error
     if not all(r.inline is not None for r in refs):
         return None
     from podium.refs import inline_value
@@ -299,13 +403,13 @@ def _done(value: Any) -> bool:
     return True
 
 
-def _underlying(values: Iterable[Any]) -> list[concurrent.futures.Future]:
+def _underlying(values: Iterable[Any]) -> list[PendingRef]:
     out = []
     for value in values:
         if isinstance(value, PendingRef):
-            out.append(value._future)
+            out.append(value)
         elif isinstance(value, PendingDataProtoFuture):
-            out.extend(r._future for r in value._pending_refs())
+            out.extend(value._pending_refs())
     return out
 
 
@@ -319,17 +423,18 @@ def wait(refs: list, num_returns: int = 1, timeout: float | None = None) -> tupl
     if not 0 <= num_returns <= len(refs):
         raise ValueError(f"num_returns must be in [0, {len(refs)}], got {num_returns}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        ready = [r for r in refs if _done(r)]
-        if len(ready) >= num_returns:
-            break
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            break
-        pending = [f for f in _underlying(refs) if not f.done()]
-        if not pending:
-            continue
-        concurrent.futures.wait(pending, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+    underlying = _underlying(refs)
+    with _board:
+        while True:
+            for ref in underlying:
+                ref._watched = True  # before reading their state: see PendingRef._settle
+            ready = [r for r in refs if _done(r)]
+            if len(ready) >= num_returns:
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            _board.wait(remaining)
     ready_ids = {id(r) for r in ready[:num_returns]} if num_returns else set()
     ready_list = [r for r in refs if id(r) in ready_ids]
     return ready_list, [r for r in refs if id(r) not in ready_ids]

@@ -30,16 +30,13 @@ Where Podium deliberately differs from verl:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
-import functools
 import itertools
 import logging
 import random
 import string
 import time
-import weakref
 from typing import Any, Callable
 
 from podium.controller import dispatch as _dispatch
@@ -111,6 +108,13 @@ class WorkerHandle:
         """Process id on its node."""
         return self.info.pid
 
+    def held_releaser(self, rt: Any) -> "_HeldReleaser":
+        """The callable that releases this worker's held results (made once)."""
+        releaser = self.__dict__.get("_held_releaser")
+        if releaser is None or releaser._client is not self.client:
+            releaser = self._held_releaser = _HeldReleaser(rt, self.client)
+        return releaser
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method(*args, **kwargs)`` on this worker only and wait for the value."""
         rt = get_runtime()
@@ -150,14 +154,20 @@ async def _first_failure_or_all(futures: list) -> None:
     await done
 
 
-def _release_when_done(rt: Any, client: Any, future: concurrent.futures.Future) -> None:
-    """Drop a held result in its worker once its PendingRef is garbage (fire and forget)."""
-    def release(f: concurrent.futures.Future) -> None:
-        if rt._closed or f.cancelled() or f.exception() is not None:
-            return
-        releaser_for(rt).add(client, f.result().object_id)  # batched: one RPC per worker
+class _HeldReleaser:
+    """Drops one worker's held results once their PendingRefs are garbage (fire and forget,
+    batched by the runtime's Releaser: one RPC per worker per loop turn)."""
 
-    future.add_done_callback(release)
+    __slots__ = ("_rt", "_releaser", "_client")
+
+    def __init__(self, rt: Any, client: Any) -> None:
+        self._rt = rt
+        self._releaser = releaser_for(rt)
+        self._client = client
+
+    def __call__(self, object_id: str) -> None:
+        if not self._rt._closed:
+            self._releaser.add(self._client, object_id)
 
 
 def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable, collect_fn: Callable,
@@ -422,20 +432,15 @@ class WorkerGroup:
         if blocking:
             return rt.run(self._call_all(calls, hold=False), timeout=rt.call_timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")
-        futures = [concurrent.futures.Future() for _ in calls]
-        for f in futures:
-            f.set_running_or_notify_cancel()
-        soon(rt.loop, self._start_nowait, calls, futures)  # batched: one loop wake-up per burst
-        refs = []
-        for f, (rank, *_rest) in zip(futures, calls):
-            ref = PendingRef(f, rank, method_name)
-            # A held result lives in its worker until nothing here can name it any more.
-            weakref.finalize(ref, _release_when_done, rt, self._workers[rank].client, f)
-            refs.append(ref)
+        workers = self._workers
+        # A held result lives in its worker until nothing here can name it any more: each
+        # ref releases it when it is garbage (PendingRef.__del__).
+        refs = [PendingRef(rank, method_name, workers[rank].held_releaser(rt)) for rank, *_ in calls]
+        soon(rt.loop, self._start_nowait, calls, refs)  # batched: one loop wake-up per burst
         return refs
 
-    def _start_nowait(self, calls: list, sinks: list) -> None:
-        """Start a ``blocking=False`` call on the loop thread; results go to ``sinks``."""
+    def _start_nowait(self, calls: list, sinks: list[PendingRef]) -> None:
+        """Start a ``blocking=False`` call on the loop thread; results settle ``sinks``."""
         if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
             # Arguments that are still computing: wait for them in a task.
             asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks))
@@ -444,7 +449,7 @@ class WorkerGroup:
             payloads = self._payloads(calls)
         except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
             for sink in sinks:
-                sink.set_exception(exc)
+                sink._set_exception(exc)
             return
         self._submit_all(calls, payloads, True, sinks)
 
@@ -477,7 +482,7 @@ class WorkerGroup:
             if sinks is None:
                 raise
             for sink in sinks:
-                sink.set_exception(exc)
+                sink._set_exception(exc)
             return []
         tasks = self._submit_all(prepared, payloads, hold, sinks)
         if sinks is not None:
@@ -502,34 +507,36 @@ class WorkerGroup:
             raise await self._convert(self._workers[rank], tasks[failed[0]].exception(), name) from None
         return [t.result() for t in tasks]
 
-    def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool, sinks: list | None) -> list:
-        """Send every rank its call (no task per rank on the raw call path): the futures.
+    def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool,
+                    sinks: list[PendingRef] | None) -> list:
+        """Send every rank its call (no task per rank on the raw call path).
 
-        With ``sinks`` (concurrent futures of a ``blocking=False`` call) each outcome is
-        copied into its sink, a broken worker's error turned into WorkerDiedError first.
+        Without ``sinks``: the list of per-rank asyncio futures. With ``sinks`` (the
+        PendingRefs of a ``blocking=False`` call) each outcome settles its sink, a broken
+        worker's error turned into WorkerDiedError first; returns [].
         """
         timeout = self._rt.call_timeout
-        tasks = [self._workers[rank].client.submit(name, payloads[i], hold=hold, timeout=timeout)
-                 for i, (rank, name, _, _) in enumerate(prepared)]
+        workers = self._workers
         if sinks is None:
-            return tasks
-        loop = asyncio.get_running_loop()
+            return [workers[rank].client.submit(name, payloads[i], hold=hold, timeout=timeout)
+                    for i, (rank, name, _, _) in enumerate(prepared)]
+        failed = self._sink_failed
+        for i, (rank, name, _, _) in enumerate(prepared):
+            workers[rank].client.submit_into(name, payloads[i], sinks[i], failed, hold=hold, timeout=timeout)
+        return []
 
-        async def fail(i: int, exc: BaseException) -> None:
-            rank, name, _, _ = prepared[i]
-            sinks[i].set_exception(await self._convert(self._workers[rank], exc, name))
-
-        def settle(i: int, f: asyncio.Future) -> None:
-            if f.cancelled():
-                sinks[i].set_exception(asyncio.CancelledError())
-            elif f.exception() is not None:
-                loop.create_task(fail(i, f.exception()))
-            else:
-                sinks[i].set_result(f.result())
-
-        for i, f in enumerate(tasks):
-            f.add_done_callback(functools.partial(settle, i))
-        return tasks
+    def _sink_failed(self, sink: PendingRef, exc: BaseException) -> None:
+        """A ``blocking=False`` call failed: settle its ref with the error a user can act on
+        (on the loop thread)."""
+        worker = self._workers[sink.rank]
+        if isinstance(exc, UnavailableError) and not isinstance(exc, WorkerDiedError) and not self._closed:
+            async def fail() -> None:  # asks the scheduler how the worker ended
+                sink._set_exception(await self._convert(worker, exc, sink.method))
+            asyncio.get_running_loop().create_task(fail())
+            return
+        if isinstance(exc, RemoteError) and exc.rank < 0:
+            exc.rank = worker.rank
+        sink._set_exception(exc)
 
     async def _deadline_error(self, tasks: list, ranks: list[int], method: str,
                               timeout: float) -> DeadlineExceededError:

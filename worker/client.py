@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from podium import codec, errors, framing, rpc, shm, shmpool
+from podium import callframes, codec, errors, framing, rpc, shm, shmpool
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
 from podium.v1 import worker_pb2, worker_pb2_grpc
@@ -52,13 +52,32 @@ class Payload:
     instead, so a huge argument is never held twice.
     """
 
-    __slots__ = ("encoded", "nbytes", "reusable", "_chunks")
+    __slots__ = ("encoded", "nbytes", "reusable", "_chunks", "_tails")
 
     def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
         self.encoded = encoded
         self.nbytes = encoded.nbytes
         self.reusable = reusable
         self._chunks: list[bytes] | None = None
+        self._tails: dict | None = None
+
+    def frame_tail(self, method: str, hold: bool, timeout: float, reply_in_shm: bool) -> bytes:
+        """The serialized one-frame CALL of this payload minus its call id (see
+        :mod:`podium.callframes`); kept for the next call with the same options."""
+        key = (method, hold, timeout, reply_in_shm)
+        tails = self._tails
+        if tails is not None:
+            tail = tails.get(key)
+            if tail is not None:
+                return tail
+        tail = callframes.call_frame_tail(_CALL, method, self.iter_chunks()[0], hold=hold, timeout=timeout,
+                                          reply_in_shm=reply_in_shm)
+        if self.reusable and self.nbytes <= callframes.TAIL_MAX_BYTES:
+            if tails is None:
+                tails = self._tails = {}
+            if len(tails) < callframes.MAX_TAILS:
+                tails[key] = tail
+        return tail
 
     def iter_chunks(self):
         """The wire form as chunk-sized ``bytes`` (at least one, the last one marked by the caller)."""
@@ -90,20 +109,47 @@ def prepare(value: Any) -> Payload:
 
 
 class _Pending:
-    __slots__ = ("future", "method", "assembler", "timer", "shm_name", "shm_pooled", "decode")
+    """One call waiting for its reply: an asyncio future, or a sink (see submit_into)."""
 
-    def __init__(self, future: asyncio.Future, method: str) -> None:
+    __slots__ = ("future", "sink", "on_error", "method", "assembler", "deadline", "timeout", "shm_name",
+                 "shm_pooled", "decode")
+
+    def __init__(self, future: asyncio.Future | None, method: str) -> None:
         self.future = future
+        #: With ``future`` None: settled by ``sink._set_result(value)`` or ``on_error(sink, exc)``.
+        self.sink: Any = None
+        self.on_error: Any = None
         self.method = method
         self.assembler: framing.Assembler | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        #: loop.time() by which the call must have answered (0: none); see _sweep.
+        self.deadline = 0.0
+        self.timeout: float | None = None
         #: The call's argument segment: unlinked by the worker when it maps it, by us
         #: when the call ends otherwise (a worker that died never maps it).
         self.shm_name = ""
         #: shm_name is a segment of the client's pool (podium.shmpool), not a one-shot one.
         self.shm_pooled = False
-        #: Resolve the future with the decoded value (submit) rather than the raw reply.
+        #: Resolve with the decoded value (submit) rather than the raw reply.
         self.decode = False
+
+    def done(self) -> bool:
+        """Whether the outcome has been delivered (or the awaiting caller went away)."""
+        return self.future.done() if self.future is not None else self.sink.done()
+
+    def resolve(self, value: Any, exc: BaseException | None) -> None:
+        """Deliver the outcome (once; later ones are dropped)."""
+        future = self.future
+        if future is not None:
+            if future.done():
+                return
+            if exc is None:
+                future.set_result(value)
+            else:
+                future.set_exception(exc)
+        elif exc is None:
+            self.sink._set_result(value)
+        else:
+            self.on_error(self.sink, exc)
 
 
 class WorkerClient:
@@ -140,6 +186,9 @@ class WorkerClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Reused shared-memory segments, both ways (made in start() for a same-host worker).
         self._shm: shmpool.SharedSegments | None = None
+        # One timer for every pending call's deadline, armed at the earliest (see _sweep).
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
 
     @property
     def broken(self) -> errors.PodiumError | None:
@@ -218,6 +267,9 @@ class WorkerClient:
     async def close(self) -> None:
         """Fail pending calls, close the stream and the channel."""
         self._fail_all(errors.UnavailableError(f"client of {self._who()} closed", rank=self.rank))
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         if self._raw is not None:
             self._raw.close()
         if self._stream is not None:
@@ -274,10 +326,7 @@ class WorkerClient:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             self._drop_segment(p)
-            if p.timer is not None:
-                p.timer.cancel()
-            if not p.future.done():
-                p.future.set_exception(exc)
+            p.resolve(None, exc)
 
     def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
         if self._shm is not None and (frame.shm_released or frame.shm_forget):
@@ -322,11 +371,10 @@ class WorkerClient:
 
     def _finish(self, call_id: int, p: _Pending, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
-        if exc is not None or not p.shm_pooled:  # a pooled argument comes back in shm_released
+        # A pooled argument comes back in shm_released instead.
+        if p.shm_name and (exc is not None or not p.shm_pooled):
             self._drop_segment(p)
-        if p.timer is not None:
-            p.timer.cancel()
-        if p.future.done():
+        if p.done():
             if isinstance(value, _ShmReply):
                 self._discard_reply(value)
             return
@@ -335,18 +383,45 @@ class WorkerClient:
                 value = self._decode_reply(value)
             except Exception as error:  # noqa: BLE001 - a reply that does not decode fails its call
                 exc = error
-        if exc is not None:
-            p.future.set_exception(exc)
-        else:
-            p.future.set_result(value)
+        p.resolve(value, exc)
 
-    def _expire(self, call_id: int, timeout: float) -> None:
+    def _watch_deadline(self, p: _Pending, timeout: float) -> None:
+        """Give ``p`` a deadline ``timeout`` seconds from now.
+
+        One timer per client, armed at the earliest deadline, replaces a timer per call: a
+        burst's calls share a timeout, so arming happens for the first call only.
+        """
+        deadline = p.deadline = self._loop.time() + timeout
+        p.timeout = timeout
+        if self._deadline_timer is None or deadline < self._deadline_at:
+            if self._deadline_timer is not None:
+                self._deadline_timer.cancel()
+            self._deadline_at = deadline
+            self._deadline_timer = self._loop.call_at(deadline, self._sweep)
+
+    def _sweep(self) -> None:
+        """Expire every call past its deadline; re-arm for the earliest one left."""
+        self._deadline_timer = None
+        now = self._loop.time()
+        earliest = 0.0
+        for call_id, p in list(self._pending.items()):
+            if not p.deadline:
+                continue
+            if p.deadline <= now:
+                self._expire(call_id)
+            elif not earliest or p.deadline < earliest:
+                earliest = p.deadline
+        if earliest:
+            self._deadline_at = earliest
+            self._deadline_timer = self._loop.call_at(earliest, self._sweep)
+
+    def _expire(self, call_id: int) -> None:
         p = self._pending.pop(call_id, None)
-        if p is None or p.future.done():
+        if p is None or p.done():
             return
         self._drop_segment(p)
-        p.future.set_exception(errors.DeadlineExceededError(
-            f"call {p.method!r} to {self._who()} did not answer within {timeout} s",
+        p.resolve(None, errors.DeadlineExceededError(
+            f"call {p.method!r} to {self._who()} did not answer within {p.timeout} s",
             rank=self.rank, details={"method": p.method}))
         # Tell the worker to drop it if it has not started (best effort).
         self._loop.create_task(self._send_cancel(call_id))
@@ -381,7 +456,7 @@ class WorkerClient:
         p = _Pending(future, method)
         self._pending[call_id] = p
         if timeout is not None:
-            p.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
+            self._watch_deadline(p, timeout)
         same_host = self.same_host is True
         header = worker_pb2.CallHeader(kind=kind, method=method, payload_size=payload.nbytes,
                                        hold_result=hold, timeout_seconds=timeout or 0.0,
@@ -433,8 +508,6 @@ class WorkerClient:
         except asyncio.CancelledError:
             if self._pending.pop(call_id, None) is not None:
                 self._drop_segment(p)
-                if p.timer is not None:
-                    p.timer.cancel()
                 self._loop.create_task(self._send_cancel(call_id))
             raise
         return self._decode_reply(reply)
@@ -523,29 +596,57 @@ class WorkerClient:
         coroutine or task per call (the group's fan-out to N ranks is N of these); anything
         else runs :meth:`call_encoded` as a task. Must be called on the client's loop.
         """
-        raw = self._raw
-        if (raw is None or self._broken is not None or payload.nbytes > framing.CHUNK_SIZE
-                or (self.same_host is True and payload.nbytes >= self.shm_threshold)):
+        if not self._fast_path_for(payload):
             return self._loop.create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
-        call_id = next(self._ids)
         future = self._loop.create_future()
-        p = _Pending(future, method)
+        self._send_one_frame(_Pending(future, method), method, payload, hold, timeout)
+        return future
+
+    def submit_into(self, method: str, payload: Payload, sink: Any, on_error: Any, *, hold: bool = False,
+                    timeout: float | None = None) -> None:
+        """Start a call whose outcome settles ``sink`` instead of a future.
+
+        ``sink._set_result(value)`` (the ObjectRef with ``hold``) on success, else
+        ``on_error(sink, exc)``; both on the client's loop. ``sink.done()`` says whether it
+        still wants an outcome. No asyncio future, task or callback per call: what a burst
+        of ``blocking=False`` calls needs. Must be called on the client's loop.
+        """
+        if not self._fast_path_for(payload):
+            task = self._loop.create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
+
+            def settle(t: asyncio.Task) -> None:
+                if t.cancelled():
+                    on_error(sink, errors.CancelledError(f"call {method!r} to {self._who()} was cancelled"))
+                elif t.exception() is not None:
+                    on_error(sink, t.exception())
+                else:
+                    sink._set_result(t.result())
+
+            task.add_done_callback(settle)
+            return
+        p = _Pending(None, method)
+        p.sink = sink
+        p.on_error = on_error
+        self._send_one_frame(p, method, payload, hold, timeout)
+
+    def _fast_path_for(self, payload: Payload) -> bool:
+        """Whether a call with ``payload`` goes out as one raw frame written at once."""
+        return (self._raw is not None and self._broken is None and payload.nbytes <= framing.CHUNK_SIZE
+                and not (self.same_host is True and payload.nbytes >= self.shm_threshold))
+
+    def _send_one_frame(self, p: _Pending, method: str, payload: Payload, hold: bool,
+                        timeout: float | None) -> None:
+        call_id = next(self._ids)
         p.decode = True
         if timeout is not None:
-            p.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
-        header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
-                                       hold_result=hold, timeout_seconds=timeout or 0.0,
-                                       reply_in_shm=self.same_host is True)
+            self._watch_deadline(p, timeout)
+        tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
         self._pending[call_id] = p
         try:
-            raw.write_nowait(worker_pb2.CallFrame(call_id=call_id, header=header,
-                                                  data=payload.iter_chunks()[0], last=True))
+            self._raw.write_serialized_nowait(callframes.frame_with_call_id(call_id, tail))
         except errors.PodiumError as exc:
             self._pending.pop(call_id, None)
-            if p.timer is not None:
-                p.timer.cancel()
-            future.set_exception(exc)
-        return future
+            p.resolve(None, exc)
 
     async def construct(self, payload_value: Any, *, timeout: float | None = None) -> None:
         """Build the hosted object from ``(cls_or_import_path, args, kwargs)``, a

@@ -221,9 +221,12 @@ class FrameConnection(asyncio.Protocol):
         Small frames written in one loop turn leave in one send (a burst of calls or
         replies costs one system call and one wake-up of the peer, not one per frame).
         """
+        self.write_serialized_nowait(message.SerializeToString())
+
+    def write_serialized_nowait(self, data: bytes) -> None:
+        """:meth:`write_nowait` of a message already serialized to ``data``."""
         if self._closed:
             raise errors.UnavailableError("the raw call connection is closed")
-        data = message.SerializeToString()
         if len(data) >= _COALESCE_MAX:
             self._flush()
             self._transport.write(_LEN.pack(len(data)))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import gc
+import threading
+import time
 import types
 
 import pytest
@@ -19,9 +21,22 @@ def ref(i: int, rows: int = 3) -> ObjectRef:
                      owner_rank=i, size_bytes=10, rows=rows)
 
 
+class _Settler:
+    """Settles one PendingRef the way the runtime's loop thread does."""
+
+    def __init__(self, pending_ref: fu.PendingRef) -> None:
+        self.ref = pending_ref
+
+    def set_result(self, value) -> None:
+        assert self.ref._set_result(value)
+
+    def set_exception(self, exc) -> None:
+        assert self.ref._set_exception(exc)
+
+
 def pending(n: int):
-    futures = [concurrent.futures.Future() for _ in range(n)]
-    return futures, [fu.PendingRef(f, i, "m") for i, f in enumerate(futures)]
+    refs = [fu.PendingRef(i, "m") for i in range(n)]
+    return [_Settler(r) for r in refs], refs
 
 
 def test_pending_future_chunks_lazily_and_resolves_row_ranges():
@@ -94,3 +109,82 @@ def test_collect_of_refs_gives_futures_and_unpads_by_row_range():
     assert (unpadded.start, unpadded.stop) == (0, 10)
     _, refs = pending(4)
     assert isinstance(d.collect_dp_compute_data_proto(group, refs), fu.PendingDataProtoFuture)
+
+
+def test_a_ref_settles_once():
+    settlers, refs = pending(1)
+    settlers[0].set_result(ref(0))
+    assert not refs[0]._set_exception(RemoteError("late", rank=0))
+    assert refs[0].ref(timeout=0) == ref(0)
+
+
+def test_waiters_in_other_threads_wake_when_the_loop_thread_settles():
+    settlers, refs = pending(200)
+    results = {}
+
+    def waiter(name, which):
+        results[name] = fu.wait_all(which, timeout=30)
+
+    threads = [threading.Thread(target=waiter, args=("all", refs)),
+               threading.Thread(target=waiter, args=("last", refs[-1:])),
+               threading.Thread(target=lambda: results.setdefault("ray.wait", fu.wait(refs, 200, 30)))]
+    for t in threads:
+        t.start()
+
+    async def settle_in_bursts():
+        for i, settler in enumerate(settlers):
+            settler.set_result(ref(i))
+            if i % 50 == 0:
+                await asyncio.sleep(0.001)  # let the waiters run in between
+
+    asyncio.run(settle_in_bursts())
+    for t in threads:
+        t.join(30)
+    assert results["all"] is True and results["last"] is True
+    assert results["ray.wait"] == (refs, [])
+    assert fu.wait_all(refs, timeout=0) is True
+
+
+def test_wait_all_gives_up_at_its_deadline():
+    _, refs = pending(2)
+    start = time.monotonic()
+    assert fu.wait_all(refs, timeout=0.05) is False
+    assert time.monotonic() - start >= 0.05
+
+
+def test_aref_wakes_when_settled_from_another_thread():
+    settlers, refs = pending(1)
+
+    async def main():
+        threading.Timer(0.05, settlers[0].set_result, (ref(0),)).start()
+        return await asyncio.wait_for(refs[0].aref(), 30)
+
+    assert asyncio.run(main()) == ref(0)
+
+
+def test_a_garbage_ref_releases_its_held_result_only_after_success():
+    released = []
+    ok = fu.PendingRef(0, "m", released.append)
+    failed = fu.PendingRef(1, "m", released.append)
+    unfinished = fu.PendingRef(2, "m", released.append)
+    ok._set_result(ref(0))
+    failed._set_exception(RemoteError("boom", rank=1))
+    del ok, failed, unfinished
+    gc.collect()
+    assert released == ["o-0"]
+
+
+def test_get_of_refs_with_inline_values_waits_for_them(monkeypatch):
+    from podium import codec
+    rt = types.SimpleNamespace(call_timeout=30, stats={"fetches": 0, "fetched_bytes": 0})
+    monkeypatch.setattr("podium.controller.runtime.get_runtime", lambda: rt)
+    settlers, refs = pending(3)
+    inline = b"".join(codec.encode("value").to_segments())
+
+    def settle():
+        for i, settler in enumerate(settlers):
+            settler.set_result(ObjectRef(f"o-{i}", "w", "a:1", i, len(inline), -1, inline))
+
+    threading.Timer(0.05, settle).start()
+    assert fu.get(refs) == ["value"] * 3
+    assert rt.stats["fetches"] == 3

@@ -1,0 +1,48 @@
+"""Call frames encoded once per payload: only the call id differs between the calls of a burst.
+
+A ``blocking=False`` burst sends the same method with the same encoded arguments many
+times (and a ONE_TO_ALL call sends it to every rank): building a CallHeader and a
+CallFrame message and serializing them per call is most of the sender's work. The
+protobuf wire form lets fields come in any order, so a frame is the ``call_id`` field
+followed by the serialized rest (header, data, last), and the rest is made once per
+(payload, method, options) and reused.
+"""
+
+from __future__ import annotations
+
+from podium.v1 import worker_pb2
+
+__all__ = ["call_frame_tail", "frame_with_call_id", "encode_varint", "MAX_TAILS", "TAIL_MAX_BYTES"]
+
+#: Tails a payload keeps (a payload goes out with few distinct headers).
+MAX_TAILS = 16
+#: Payloads larger than this are not kept twice (as chunks and as a tail): the copy
+#: dominates their cost anyway.
+TAIL_MAX_BYTES = 64 << 10
+
+_CALL_ID_TAG = b"\x08"  # field 1 (call_id), wire type 0 (varint)
+
+
+def encode_varint(value: int) -> bytes:
+    """The protobuf base-128 varint of a non-negative integer."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def call_frame_tail(kind: int, method: str, data: bytes, *, hold: bool, timeout: float,
+                    reply_in_shm: bool) -> bytes:
+    """A one-frame call's CallFrame without its call id, serialized (header, data, last)."""
+    header = worker_pb2.CallHeader(kind=kind, method=method, payload_size=len(data), hold_result=hold,
+                                   timeout_seconds=timeout, reply_in_shm=reply_in_shm)
+    return worker_pb2.CallFrame(header=header, data=data, last=True).SerializeToString()
+
+
+def frame_with_call_id(call_id: int, tail: bytes) -> bytes:
+    """The serialized CallFrame of call ``call_id`` (a positive id) with ``tail`` as the rest."""
+    return _CALL_ID_TAG + encode_varint(call_id) + tail

@@ -1,0 +1,128 @@
+"""Bursts of calls settling sinks (WorkerClient.submit_into, what blocking=False group calls
+use), and the client's one deadline timer: a real worker host in-process, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from podium import errors
+from podium.controller.futures import PendingRef
+from podium.refs import ObjectRef, inline_value
+from podium.worker.client import WorkerClient, prepare
+from podium.worker.host import start_host
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Counter:
+    """Hosted object: counts calls, can fail and sleep."""
+
+    def __init__(self):
+        self.n = 0
+
+    def bump(self):
+        self.n += 1
+        return self.n
+
+    def noop(self):
+        return None
+
+    def boom(self):
+        raise ValueError("boom")
+
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+
+async def _started(token):
+    host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+    client = WorkerClient(host.address, token)
+    await client.start()
+    await client.construct((Counter, (), {}))
+    return host, client
+
+
+def test_a_burst_settles_every_sink_in_call_order(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        failures = []
+        try:
+            assert client._raw is not None
+            no_args = prepare(((), {}))
+            sinks = [PendingRef(0, "bump") for _ in range(500)]
+            for sink in sinks:
+                client.submit_into("bump", no_args, sink, lambda s, e: failures.append((s, e)), hold=True,
+                                   timeout=60)
+            deadline = time.monotonic() + 60
+            while not all(s.done() for s in sinks) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            refs = [s.ref(timeout=0) for s in sinks]
+            assert failures == [] and all(isinstance(r, ObjectRef) for r in refs)
+            assert [inline_value(r) for r in refs] == list(range(1, 501))  # ran in call order
+            assert client.pending == 0
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_errors_reach_on_error_and_the_stream_goes_on(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        try:
+            failed = asyncio.get_running_loop().create_future()
+            sink = PendingRef(0, "boom")
+            client.submit_into("boom", prepare(((), {})), sink, lambda s, e: failed.set_result((s, e)),
+                               hold=True, timeout=60)
+            got_sink, exc = await asyncio.wait_for(failed, 30)
+            assert got_sink is sink and isinstance(exc, errors.RemoteError) and "boom" in exc.traceback
+            assert not sink.done()  # on_error decides what the sink gets
+            assert await client.call("bump") == 1
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_a_short_deadline_expires_on_time_behind_a_long_one(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        try:
+            # The first call holds the execution thread for 3 s with an hour's deadline;
+            # the second waits behind it and must fail at its own 0.3 s, not later.
+            slow = client.submit("nap", prepare(((3.0,), {})), timeout=3600)
+            start = time.monotonic()
+            with pytest.raises(errors.DeadlineExceededError, match="noop"):
+                await asyncio.wait_for(client.submit("noop", prepare(((), {})), timeout=0.3), 30)
+            assert time.monotonic() - start < 2.5
+            assert await asyncio.wait_for(slow, 30) == 3.0  # the long one is untouched
+            # a sink gets its deadline through on_error, and later calls still expire
+            expired = asyncio.get_running_loop().create_future()
+            client.submit("nap", prepare(((1.0,), {})), timeout=3600)
+            client.submit_into("noop", prepare(((), {})), PendingRef(0, "noop"),
+                               lambda s, e: expired.set_result(e), hold=True, timeout=0.2)
+            assert isinstance(await asyncio.wait_for(expired, 30), errors.DeadlineExceededError)
+            assert await client.call("bump", timeout=30) == 1
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_closing_the_client_fails_unsettled_sinks(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        try:
+            failed = asyncio.get_running_loop().create_future()
+            client.submit_into("nap", prepare(((2.0,), {})), PendingRef(0, "nap"),
+                               lambda s, e: failed.set_result(e), hold=True, timeout=60)
+            await asyncio.sleep(0.1)
+            await client.close()
+            assert isinstance(await asyncio.wait_for(failed, 10), errors.UnavailableError)
+        finally:
+            await host.stop(grace=0.2)
+    arun(scenario())
