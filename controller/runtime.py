@@ -32,6 +32,7 @@ import time
 import weakref
 from typing import Any, Coroutine
 
+from podium.controller import heap
 from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
 from podium.process import die_with_parent_argv
 
@@ -132,6 +133,8 @@ class Runtime:
         #: Controller-side counters: fetches made through the resolver, bytes they moved, and
         #: held results released because their PendingRefs were garbage collected.
         self.stats = {"fetches": 0, "fetched_bytes": 0, "released": 0}
+        #: Whether init() froze the import-time heap (podium.controller.heap).
+        self.gc_frozen = False
         self._loop_thread = _LoopThread()
         self.loop = self._loop_thread.loop
         self.scheduler = None
@@ -294,6 +297,9 @@ class Runtime:
         self._loop_thread.stop()
         for proc in reversed(self.processes):
             _stop_process(proc)
+        if self.gc_frozen:
+            self.gc_frozen = False
+            heap.unfreeze()
 
     async def _close_async(self) -> None:
         if self._keepalive is not None:
@@ -420,7 +426,9 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     its keep-alives stop (the process died without :func:`shutdown`).
     ``log_to_driver`` (``PODIUM_LOG_TO_DRIVER``, default on) prints what workers write to
     this process's stdout/stderr, each line prefixed with role, rank and node.
-    A second ``init()`` returns the running runtime.
+    A second ``init()`` returns the running runtime. Until :func:`shutdown`, the objects alive
+    at ``init()`` (torch and the other imports) are frozen out of the garbage collector's
+    scans (:mod:`podium.controller.heap`; ``PODIUM_GC_FREEZE=0`` turns that off).
     """
     global _runtime
     with _runtime_lock:
@@ -458,6 +466,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
         set_resolver(_Resolver(runtime))
         _runtime = runtime
         _register_atexit()
+        runtime.gc_frozen = heap.freeze()
         return runtime
 
 

@@ -31,7 +31,7 @@ __all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_reso
            "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ObjectRef:
     """A result held in a worker: enough to fetch it from its owner directly."""
 

@@ -89,6 +89,11 @@ def worker_count() -> int:
     return len([w for w in rt.run(rt.cluster_state()).workers if w.state in (1, 2)])
 
 
+def test_the_import_heap_is_frozen_while_the_runtime_is_up():
+    import gc
+    assert get_runtime().gc_frozen and gc.get_freeze_count() > 0
+
+
 def test_future_between_groups_is_fetched_worker_to_worker():
     producers = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=2), ClassWithInitArgs(Producer))
     consumers = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=2), ClassWithInitArgs(Consumer))

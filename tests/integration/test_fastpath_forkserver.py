@@ -145,3 +145,5 @@ def test_exec_when_the_fork_server_is_off(monkeypatch):
             wg.shutdown()
     finally:
         controller.shutdown()
+    import gc
+    assert gc.get_freeze_count() == 0  # init() froze the import-time heap; shutdown() gave it back
