@@ -160,6 +160,8 @@ class _Frozen:
 
 #: The wire form of None, made once (its segments are immutable bytes).
 _ENCODED_NONE = codec.encode(None)
+#: Results that cannot change after they are returned: a held one needs no decoded copy.
+_IMMUTABLE_RESULTS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 
 def _remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1) -> errors.RemoteError:
@@ -202,15 +204,18 @@ def _close_names(name: str, obj: Any) -> list[str]:
 
 
 class _Job:
-    """One piece of work for the execution thread; ``future`` lives on the loop."""
+    """One piece of work for the execution thread; its outcome goes to ``future`` (on the
+    loop) or, without one, to ``on_done(context, ok, result)`` called on the loop."""
 
-    __slots__ = ("fn", "args", "future", "state")
+    __slots__ = ("fn", "args", "future", "state", "on_done", "context")
 
-    def __init__(self, fn: Any, args: tuple, future: asyncio.Future) -> None:
+    def __init__(self, fn: Any, args: tuple, future: asyncio.Future | None) -> None:
         self.fn = fn
         self.args = args
         self.future = future
         self.state = 0  # 0 queued, 1 started, 2 cancelled
+        self.on_done: Any = None
+        self.context: Any = None
 
 
 class ExecutionThread:
@@ -241,14 +246,26 @@ class ExecutionThread:
         self._queue.put(job)
         return job
 
+    def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any) -> _Job:
+        """Queue ``fn(*args)``; ``on_done(context, ok, result)`` runs on the loop when it
+        finished (ok False: ``result`` is the exception). No future per job."""
+        job = _Job(fn, args, None)
+        job.on_done = on_done
+        job.context = context
+        self._queue.put(job)
+        return job
+
     def cancel(self, job: _Job) -> bool:
-        """Drop ``job`` if it has not started; True if dropped."""
+        """Drop ``job`` if it has not started; True if dropped. Call on the loop."""
         with self._lock:
             if job.state != 0:
                 return False
             job.state = 2
-        if not job.future.done():
-            job.future.set_exception(errors.CancelledError("cancelled before it started"))
+        exc = errors.CancelledError("cancelled before it started")
+        if job.future is None:
+            job.on_done(job.context, False, exc)
+        elif not job.future.done():
+            job.future.set_exception(exc)
         return True
 
     def stop(self) -> None:
@@ -270,7 +287,7 @@ class ExecutionThread:
                 result, ok = exc, False
             # Outcomes of a burst of calls reach the loop with one wake-up, not one each.
             with self._lock:
-                self._done.append((job.future, ok, result))
+                self._done.append((job, ok, result))
                 wake = not self._wake_scheduled
                 self._wake_scheduled = True
             if wake:
@@ -284,8 +301,14 @@ class ExecutionThread:
         with self._lock:
             done, self._done = self._done, []
             self._wake_scheduled = False
-        for future, ok, result in done:
-            _settle(future, ok, result)
+        for job, ok, result in done:
+            if job.future is not None:
+                _settle(job.future, ok, result)
+                continue
+            try:
+                job.on_done(job.context, ok, result)
+            except Exception:  # noqa: BLE001 - one reply's failure must not stop the others
+                log.exception("reporting the outcome of %r failed", job.fn)
 
 
 def _settle(future: asyncio.Future, ok: bool, result: Any) -> None:
@@ -405,7 +428,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             rows = refs.rows_of(value)
             self.held.check_room(nbytes)
             frozen = _Frozen(encoded.to_segments(), nbytes)
-            held = self.held.put(codec.decode(frozen.buffer), frozen, nbytes, rows)
+            # The held value is a snapshot (decoded from the frozen copy) unless nothing can
+            # change it anyway (None, numbers, strings: most small results).
+            snapshot = value if type(value) in _IMMUTABLE_RESULTS else codec.decode(frozen.buffer)
+            held = self.held.put(snapshot, frozen, nbytes, rows)
             return _Outcome(ref=worker_pb2.ObjectRefInfo(
                 object_id=held.object_id, worker_id=self.config.worker_id,
                 owner_address=self.address, owner_rank=self.config.rank,
@@ -497,6 +523,44 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         log.info("constructed %s (rank %d)", self._class_name, self.config.rank)
         await active.stream.send_outcome(active.call_id, _Outcome(segments=codec.encode(None).to_segments()))
 
+    def start_fast(self, stream: "_CallStream", call_id: int, header: worker_pb2.CallHeader,
+                   data: bytes) -> Any:
+        """Hand a one-frame CALL of a sync method to the execution thread right now.
+
+        The common call needs none of :meth:`run_call`'s waiting: the object is built, no
+        earlier call waits for its arguments (the gate is open), no argument is a ref to
+        fetch. Then there is no task, gate or future per call; the outcome is written from
+        the loop when the thread reports it (``stream.fast_done``). Returns True if started,
+        else the decoded payload (or None) for :meth:`run_call`, which also reports every
+        error.
+        """
+        try:
+            value = codec.decode(data)
+        except Exception:  # noqa: BLE001 - run_call decodes again and reports it
+            return None
+        if type(value) is not tuple or len(value) != 2:
+            return value
+        args, kwargs = value
+        try:
+            fn, is_async, materialize = self._lookup(header.method)
+        except Exception:  # noqa: BLE001 - run_call looks up again and reports it
+            return value
+        if is_async or (materialize and (any(map(refs.is_ref, args))
+                                         or any(map(refs.is_ref, kwargs.values())))):
+            return value
+        active = _Active(call_id, header, stream, None)
+        if active.deadline and time.monotonic() > active.deadline:
+            return value
+        stats = self.stats
+        stats["bytes_in"] += header.payload_size
+        stats["calls"] += 1
+        stats["calls_in_flight"] += 1
+        active.started = time.monotonic()
+        stream.active[call_id] = active
+        active.job = self._exec.submit_reporting(
+            self._invoke_sync, (fn, args, kwargs, header, stream.shm.pool), stream.fast_done, active)
+        return True
+
     def precondition_for_call(self) -> None:
         """FailedPreconditionError unless a constructor ran or is queued."""
         state = self._construct_state
@@ -507,13 +571,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise errors.FailedPreconditionError(
                 f"this worker's constructor failed ({self._construct_error}); tear it down")
 
-    async def run_call(self, active: "_Active", payload: Any) -> None:
-        """CALL: decode, look up, materialize refs, run (thread or loop), package, reply."""
+    async def run_call(self, active: "_Active", payload: Any, decoded: Any = None) -> None:
+        """CALL: decode (unless ``decoded`` is the value already), look up, materialize refs,
+        run (thread or loop), package, reply."""
         prev, mine = active.gates
         header = active.header
         job = None
         try:
-            value = self._decode_payload(header, payload, active.stream)
+            value = (self._decode_payload(header, payload, active.stream) if decoded is None
+                     else decoded)
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
                 raise errors.InvalidArgumentError(
                     f"a CALL payload must decode to (args, kwargs), got {type(value).__name__}")
@@ -650,7 +716,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 class _Active:
-    __slots__ = ("call_id", "header", "stream", "gates", "job", "cancelled", "deadline", "task")
+    __slots__ = ("call_id", "header", "stream", "gates", "job", "cancelled", "deadline", "task", "started")
 
     def __init__(self, call_id: int, header: worker_pb2.CallHeader, stream: "_CallStream",
                  gates: tuple[asyncio.Future, asyncio.Future]) -> None:
@@ -662,6 +728,8 @@ class _Active:
         self.cancelled = False
         self.deadline = time.monotonic() + header.timeout_seconds if header.timeout_seconds > 0 else 0.0
         self.task: asyncio.Task | None = None
+        #: monotonic() when a fast-path call started (start_fast), for the stats.
+        self.started = 0.0
 
 
 class _Incoming:
@@ -684,6 +752,13 @@ class _CallStream:
         #: Reused shared-memory segments, both ways (used only by a same-host client).
         self.shm = shmpool.SharedSegments(asyncio.get_running_loop(), worker_pb2.ReplyFrame,
                                           self._send_quietly)
+        from podium import rawcall
+
+        # Replies written without awaiting (the fast path) need the raw connection's
+        # write_nowait; on the gRPC stream every call takes the general path.
+        self.writes_nowait = isinstance(context, rawcall.FrameConnection)
+        self.fast_done = self._fast_done  # one bound method for every fast call
+        self._fast_finished: asyncio.Future | None = None
 
     async def run(self) -> None:
         context = self.context
@@ -694,11 +769,21 @@ class _CallStream:
                     break
                 if isinstance(frame, rpc.MalformedMessage):  # a peer's garbage bytes
                     await rpc.abort(context, frame.error)
-                await self.on_frame(frame)
+                decoded = self.try_fast(frame)
+                if decoded is True:
+                    continue
+                await self.on_frame(frame, decoded)
             # The client half-closed: let the calls in flight answer.
-            tasks = [a.task for a in self.active.values() if a.task is not None]
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            while True:
+                tasks = [a.task for a in self.active.values() if a.task is not None and not a.task.done()]
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                elif any(a.task is None for a in self.active.values()):
+                    # fast-path calls (no task): each one that finishes wakes this
+                    self._fast_finished = asyncio.get_running_loop().create_future()
+                    await self._fast_finished
+                else:
+                    break
         finally:
             for active in list(self.active.values()):
                 if active.job is not None:
@@ -721,31 +806,93 @@ class _CallStream:
         except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
             pass
 
-    async def send_error(self, call_id: int, exc: BaseException) -> None:
+    def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
+        """Start a one-frame CALL through :meth:`WorkerServicer.start_fast` when it can
+        take it: True if started; otherwise the decoded payload or None, for on_frame."""
+        if not (self.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
+                or frame.shm_forget:
+            return None
+        header = frame.header
+        host = self.host
+        call_id = frame.call_id
+        if (header.kind != _CALL or header.shm_name or host._construct_state != "done"
+                or not host._gate.done() or call_id in self.active or call_id in self.incoming
+                or self.context.must_drain):
+            return None
+        data = frame.data
+        if len(data) != header.payload_size or len(data) > host.config.max_payload_bytes:
+            return None  # on_frame's Assembler says what is wrong
+        return host.start_fast(self, call_id, header, data)
+
+    def _fast_done(self, active: _Active, ok: bool, result: Any) -> None:
+        """The execution thread finished a fast-path call (on the loop): reply."""
+        stats = self.host.stats
+        stats["calls_in_flight"] -= 1
+        stats["call_seconds"] += time.monotonic() - active.started
+        call_id = active.call_id
+        self.active.pop(call_id, None)
+        try:
+            if not ok:
+                stats["call_errors"] += 1
+                self.context.write_nowait(self._error_frame(call_id, result))
+            else:
+                frame = self._single_frame(call_id, result)
+                if frame is not None:
+                    self.context.write_nowait(frame)
+                else:  # a large result streams in chunks: that needs awaiting
+                    self.spawn(active, self._reply_later(active, result))
+        except errors.PodiumError:
+            pass  # the connection is closed: nobody to tell
+        finished = self._fast_finished
+        if finished is not None and not finished.done():
+            finished.set_result(None)
+
+    async def _reply_later(self, active: _Active, outcome: _Outcome) -> None:
+        try:
+            await self.send_outcome(active.call_id, outcome)
+        except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
+            pass
+        finally:
+            self.active.pop(active.call_id, None)
+
+    def _error_frame(self, call_id: int, exc: BaseException) -> worker_pb2.ReplyFrame:
         if not isinstance(exc, errors.PodiumError):
             log.exception("internal error in call %d", call_id, exc_info=exc)
             exc = errors.InternalError(f"worker host: {type(exc).__name__}: {exc}")
         self.host._err(exc)
-        await self.write(worker_pb2.ReplyFrame(
+        return worker_pb2.ReplyFrame(
             call_id=call_id, header=worker_pb2.ReplyHeader(ok=False, error=rpc.error_info_of(exc)),
-            last=True))
+            last=True)
 
-    async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
-        self.host.stats["bytes_out"] += outcome.nbytes
+    async def send_error(self, call_id: int, exc: BaseException) -> None:
+        await self.write(self._error_frame(call_id, exc))
+
+    def _single_frame(self, call_id: int, outcome: _Outcome) -> worker_pb2.ReplyFrame | None:
+        """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
+        streams in chunks."""
         if outcome.ref is not None:
             header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
-            await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True))
-            return
-        if outcome.shm_name:
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
+        elif outcome.shm_name:
             header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name,
                                             shm_pooled=outcome.shm_pooled)
-            await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True))
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
+        elif outcome.nbytes <= framing.CHUNK_SIZE:
+            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, data=b"".join(outcome.segments),
+                                          last=True)
+        else:
+            return None
+        self.host.stats["bytes_out"] += outcome.nbytes
+        return frame
+
+    async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
+        frame = self._single_frame(call_id, outcome)
+        if frame is not None:
+            await self.write(frame)
             return
+        self.host.stats["bytes_out"] += outcome.nbytes
         header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
-        if outcome.nbytes <= framing.CHUNK_SIZE:
-            data = b"".join(outcome.segments)
-            await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header, data=data, last=True))
-            return
         chunks = framing.iter_chunks(outcome.segments)
         pending = bytes(next(chunks))
         first = True
@@ -757,7 +904,9 @@ class _CallStream:
         await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
                                                data=pending, last=True))
 
-    async def on_frame(self, frame: worker_pb2.CallFrame) -> None:
+    async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
+        """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame
+        payload try_fast already decoded, or None)."""
         call_id = frame.call_id
         if frame.shm_released or frame.shm_forget:
             self.shm.on_frame(frame)
@@ -811,14 +960,14 @@ class _CallStream:
             await self.send_error(call_id, exc)
             return
         if frame.last:
-            self.start(call_id, incoming.header, payload)
+            self.start(call_id, incoming.header, payload, decoded)
 
     async def refuse(self, call_id: int, header, last: bool, exc: errors.PodiumError) -> None:
         if not last:
             self.incoming[call_id] = _Incoming(header, None)
         await self.send_error(call_id, exc)
 
-    def start(self, call_id: int, header: worker_pb2.CallHeader, payload: Any) -> None:
+    def start(self, call_id: int, header: worker_pb2.CallHeader, payload: Any, decoded: Any = None) -> None:
         host = self.host
         host.stats["bytes_in"] += header.payload_size
         active = _Active(call_id, header, self, host.reserve_gate())
@@ -831,7 +980,7 @@ class _CallStream:
             host._construct_state = "pending"
             body = host.run_construct(active, payload)
         else:
-            body = host.run_call(active, payload)
+            body = host.run_call(active, payload, decoded)
         self.spawn(active, self.guard(active, body))
 
     def spawn(self, active: _Active, coro) -> None:

@@ -37,6 +37,19 @@ class Counter:
         time.sleep(seconds)
         return seconds
 
+    def record(self, item):
+        self.seen = getattr(self, "seen", []) + [item]
+
+    async def arecord(self, item):
+        self.record(item)
+
+    def seen_items(self):
+        return getattr(self, "seen", [])
+
+    def zeros(self, n):
+        import torch
+        return torch.zeros(n, dtype=torch.int64)
+
 
 async def _started(token):
     host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
@@ -124,5 +137,70 @@ def test_closing_the_client_fails_unsettled_sinks(token, arun):
             await client.close()
             assert isinstance(await asyncio.wait_for(failed, 10), errors.UnavailableError)
         finally:
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_fast_and_general_calls_keep_call_order_and_stats(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        try:
+            stats = host.servicer.stats
+            calls_before = stats["calls"]
+            # a result held here, passed back as an argument: that call fetches it first
+            # (the general path), and every later call must still run after it
+            held = await client.call("bump", hold=True)
+            futures = []
+            for i in range(60):
+                if i % 20 == 5:
+                    futures.append(client.submit("record", prepare(((held,), {}))))
+                elif i % 20 == 12:
+                    futures.append(client.submit("arecord", prepare(((i,), {}))))
+                else:
+                    futures.append(client.submit("record", prepare(((i,), {}))))
+            await asyncio.wait_for(asyncio.gather(*futures), 60)
+            expected = [1 if i % 20 == 5 else i for i in range(60)]
+            seen = await client.call("seen_items")
+            # async methods run on the loop, in arrival order among themselves only
+            assert [x for x in seen if x not in (12, 32, 52)] == [x for x in expected if x not in (12, 32, 52)]
+            assert sorted(seen) == sorted(expected)
+            assert stats["calls"] - calls_before == 62 and stats["calls_in_flight"] == 0
+            errors_before = stats["call_errors"]
+            with pytest.raises(errors.RemoteError, match="boom"):
+                await client.call("boom")
+            assert stats["call_errors"] == errors_before + 1 and stats["calls_in_flight"] == 0
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_a_large_result_of_a_one_frame_call_streams_back(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        try:
+            client.same_host = False  # TCP: the 24 MiB reply goes out in several frames
+            out = await asyncio.wait_for(client.submit("zeros", prepare(((3_000_000,), {})), timeout=60), 60)
+            assert out.shape == (3_000_000,) and int(out.sum()) == 0
+            assert await client.call("bump") == 1
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_a_call_cancelled_before_it_started_never_runs(token, arun):
+    async def scenario():
+        host, client = await _started(token)
+        try:
+            blocker = client.submit("nap", prepare(((1.0,), {})), timeout=60)
+            await asyncio.sleep(0.1)  # the nap holds the execution thread
+            with pytest.raises(errors.DeadlineExceededError):
+                await client.submit("bump", prepare(((), {})), timeout=0.2)
+            await asyncio.wait_for(blocker, 30)
+            # the expired call was cancelled in the worker before it started: not counted
+            assert await client.call("bump") == 1
+        finally:
+            await client.close()
             await host.stop(grace=0.2)
     arun(scenario())
