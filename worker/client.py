@@ -640,10 +640,17 @@ class WorkerClient:
         p.decode = True
         if timeout is not None:
             self._watch_deadline(p, timeout)
-        tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
         self._pending[call_id] = p
         try:
-            self._raw.write_serialized_nowait(callframes.frame_with_call_id(call_id, tail))
+            if payload.nbytes <= callframes.TAIL_MAX_BYTES:
+                tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
+                self._raw.write_serialized_nowait(callframes.frame_with_call_id(call_id, tail))
+            else:  # one serialization: prefixing a large tail would copy its data again
+                header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
+                                               hold_result=hold, timeout_seconds=timeout or 0.0,
+                                               reply_in_shm=self.same_host is True)
+                self._raw.write_nowait(worker_pb2.CallFrame(call_id=call_id, header=header,
+                                                            data=payload.iter_chunks()[0], last=True))
         except errors.PodiumError as exc:
             self._pending.pop(call_id, None)
             p.resolve(None, exc)
