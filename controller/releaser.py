@@ -8,6 +8,7 @@ queued from any thread and sent together.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import weakref
@@ -24,27 +25,30 @@ class Releaser:
 
     def __init__(self, runtime: Any) -> None:
         self._rt = runtime
-        self._lock = threading.Lock()
-        self._queued: dict[Any, list[str]] = {}
+        # A deque, not a lock: add() runs from PendingRef.__del__, which the cyclic
+        # collector may call in any thread at any allocation, also inside add() itself.
+        self._queued: collections.deque = collections.deque()
         self._scheduled = False
 
     def add(self, client: Any, object_id: str) -> None:
-        """Queue one held result for release (from any thread)."""
-        with self._lock:
-            self._queued.setdefault(client, []).append(object_id)
-            if self._scheduled:
-                return
-            self._scheduled = True
+        """Queue one held result for release (from any thread, also from a finalizer)."""
+        self._queued.append((client, object_id))
+        if self._scheduled:
+            return  # the flush to come takes it: it clears the flag before it drains
+        self._scheduled = True
         with contextlib.suppress(RuntimeError):  # the loop is already closed
             self._rt.loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:
-        with self._lock:
-            queued, self._queued = self._queued, {}
-            self._scheduled = False
+        self._scheduled = False
+        queued = self._queued
+        by_client: dict[Any, list[str]] = {}
+        while queued:
+            client, object_id = queued.popleft()
+            by_client.setdefault(client, []).append(object_id)
         if self._rt._closed:
             return
-        for client, ids in queued.items():
+        for client, ids in by_client.items():
             self._rt.loop.create_task(self._send(client, ids))
 
     async def _send(self, client: Any, ids: list[str]) -> None:
