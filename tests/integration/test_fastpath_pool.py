@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import pytest
 import torch
@@ -88,11 +89,20 @@ def test_results_the_controller_keeps_are_never_overwritten(wg):
 def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
     data = DataProto.from_dict(tensors={"x": torch.zeros(64, BIG // 16)})
     sent_before = [w.client.stats["shm_sent"] for w in wg.workers]
+    kept = [len(w.client._shm.pool._busy) for w in wg.workers]  # arguments the workers keep
     for step in range(12):
         out = wg.add_one(data)
         assert float(out.batch["x"].min()) == float(out.batch["x"].max()) == 1.0, step
         del out
         gc.collect()
+        # A worker gives an argument's segment back in a frame of its own, sent once its
+        # input is gone, which is after the reply: wait for it, as a loop that does any
+        # work between steps would, or the next step's arguments take a fresh segment
+        # (collect() is ~1 ms with the controller's import heap frozen).
+        deadline = time.monotonic() + 30
+        while ([len(w.client._shm.pool._busy) for w in wg.workers] != kept
+               and time.monotonic() < deadline):
+            time.sleep(0.002)
     assert [w.client.stats["shm_sent"] - s for w, s in zip(wg.workers, sent_before)] == [12, 12]
     for w in wg.workers:
         assert w.client._shm.pool.segments <= 4  # not one per call
