@@ -581,9 +581,15 @@ class WorkerGroup:
                     break
             await asyncio.sleep(0.1)
         if info is None:
-            return WorkerDiedError(f"worker rank {worker.rank} ({worker.name}) at {worker.address} is "
-                                   f"unreachable during {what}: {exc}", rank=worker.rank,
-                                   node=worker.info.node_id)
+            # No exit record yet: the worker's own agent would have reported a plain death at
+            # once, so its node agent is gone too, or the network to it is (the scheduler
+            # only calls the node dead when its lease runs out).
+            return WorkerDiedError(
+                f"worker rank {worker.rank} ({worker.name}) at {worker.address} on node "
+                f"{worker.info.node_id} stopped answering during {what}: {exc}; the scheduler has no "
+                f"exit record after {_DEATH_LOOKUP_SECONDS:g} s, so its node agent died or the node "
+                f"is cut off (`podium status` shows the node DEAD once its lease runs out)",
+                rank=worker.rank, node=worker.info.node_id)
         return died_error(info, worker.rank, worker.name, what)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[PendingRef]:
