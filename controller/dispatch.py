@@ -33,7 +33,6 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict
 
-from podium import hugepages
 from podium.protocol import PADDING_SIZE_KEY, DataProto
 from podium.refs import DataProtoFuture
 from podium.worker.decorator import Dispatch, Execute
@@ -113,7 +112,7 @@ def concat_tensordict(parts: list[TensorDict]) -> TensorDict:
     nested = {key for key, value in parts[0].items(include_nested=True, leaves_only=True)
               if isinstance(value, torch.Tensor) and value.is_nested}
     if not nested:
-        return hugepages.cat_rows(parts)
+        return torch.cat(parts, dim=0)
     out = torch.cat([p.exclude(*nested) for p in parts], dim=0)
     for key in nested:
         rows = [row for p in parts for row in p.get(key).unbind()]

@@ -35,8 +35,6 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from podium import hugepages
-
 __all__ = [
     "DataProto",
     "DataProtoItem",
@@ -544,7 +542,7 @@ class DataProto:
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto")
         batches = [d.batch for d in data]
-        new_batch = hugepages.cat_rows(batches) if batches[0] is not None else None
+        new_batch = torch.cat(batches, dim=0) if batches[0] is not None else None
         non_tensor_batch = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in data])
         for key, val in non_tensor_batch.items():
             non_tensor_batch[key] = np.concatenate(val, axis=0)
