@@ -35,7 +35,6 @@ import inspect
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -51,6 +50,8 @@ import grpc
 from podium import codec, errors, framing, refs, rpc, shm, shmpool
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.worker.callstream import ActiveCall, CallStream
+from podium.worker.execthread import ExecutionThread
 from podium.worker.heldstore import HeldStore, default_budget
 
 __all__ = ["RAY_CALL", "ExecutionThread", "HostConfig", "WorkerServicer", "HostResolver", "RunningHost", "start_host",
@@ -200,126 +201,6 @@ def _close_names(name: str, obj: Any) -> list[str]:
     return difflib.get_close_matches(name, candidates, n=5, cutoff=0.5)
 
 
-# --------------------------------------------------------------------------- execution thread
-
-
-class _Job:
-    """One piece of work for the execution thread; its outcome goes to ``future`` (on the
-    loop) or, without one, to ``on_done(context, ok, result)`` called on the loop."""
-
-    __slots__ = ("fn", "args", "future", "state", "on_done", "context")
-
-    def __init__(self, fn: Any, args: tuple, future: asyncio.Future | None) -> None:
-        self.fn = fn
-        self.args = args
-        self.future = future
-        self.state = 0  # 0 queued, 1 started, 2 cancelled
-        self.on_done: Any = None
-        self.context: Any = None
-
-
-class ExecutionThread:
-    """The one thread that builds the hosted object and runs its sync methods, in order.
-
-    Leaner than a ThreadPoolExecutor plus ``asyncio.wrap_future`` (a C queue in,
-    one ``call_soon_threadsafe`` out), which matters on a no-op call's hot path.
-    Daemon, so a method stuck in native code never blocks process exit.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._done: list = []  # (future, ok, result) waiting for the loop
-        self._wake_scheduled = False
-        self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
-        self._thread.start()
-
-    @property
-    def ident(self) -> int | None:
-        """Thread id of the execution thread."""
-        return self._thread.ident
-
-    def submit(self, fn: Any, *args: Any) -> _Job:
-        """Queue ``fn(*args)``; await ``job.future`` for its result."""
-        job = _Job(fn, args, self._loop.create_future())
-        self._queue.put(job)
-        return job
-
-    def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any) -> _Job:
-        """Queue ``fn(*args)``; ``on_done(context, ok, result)`` runs on the loop when it
-        finished (ok False: ``result`` is the exception). No future per job."""
-        job = _Job(fn, args, None)
-        job.on_done = on_done
-        job.context = context
-        self._queue.put(job)
-        return job
-
-    def cancel(self, job: _Job) -> bool:
-        """Drop ``job`` if it has not started; True if dropped. Call on the loop."""
-        with self._lock:
-            if job.state != 0:
-                return False
-            job.state = 2
-        exc = errors.CancelledError("cancelled before it started")
-        if job.future is None:
-            job.on_done(job.context, False, exc)
-        elif not job.future.done():
-            job.future.set_exception(exc)
-        return True
-
-    def stop(self) -> None:
-        """Drop queued jobs and let the thread end after the running one."""
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            with self._lock:
-                if job.state != 0:
-                    continue
-                job.state = 1
-            try:
-                result, ok = job.fn(*job.args), True
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
-                result, ok = exc, False
-            # Outcomes of a burst of calls reach the loop with one wake-up, not one each.
-            with self._lock:
-                self._done.append((job, ok, result))
-                wake = not self._wake_scheduled
-                self._wake_scheduled = True
-            if wake:
-                try:
-                    self._loop.call_soon_threadsafe(self._settle_done)
-                except RuntimeError:  # the loop is closed: nobody is waiting any more
-                    return
-            del job, result
-
-    def _settle_done(self) -> None:
-        with self._lock:
-            done, self._done = self._done, []
-            self._wake_scheduled = False
-        for job, ok, result in done:
-            if job.future is not None:
-                _settle(job.future, ok, result)
-                continue
-            try:
-                job.on_done(job.context, ok, result)
-            except Exception:  # noqa: BLE001 - one reply's failure must not stop the others
-                log.exception("reporting the outcome of %r failed", job.fn)
-
-
-def _settle(future: asyncio.Future, ok: bool, result: Any) -> None:
-    if future.done():
-        return
-    if ok:
-        future.set_result(result)
-    else:
-        future.set_exception(result)
-
-
 # --------------------------------------------------------------------------- servicer
 
 
@@ -372,7 +253,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             exc.rank = self.config.rank
         return exc
 
-    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: "_CallStream") -> Any:
+    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: CallStream) -> Any:
         if header.shm_name:
             if header.shm_pooled:
                 payload = stream.shm.cache.read(header.shm_name, header.payload_size,
@@ -492,7 +373,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         else:
             prev.add_done_callback(lambda _: mine.done() or mine.set_result(None))
 
-    async def run_construct(self, active: "_Active", payload: Any) -> None:
+    async def run_construct(self, active: ActiveCall, payload: Any) -> None:
         """CONSTRUCT: decode (cls_ref, args, kwargs) and build the object on the execution thread."""
         prev, mine = active.gates
         try:
@@ -523,7 +404,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         log.info("constructed %s (rank %d)", self._class_name, self.config.rank)
         await active.stream.send_outcome(active.call_id, _Outcome(segments=codec.encode(None).to_segments()))
 
-    def start_fast(self, stream: "_CallStream", call_id: int, header: worker_pb2.CallHeader,
+    def start_fast(self, stream: CallStream, call_id: int, header: worker_pb2.CallHeader,
                    data: bytes) -> Any:
         """Hand a one-frame CALL of a sync method to the execution thread right now.
 
@@ -548,7 +429,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if is_async or (materialize and (any(map(refs.is_ref, args))
                                          or any(map(refs.is_ref, kwargs.values())))):
             return value
-        active = _Active(call_id, header, stream, None)
+        active = ActiveCall(call_id, header, stream, None)
         if active.deadline and time.monotonic() > active.deadline:
             return value
         stats = self.stats
@@ -571,7 +452,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise errors.FailedPreconditionError(
                 f"this worker's constructor failed ({self._construct_error}); tear it down")
 
-    async def run_call(self, active: "_Active", payload: Any, decoded: Any = None) -> None:
+    async def run_call(self, active: ActiveCall, payload: Any, decoded: Any = None) -> None:
         """CALL: decode (unless ``decoded`` is the value already), look up, materialize refs,
         run (thread or loop), package, reply."""
         prev, mine = active.gates
@@ -615,7 +496,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             outcome = self.package(result, header, active.stream.shm.pool)
         await active.stream.send_outcome(active.call_id, outcome)
 
-    async def _materialize(self, active: "_Active", args: Any, kwargs: Any) -> tuple[list, dict]:
+    async def _materialize(self, active: ActiveCall, args: Any, kwargs: Any) -> tuple[list, dict]:
         """Fetch top-level ref arguments from their owners, within the call's deadline."""
         method = active.header.method
         try:
@@ -635,7 +516,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Calls(self, request_iterator, context):
         """The call stream: CallFrames in, ReplyFrames out (interleaved by call_id)."""
-        await _CallStream(self, context).run()
+        await CallStream(self, context).run()
 
     # ---------------------------------------------------------------- unary RPCs
 
@@ -710,315 +591,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Stop taking work; a running user call is left to finish on its own thread."""
         self._exec.stop()
         self.held.clear()
-
-
-# --------------------------------------------------------------------------- one stream
-
-
-class _Active:
-    __slots__ = ("call_id", "header", "stream", "gates", "job", "cancelled", "deadline", "task", "started")
-
-    def __init__(self, call_id: int, header: worker_pb2.CallHeader, stream: "_CallStream",
-                 gates: tuple[asyncio.Future, asyncio.Future]) -> None:
-        self.call_id = call_id
-        self.header = header
-        self.stream = stream
-        self.gates = gates
-        self.job: _Job | None = None
-        self.cancelled = False
-        self.deadline = time.monotonic() + header.timeout_seconds if header.timeout_seconds > 0 else 0.0
-        self.task: asyncio.Task | None = None
-        #: monotonic() when a fast-path call started (start_fast), for the stats.
-        self.started = 0.0
-
-
-class _Incoming:
-    __slots__ = ("header", "assembler")
-
-    def __init__(self, header: worker_pb2.CallHeader, assembler: framing.Assembler | None) -> None:
-        self.header = header
-        self.assembler = assembler  # None: discarding the rest of a refused call
-
-
-class _CallStream:
-    """One client's Calls stream: assembles CallFrames, runs calls, writes replies."""
-
-    def __init__(self, host: WorkerServicer, context) -> None:
-        self.host = host
-        self.context = context
-        self.incoming: dict[int, _Incoming] = {}
-        self.active: dict[int, _Active] = {}
-        self.lock = asyncio.Lock()
-        #: Reused shared-memory segments, both ways (used only by a same-host client).
-        self.shm = shmpool.SharedSegments(asyncio.get_running_loop(), worker_pb2.ReplyFrame,
-                                          self._send_quietly)
-        from podium import rawcall
-
-        # Replies written without awaiting (the fast path) need the raw connection's
-        # write_nowait; on the gRPC stream every call takes the general path.
-        self.writes_nowait = isinstance(context, rawcall.FrameConnection)
-        self.fast_done = self._fast_done  # one bound method for every fast call
-        self._fast_finished: asyncio.Future | None = None
-
-    async def run(self) -> None:
-        context = self.context
-        try:
-            while True:
-                frame = await context.read()
-                if frame is grpc.aio.EOF:
-                    break
-                if isinstance(frame, rpc.MalformedMessage):  # a peer's garbage bytes
-                    await rpc.abort(context, frame.error)
-                decoded = self.try_fast(frame)
-                if decoded is True:
-                    continue
-                await self.on_frame(frame, decoded)
-            # The client half-closed: let the calls in flight answer.
-            while True:
-                tasks = [a.task for a in self.active.values() if a.task is not None and not a.task.done()]
-                if tasks:
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                elif any(a.task is None for a in self.active.values()):
-                    # fast-path calls (no task): each one that finishes wakes this
-                    self._fast_finished = asyncio.get_running_loop().create_future()
-                    await self._fast_finished
-                else:
-                    break
-        finally:
-            for active in list(self.active.values()):
-                if active.job is not None:
-                    self.host._exec.cancel(active.job)
-                if active.task is not None and not active.task.done():
-                    active.task.cancel()
-            self.shm.close()
-
-    async def write(self, frame: worker_pb2.ReplyFrame) -> None:
-        async with self.lock:
-            await self.context.write(frame)
-
-    def _send_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
-        # Segment bookkeeping: lost with a broken stream, as the stream's pool is.
-        asyncio.get_running_loop().create_task(self._write_quietly(frame))
-
-    async def _write_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
-        try:
-            await self.write(frame)
-        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
-            pass
-
-    def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
-        """Start a one-frame CALL through :meth:`WorkerServicer.start_fast` when it can
-        take it: True if started; otherwise the decoded payload or None, for on_frame."""
-        if not (self.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
-                or frame.shm_forget:
-            return None
-        header = frame.header
-        host = self.host
-        call_id = frame.call_id
-        if (header.kind != _CALL or header.shm_name or host._construct_state != "done"
-                or not host._gate.done() or call_id in self.active or call_id in self.incoming
-                or self.context.must_drain):
-            return None
-        data = frame.data
-        if len(data) != header.payload_size or len(data) > host.config.max_payload_bytes:
-            return None  # on_frame's Assembler says what is wrong
-        return host.start_fast(self, call_id, header, data)
-
-    def _fast_done(self, active: _Active, ok: bool, result: Any) -> None:
-        """The execution thread finished a fast-path call (on the loop): reply."""
-        stats = self.host.stats
-        stats["calls_in_flight"] -= 1
-        stats["call_seconds"] += time.monotonic() - active.started
-        call_id = active.call_id
-        self.active.pop(call_id, None)
-        try:
-            if not ok:
-                stats["call_errors"] += 1
-                self.context.write_nowait(self._error_frame(call_id, result))
-            else:
-                frame = self._single_frame(call_id, result)
-                if frame is not None:
-                    self.context.write_nowait(frame)
-                else:  # a large result streams in chunks: that needs awaiting
-                    self.spawn(active, self._reply_later(active, result))
-        except errors.PodiumError:
-            pass  # the connection is closed: nobody to tell
-        finished = self._fast_finished
-        if finished is not None and not finished.done():
-            finished.set_result(None)
-
-    async def _reply_later(self, active: _Active, outcome: _Outcome) -> None:
-        try:
-            await self.send_outcome(active.call_id, outcome)
-        except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
-            pass
-        finally:
-            self.active.pop(active.call_id, None)
-
-    def _error_frame(self, call_id: int, exc: BaseException) -> worker_pb2.ReplyFrame:
-        if not isinstance(exc, errors.PodiumError):
-            log.exception("internal error in call %d", call_id, exc_info=exc)
-            exc = errors.InternalError(f"worker host: {type(exc).__name__}: {exc}")
-        self.host._err(exc)
-        return worker_pb2.ReplyFrame(
-            call_id=call_id, header=worker_pb2.ReplyHeader(ok=False, error=rpc.error_info_of(exc)),
-            last=True)
-
-    async def send_error(self, call_id: int, exc: BaseException) -> None:
-        await self.write(self._error_frame(call_id, exc))
-
-    def _single_frame(self, call_id: int, outcome: _Outcome) -> worker_pb2.ReplyFrame | None:
-        """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
-        streams in chunks."""
-        if outcome.ref is not None:
-            header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
-            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
-        elif outcome.shm_name:
-            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name,
-                                            shm_pooled=outcome.shm_pooled)
-            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
-        elif outcome.nbytes <= framing.CHUNK_SIZE:
-            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
-            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, data=b"".join(outcome.segments),
-                                          last=True)
-        else:
-            return None
-        self.host.stats["bytes_out"] += outcome.nbytes
-        return frame
-
-    async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
-        frame = self._single_frame(call_id, outcome)
-        if frame is not None:
-            await self.write(frame)
-            return
-        self.host.stats["bytes_out"] += outcome.nbytes
-        header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
-        chunks = framing.iter_chunks(outcome.segments)
-        pending = bytes(next(chunks))
-        first = True
-        for chunk in chunks:
-            await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
-                                                   data=pending))
-            first = False
-            pending = bytes(chunk)
-        await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
-                                               data=pending, last=True))
-
-    async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
-        """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame
-        payload try_fast already decoded, or None)."""
-        call_id = frame.call_id
-        if frame.shm_released or frame.shm_forget:
-            self.shm.on_frame(frame)
-        if call_id == 0 and not frame.HasField("header"):  # segment bookkeeping only
-            return
-        if frame.HasField("header"):
-            header = frame.header
-            if header.kind == _CANCEL:
-                await self.cancel(call_id)
-                return
-            if call_id in self.incoming or call_id in self.active:
-                await self.send_error(call_id, errors.InvalidArgumentError(
-                    f"call id {call_id} is already in use on this stream"))
-                return
-            if header.kind not in (_CALL, _CONSTRUCT):
-                await self.refuse(call_id, header, frame.last, errors.InvalidArgumentError(
-                    f"unknown call kind {header.kind}"))
-                return
-            if header.shm_name:
-                if frame.last:
-                    self.start(call_id, header, None)
-                else:
-                    await self.refuse(call_id, header, frame.last, errors.InvalidArgumentError(
-                        "a call with shm_name carries no data frames"))
-                return
-            try:
-                assembler = framing.Assembler(header.payload_size, self.host.config.max_payload_bytes)
-            except errors.PodiumError as exc:
-                await self.refuse(call_id, header, frame.last, exc)
-                return
-            incoming = _Incoming(header, assembler)
-            if not frame.last:
-                self.incoming[call_id] = incoming
-        else:
-            incoming = self.incoming.get(call_id)
-            if incoming is None:
-                await self.send_error(call_id, errors.DataLossError(
-                    f"data frame for call {call_id}, which has no header on this stream"))
-                return
-            if frame.last:
-                del self.incoming[call_id]
-            if incoming.assembler is None:  # the rest of a refused call
-                return
-        try:
-            incoming.assembler.add(frame.data)
-            if frame.last:
-                payload = incoming.assembler.result()
-        except errors.PodiumError as exc:
-            if not frame.last:
-                incoming.assembler = None
-            await self.send_error(call_id, exc)
-            return
-        if frame.last:
-            self.start(call_id, incoming.header, payload, decoded)
-
-    async def refuse(self, call_id: int, header, last: bool, exc: errors.PodiumError) -> None:
-        if not last:
-            self.incoming[call_id] = _Incoming(header, None)
-        await self.send_error(call_id, exc)
-
-    def start(self, call_id: int, header: worker_pb2.CallHeader, payload: Any, decoded: Any = None) -> None:
-        host = self.host
-        host.stats["bytes_in"] += header.payload_size
-        active = _Active(call_id, header, self, host.reserve_gate())
-        if header.kind == _CONSTRUCT:
-            if host._construct_state in ("pending", "done"):
-                host.open_gate(*active.gates)
-                self.spawn(active, self.send_error(call_id, errors.FailedPreconditionError(
-                    "this worker already has an object (CONSTRUCT runs once)")))
-                return
-            host._construct_state = "pending"
-            body = host.run_construct(active, payload)
-        else:
-            body = host.run_call(active, payload, decoded)
-        self.spawn(active, self.guard(active, body))
-
-    def spawn(self, active: _Active, coro) -> None:
-        self.active[active.call_id] = active
-        active.task = asyncio.get_running_loop().create_task(coro)
-
-    async def guard(self, active: _Active, body) -> None:
-        stats = self.host.stats
-        stats["calls_in_flight"] += 1
-        started = time.monotonic()
-        try:
-            await body
-        except asyncio.CancelledError:
-            stats["call_errors"] += 1
-            raise
-        except BaseException as exc:  # noqa: BLE001 - becomes the call's error reply
-            stats["call_errors"] += 1
-            try:
-                await self.send_error(active.call_id, exc)
-            except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
-                pass
-        finally:
-            stats["calls_in_flight"] -= 1
-            stats["call_seconds"] += time.monotonic() - started
-            self.active.pop(active.call_id, None)
-
-    async def cancel(self, call_id: int) -> None:
-        incoming = self.incoming.get(call_id)
-        if incoming is not None and incoming.assembler is not None:
-            incoming.assembler = None  # drop what arrived and what is still coming
-            await self.send_error(call_id, errors.CancelledError(f"call {call_id} cancelled"))
-            return
-        active = self.active.get(call_id)
-        if active is None:
-            return
-        active.cancelled = True
-        if active.job is not None:
-            self.host._exec.cancel(active.job)  # only succeeds when it has not started
 
 
 # --------------------------------------------------------------------------- refs
@@ -1150,7 +722,7 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
 
         def on_connection(conn: Any) -> None:
             servicer.raw_connections.add(conn)
-            task = asyncio.get_running_loop().create_task(_CallStream(servicer, conn).run())
+            task = asyncio.get_running_loop().create_task(CallStream(servicer, conn).run())
             task.add_done_callback(lambda t: (conn.close(), servicer.raw_connections.discard(conn),
                                               t.cancelled() or t.exception()))
 

@@ -20,7 +20,7 @@ every call takes the gRPC stream). A frame larger than :data:`MAX_FRAME_BYTES` o
 that does not parse ends the connection.
 
 :class:`FrameConnection` is an ``asyncio.Protocol`` used by both sides: the server hands
-each accepted connection to the worker host's ``_CallStream`` as its ``context``
+each accepted connection to the worker host's ``CallStream`` as its ``context``
 (``await read()`` / ``await write(frame)``, EOF is ``grpc.aio.EOF``), the client takes
 frames through a callback as they arrive (no reader task, no queue).
 """

@@ -1,0 +1,346 @@
+"""One client's call stream in a worker: frames in, calls run, replies out.
+
+Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.rawcall``): each
+gives it a ``context`` with ``read()``/``write()``. A one-frame call of a synchronous
+method takes the fast path (:meth:`WorkerServicer.start_fast`); everything else is
+assembled here and run by :meth:`WorkerServicer.run_call` / ``run_construct`` as a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from podium import errors, framing, rpc, shmpool
+from podium.v1 import worker_pb2
+from podium.worker.execthread import Job
+
+if TYPE_CHECKING:
+    from podium.worker.host import WorkerServicer, _Outcome
+
+__all__ = ["CallStream", "ActiveCall"]
+
+log = logging.getLogger("podium.worker.host")
+
+_CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
+
+
+class ActiveCall:
+    """A call that has started in this worker: its header, gates, job or task, deadline."""
+
+    __slots__ = ("call_id", "header", "stream", "gates", "job", "cancelled", "deadline", "task", "started")
+
+    def __init__(self, call_id: int, header: worker_pb2.CallHeader, stream: "CallStream",
+                 gates: tuple[asyncio.Future, asyncio.Future]) -> None:
+        self.call_id = call_id
+        self.header = header
+        self.stream = stream
+        self.gates = gates
+        self.job: Job | None = None
+        self.cancelled = False
+        self.deadline = time.monotonic() + header.timeout_seconds if header.timeout_seconds > 0 else 0.0
+        self.task: asyncio.Task | None = None
+        #: monotonic() when a fast-path call started (start_fast), for the stats.
+        self.started = 0.0
+
+
+class _Incoming:
+    __slots__ = ("header", "assembler")
+
+    def __init__(self, header: worker_pb2.CallHeader, assembler: framing.Assembler | None) -> None:
+        self.header = header
+        self.assembler = assembler  # None: discarding the rest of a refused call
+
+
+class CallStream:
+    """One client's Calls stream: assembles CallFrames, runs calls, writes replies."""
+
+    def __init__(self, host: WorkerServicer, context) -> None:
+        self.host = host
+        self.context = context
+        self.incoming: dict[int, _Incoming] = {}
+        self.active: dict[int, ActiveCall] = {}
+        self.lock = asyncio.Lock()
+        #: Reused shared-memory segments, both ways (used only by a same-host client).
+        self.shm = shmpool.SharedSegments(asyncio.get_running_loop(), worker_pb2.ReplyFrame,
+                                          self._send_quietly)
+        from podium import rawcall
+
+        # Replies written without awaiting (the fast path) need the raw connection's
+        # write_nowait; on the gRPC stream every call takes the general path.
+        self.writes_nowait = isinstance(context, rawcall.FrameConnection)
+        self.fast_done = self._fast_done  # one bound method for every fast call
+        self._fast_finished: asyncio.Future | None = None
+
+    async def run(self) -> None:
+        """Read frames until the client ends the stream, let calls in flight answer, then clean up."""
+        context = self.context
+        try:
+            while True:
+                frame = await context.read()
+                if frame is grpc.aio.EOF:
+                    break
+                if isinstance(frame, rpc.MalformedMessage):  # a peer's garbage bytes
+                    await rpc.abort(context, frame.error)
+                decoded = self.try_fast(frame)
+                if decoded is True:
+                    continue
+                await self.on_frame(frame, decoded)
+            # The client half-closed: let the calls in flight answer.
+            while True:
+                tasks = [a.task for a in self.active.values() if a.task is not None and not a.task.done()]
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                elif any(a.task is None for a in self.active.values()):
+                    # fast-path calls (no task): each one that finishes wakes this
+                    self._fast_finished = asyncio.get_running_loop().create_future()
+                    await self._fast_finished
+                else:
+                    break
+        finally:
+            for active in list(self.active.values()):
+                if active.job is not None:
+                    self.host._exec.cancel(active.job)
+                if active.task is not None and not active.task.done():
+                    active.task.cancel()
+            self.shm.close()
+
+    async def write(self, frame: worker_pb2.ReplyFrame) -> None:
+        """Send one reply frame (one writer at a time)."""
+        async with self.lock:
+            await self.context.write(frame)
+
+    def _send_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
+        # Segment bookkeeping: lost with a broken stream, as the stream's pool is.
+        asyncio.get_running_loop().create_task(self._write_quietly(frame))
+
+    async def _write_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
+        try:
+            await self.write(frame)
+        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
+            pass
+
+    def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
+        """Start a one-frame CALL through :meth:`WorkerServicer.start_fast` when it can
+        take it: True if started; otherwise the decoded payload or None, for on_frame."""
+        if not (self.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
+                or frame.shm_forget:
+            return None
+        header = frame.header
+        host = self.host
+        call_id = frame.call_id
+        if (header.kind != _CALL or header.shm_name or host._construct_state != "done"
+                or not host._gate.done() or call_id in self.active or call_id in self.incoming
+                or self.context.must_drain):
+            return None
+        data = frame.data
+        if len(data) != header.payload_size or len(data) > host.config.max_payload_bytes:
+            return None  # on_frame's Assembler says what is wrong
+        return host.start_fast(self, call_id, header, data)
+
+    def _fast_done(self, active: ActiveCall, ok: bool, result: Any) -> None:
+        """The execution thread finished a fast-path call (on the loop): reply."""
+        stats = self.host.stats
+        stats["calls_in_flight"] -= 1
+        stats["call_seconds"] += time.monotonic() - active.started
+        call_id = active.call_id
+        self.active.pop(call_id, None)
+        try:
+            if not ok:
+                stats["call_errors"] += 1
+                self.context.write_nowait(self._error_frame(call_id, result))
+            else:
+                frame = self._single_frame(call_id, result)
+                if frame is not None:
+                    self.context.write_nowait(frame)
+                else:  # a large result streams in chunks: that needs awaiting
+                    self.spawn(active, self._reply_later(active, result))
+        except errors.PodiumError:
+            pass  # the connection is closed: nobody to tell
+        finished = self._fast_finished
+        if finished is not None and not finished.done():
+            finished.set_result(None)
+
+    async def _reply_later(self, active: ActiveCall, outcome: _Outcome) -> None:
+        try:
+            await self.send_outcome(active.call_id, outcome)
+        except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
+            pass
+        finally:
+            self.active.pop(active.call_id, None)
+
+    def _error_frame(self, call_id: int, exc: BaseException) -> worker_pb2.ReplyFrame:
+        if not isinstance(exc, errors.PodiumError):
+            log.exception("internal error in call %d", call_id, exc_info=exc)
+            exc = errors.InternalError(f"worker host: {type(exc).__name__}: {exc}")
+        self.host._err(exc)
+        return worker_pb2.ReplyFrame(
+            call_id=call_id, header=worker_pb2.ReplyHeader(ok=False, error=rpc.error_info_of(exc)),
+            last=True)
+
+    async def send_error(self, call_id: int, exc: BaseException) -> None:
+        """Answer ``call_id`` with ``exc`` (a non-Podium exception becomes InternalError)."""
+        await self.write(self._error_frame(call_id, exc))
+
+    def _single_frame(self, call_id: int, outcome: _Outcome) -> worker_pb2.ReplyFrame | None:
+        """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
+        streams in chunks."""
+        if outcome.ref is not None:
+            header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
+        elif outcome.shm_name:
+            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name,
+                                            shm_pooled=outcome.shm_pooled)
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
+        elif outcome.nbytes <= framing.CHUNK_SIZE:
+            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, data=b"".join(outcome.segments),
+                                          last=True)
+        else:
+            return None
+        self.host.stats["bytes_out"] += outcome.nbytes
+        return frame
+
+    async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
+        """Answer ``call_id`` with a packaged result: a ref, a segment, or chunks."""
+        frame = self._single_frame(call_id, outcome)
+        if frame is not None:
+            await self.write(frame)
+            return
+        self.host.stats["bytes_out"] += outcome.nbytes
+        header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
+        chunks = framing.iter_chunks(outcome.segments)
+        pending = bytes(next(chunks))
+        first = True
+        for chunk in chunks:
+            await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
+                                                   data=pending))
+            first = False
+            pending = bytes(chunk)
+        await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
+                                               data=pending, last=True))
+
+    async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
+        """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame
+        payload try_fast already decoded, or None)."""
+        call_id = frame.call_id
+        if frame.shm_released or frame.shm_forget:
+            self.shm.on_frame(frame)
+        if call_id == 0 and not frame.HasField("header"):  # segment bookkeeping only
+            return
+        if frame.HasField("header"):
+            header = frame.header
+            if header.kind == _CANCEL:
+                await self.cancel(call_id)
+                return
+            if call_id in self.incoming or call_id in self.active:
+                await self.send_error(call_id, errors.InvalidArgumentError(
+                    f"call id {call_id} is already in use on this stream"))
+                return
+            if header.kind not in (_CALL, _CONSTRUCT):
+                await self.refuse(call_id, header, frame.last, errors.InvalidArgumentError(
+                    f"unknown call kind {header.kind}"))
+                return
+            if header.shm_name:
+                if frame.last:
+                    self.start(call_id, header, None)
+                else:
+                    await self.refuse(call_id, header, frame.last, errors.InvalidArgumentError(
+                        "a call with shm_name carries no data frames"))
+                return
+            try:
+                assembler = framing.Assembler(header.payload_size, self.host.config.max_payload_bytes)
+            except errors.PodiumError as exc:
+                await self.refuse(call_id, header, frame.last, exc)
+                return
+            incoming = _Incoming(header, assembler)
+            if not frame.last:
+                self.incoming[call_id] = incoming
+        else:
+            incoming = self.incoming.get(call_id)
+            if incoming is None:
+                await self.send_error(call_id, errors.DataLossError(
+                    f"data frame for call {call_id}, which has no header on this stream"))
+                return
+            if frame.last:
+                del self.incoming[call_id]
+            if incoming.assembler is None:  # the rest of a refused call
+                return
+        try:
+            incoming.assembler.add(frame.data)
+            if frame.last:
+                payload = incoming.assembler.result()
+        except errors.PodiumError as exc:
+            if not frame.last:
+                incoming.assembler = None
+            await self.send_error(call_id, exc)
+            return
+        if frame.last:
+            self.start(call_id, incoming.header, payload, decoded)
+
+    async def refuse(self, call_id: int, header, last: bool, exc: errors.PodiumError) -> None:
+        """Answer a call with ``exc`` and drop the rest of its frames."""
+        if not last:
+            self.incoming[call_id] = _Incoming(header, None)
+        await self.send_error(call_id, exc)
+
+    def start(self, call_id: int, header: worker_pb2.CallHeader, payload: Any, decoded: Any = None) -> None:
+        """Start a fully received CALL or CONSTRUCT as a task."""
+        host = self.host
+        host.stats["bytes_in"] += header.payload_size
+        active = ActiveCall(call_id, header, self, host.reserve_gate())
+        if header.kind == _CONSTRUCT:
+            if host._construct_state in ("pending", "done"):
+                host.open_gate(*active.gates)
+                self.spawn(active, self.send_error(call_id, errors.FailedPreconditionError(
+                    "this worker already has an object (CONSTRUCT runs once)")))
+                return
+            host._construct_state = "pending"
+            body = host.run_construct(active, payload)
+        else:
+            body = host.run_call(active, payload, decoded)
+        self.spawn(active, self.guard(active, body))
+
+    def spawn(self, active: ActiveCall, coro) -> None:
+        """Run ``coro`` as ``active``'s task."""
+        self.active[active.call_id] = active
+        active.task = asyncio.get_running_loop().create_task(coro)
+
+    async def guard(self, active: ActiveCall, body) -> None:
+        """Run a call's body, turn its exception into an error reply, keep the stats."""
+        stats = self.host.stats
+        stats["calls_in_flight"] += 1
+        started = time.monotonic()
+        try:
+            await body
+        except asyncio.CancelledError:
+            stats["call_errors"] += 1
+            raise
+        except BaseException as exc:  # noqa: BLE001 - becomes the call's error reply
+            stats["call_errors"] += 1
+            try:
+                await self.send_error(active.call_id, exc)
+            except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
+                pass
+        finally:
+            stats["calls_in_flight"] -= 1
+            stats["call_seconds"] += time.monotonic() - started
+            self.active.pop(active.call_id, None)
+
+    async def cancel(self, call_id: int) -> None:
+        """CANCEL: drop a call still arriving or not yet started."""
+        incoming = self.incoming.get(call_id)
+        if incoming is not None and incoming.assembler is not None:
+            incoming.assembler = None  # drop what arrived and what is still coming
+            await self.send_error(call_id, errors.CancelledError(f"call {call_id} cancelled"))
+            return
+        active = self.active.get(call_id)
+        if active is None:
+            return
+        active.cancelled = True
+        if active.job is not None:
+            self.host._exec.cancel(active.job)  # only succeeds when it has not started

@@ -1,0 +1,137 @@
+"""The execution thread: the one thread a worker runs its object's synchronous code on.
+
+CONSTRUCT builds the hosted object here and every synchronous method runs here, in
+arrival order: CUDA and NCCL state belong to the thread that made them, and collectives
+must be issued in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any
+
+from podium import errors
+
+__all__ = ["ExecutionThread", "Job"]
+
+log = logging.getLogger("podium.worker.host")
+
+
+class Job:
+    """One piece of work for the execution thread; its outcome goes to ``future`` (on the
+    loop) or, without one, to ``on_done(context, ok, result)`` called on the loop."""
+
+    __slots__ = ("fn", "args", "future", "state", "on_done", "context")
+
+    def __init__(self, fn: Any, args: tuple, future: asyncio.Future | None) -> None:
+        self.fn = fn
+        self.args = args
+        self.future = future
+        self.state = 0  # 0 queued, 1 started, 2 cancelled
+        self.on_done: Any = None
+        self.context: Any = None
+
+
+class ExecutionThread:
+    """The one thread that builds the hosted object and runs its sync methods, in order.
+
+    Leaner than a ThreadPoolExecutor plus ``asyncio.wrap_future`` (a C queue in,
+    one ``call_soon_threadsafe`` out), which matters on a no-op call's hot path.
+    Daemon, so a method stuck in native code never blocks process exit.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._done: list = []  # (future, ok, result) waiting for the loop
+        self._wake_scheduled = False
+        self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        """Thread id of the execution thread."""
+        return self._thread.ident
+
+    def submit(self, fn: Any, *args: Any) -> Job:
+        """Queue ``fn(*args)``; await ``job.future`` for its result."""
+        job = Job(fn, args, self._loop.create_future())
+        self._queue.put(job)
+        return job
+
+    def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any) -> Job:
+        """Queue ``fn(*args)``; ``on_done(context, ok, result)`` runs on the loop when it
+        finished (ok False: ``result`` is the exception). No future per job."""
+        job = Job(fn, args, None)
+        job.on_done = on_done
+        job.context = context
+        self._queue.put(job)
+        return job
+
+    def cancel(self, job: Job) -> bool:
+        """Drop ``job`` if it has not started; True if dropped. Call on the loop."""
+        with self._lock:
+            if job.state != 0:
+                return False
+            job.state = 2
+        exc = errors.CancelledError("cancelled before it started")
+        if job.future is None:
+            job.on_done(job.context, False, exc)
+        elif not job.future.done():
+            job.future.set_exception(exc)
+        return True
+
+    def stop(self) -> None:
+        """Drop queued jobs and let the thread end after the running one."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                if job.state != 0:
+                    continue
+                job.state = 1
+            try:
+                result, ok = job.fn(*job.args), True
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
+                result, ok = exc, False
+            # Outcomes of a burst of calls reach the loop with one wake-up, not one each.
+            with self._lock:
+                self._done.append((job, ok, result))
+                wake = not self._wake_scheduled
+                self._wake_scheduled = True
+            if wake:
+                try:
+                    self._loop.call_soon_threadsafe(self._settle_done)
+                except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    return
+            del job, result
+
+    def _settle_done(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+            self._wake_scheduled = False
+        for job, ok, result in done:
+            if job.future is not None:
+                _settle(job.future, ok, result)
+                continue
+            try:
+                job.on_done(job.context, ok, result)
+            except Exception:  # noqa: BLE001 - one reply's failure must not stop the others
+                log.exception("reporting the outcome of %r failed", job.fn)
+
+
+def _settle(future: asyncio.Future, ok: bool, result: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(result)
+    else:
+        future.set_exception(result)
