@@ -8,6 +8,7 @@ loop reuses a few segments rather than making new ones, and that no file is left
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import time
@@ -109,3 +110,47 @@ def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
     assert float(data.batch["x"].max()) == 0.0  # the controller's own batch is untouched
     pids = wg.pid() + [os.getpid()]
     assert _segment_files(pids) == []  # every segment was mapped and unlinked
+
+
+class Adder:
+    """Hosted directly by an in-process worker host (no WorkerGroup)."""
+
+    def add(self, tensor, value):
+        return tensor + value
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw-socket", "grpc-stream"])
+def test_segments_go_back_and_forth_on_both_call_transports(raw, token, arun, monkeypatch):
+    """The bookkeeping frames (call id 0) travel on the raw socket and on the gRPC Calls
+    stream (what TLS uses) alike: results kept by the caller stay intact, segments are reused."""
+    from podium.worker.client import WorkerClient
+    from podium.worker.host import start_host
+
+    if not raw:
+        monkeypatch.setenv("PODIUM_RAW_CALLS", "0")
+
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        client = WorkerClient(host.address, token)
+        try:
+            await client.start()
+            assert client.same_host and (client._raw is not None) == raw
+            await client.construct((Adder, (), {}))
+            base = torch.zeros(BIG)
+            kept = [await client.call("add", (base, float(i))) for i in range(3)]
+            for step in range(8):
+                out = await client.call("add", (base, 100.0))
+                assert float(out.min()) == float(out.max()) == 100.0, step
+                del out
+                gc.collect()
+                await asyncio.sleep(0.02)  # the "released" frames cross the stream
+            assert [(float(t.min()), float(t.max())) for t in kept] == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
+            assert client.stats["shm_sent"] == 11 and client.stats["shm_received"] == 11
+            assert client._shm.pool.segments <= 4  # arguments: reused, not one per call
+            assert len(client._shm.cache) <= 5  # results: 3 kept + the worker's reused ones
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+        assert _segment_files([os.getpid()]) == []
+
+    arun(scenario())
