@@ -14,8 +14,9 @@ the worker is told to drop it if it has not started).
 Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
 when the worker sees this process's /dev/shm (``shm_domain``, learnt from Describe
 at :meth:`WorkerClient.start`), both ways, through segments each side reuses
-(:mod:`podium.shmpool`); set ``PODIUM_DISABLE_SHM=1`` to keep everything on TCP. ``PODIUM_SHM_THRESHOLD_BYTES`` (default 1 MiB) sets the
-threshold here and in the workers.
+(:mod:`podium.shmpool`); set ``PODIUM_DISABLE_SHM=1`` to keep everything on TCP.
+``PODIUM_SHM_THRESHOLD_BYTES`` (default 1 MiB) sets the threshold here and in the
+workers.
 """
 
 from __future__ import annotations
