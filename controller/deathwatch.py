@@ -15,22 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import weakref
 from typing import Any
 
 from podium.errors import WorkerDiedError
 
-__all__ = ["DeathWatch", "deathwatch_for", "died_error"]
+__all__ = ["DeathWatch", "died_error"]
 
 log = logging.getLogger("podium.controller")
 
 #: Seconds between two looks at the scheduler while calls are pending.
 DEFAULT_INTERVAL = float(os.environ.get("PODIUM_DEATH_WATCH_SECONDS") or 1.0)
-
-_watches: "weakref.WeakKeyDictionary[Any, DeathWatch]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
 
 def died_error(info: Any, rank: int, name: str, what: str) -> WorkerDiedError:
     """WorkerDiedError from the scheduler's WorkerInfo of an ended worker."""
@@ -94,12 +89,3 @@ class DeathWatch:
                     continue
                 self.found += 1
                 client.fail_pending(died_error(info, client.rank, info.spec.name, "a pending call"))
-
-
-def deathwatch_for(runtime: Any) -> DeathWatch:
-    """The runtime's death watch (made on first use)."""
-    with _lock:
-        watch = _watches.get(runtime)
-        if watch is None:
-            watch = _watches[runtime] = DeathWatch(runtime)
-        return watch

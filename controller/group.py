@@ -40,11 +40,10 @@ import time
 from typing import Any, Callable
 
 from podium.controller import dispatch as _dispatch
-from podium.controller.deathwatch import deathwatch_for, died_error
+from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, get as _get, is_pending, resolve_args
 from podium.controller.loopcalls import soon
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
-from podium.controller.releaser import releaser_for
 from podium.controller.progress import Progress
 from podium.controller.runtime import get_runtime
 from podium.errors import (DeadlineExceededError, InvalidArgumentError, PodiumError, RemoteError,
@@ -162,7 +161,7 @@ class _HeldReleaser:
 
     def __init__(self, rt: Any, client: Any) -> None:
         self._rt = rt
-        self._releaser = releaser_for(rt)
+        self._releaser = rt.releaser
         self._client = client
 
     def __call__(self, object_id: str) -> None:
@@ -332,7 +331,7 @@ class WorkerGroup:
                    for info in infos]
         self._workers = handles
         await asyncio.gather(*(h.client.start() for h in handles))
-        watch = deathwatch_for(self._rt)
+        watch = self._rt.deathwatch
         for h in handles:
             watch.watch(h.worker_id, h.client)
         self._worker_names = [h.name for h in handles]
@@ -722,7 +721,7 @@ class WorkerGroup:
 
         async def teardown():
             if owns or self._is_init_with_detached_workers:
-                deathwatch_for(self._rt).forget([w.worker_id for w in self._workers])
+                self._rt.deathwatch.forget([w.worker_id for w in self._workers])
             for w in self._workers:
                 if w.client is not None and (owns or self._is_init_with_detached_workers):
                     with contextlib.suppress(Exception):

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import threading
-import weakref
 from typing import Any
 
-__all__ = ["Releaser", "releaser_for"]
-
-_releasers: "weakref.WeakKeyDictionary[Any, Releaser]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
+__all__ = ["Releaser"]
 
 class Releaser:
     """Collects (worker client, object id) pairs and releases them per client in one RPC."""
@@ -55,12 +49,3 @@ class Releaser:
         with contextlib.suppress(Exception):  # a gone worker holds nothing any more
             released = await client.release(ids)
             self._rt.stats["released"] = self._rt.stats.get("released", 0) + released
-
-
-def releaser_for(runtime: Any) -> Releaser:
-    """The runtime's releaser (made on first use)."""
-    with _lock:
-        releaser = _releasers.get(runtime)
-        if releaser is None:
-            releaser = _releasers[runtime] = Releaser(runtime)
-        return releaser

@@ -33,6 +33,8 @@ import weakref
 from typing import Any, Coroutine
 
 from podium.controller import heap
+from podium.controller.deathwatch import DeathWatch
+from podium.controller.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
 from podium.process import die_with_parent_argv
 
@@ -137,6 +139,10 @@ class Runtime:
         self.gc_frozen = False
         self._loop_thread = _LoopThread()
         self.loop = self._loop_thread.loop
+        #: Batches the release of held results whose refs were dropped.
+        self.releaser = Releaser(self)
+        #: Fails pending calls of workers the scheduler reports dead.
+        self.deathwatch = DeathWatch(self)
         self.scheduler = None
         self._keepalive: asyncio.Task | None = None
         self._fetch_clients: dict[str, Any] = {}

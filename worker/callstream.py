@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from podium import errors, framing, rpc, shmpool
+from podium import errors, framing, rawcall, rpc, shmpool
 from podium.v1 import worker_pb2
 from podium.worker.execthread import Job
 
@@ -68,8 +68,6 @@ class CallStream:
         #: Reused shared-memory segments, both ways (used only by a same-host client).
         self.shm = shmpool.SharedSegments(asyncio.get_running_loop(), worker_pb2.ReplyFrame,
                                           self._send_quietly)
-        from podium import rawcall
-
         # Replies written without awaiting (the fast path) need the raw connection's
         # write_nowait; on the gRPC stream every call takes the general path.
         self.writes_nowait = isinstance(context, rawcall.FrameConnection)

@@ -383,13 +383,7 @@ class Spawner:
             log.warning("worker %s: fork server failed (%s); starting it as a new process", info.id, exc)
             self._workers.pop(info.id, None)
             return self._start(info)
-        worker.pid = worker.proc.pid
-        log.info("worker %s (%s) forked, pid %d", info.id, info.spec.name, worker.pid)
-        self._watch_exit(worker)
-        self._watch_ready(worker, read_fd)
-        worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
-                                                             name=f"supervise-{info.id}")
-        return worker
+        return self._running(worker, read_fd, "forked")
 
     def _start(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
         worker, env = self._new_worker(info)
@@ -412,12 +406,16 @@ class Spawner:
             return worker
         finally:
             os.close(write_fd)
+        return self._running(worker, read_fd, "started")
+
+    def _running(self, worker: ManagedWorker, read_fd: int, how: str) -> ManagedWorker:
+        """Watch a worker whose process exists: its exit, its ready pipe, its supervision."""
         worker.pid = worker.proc.pid
-        log.info("worker %s (%s) started, pid %d", info.id, info.spec.name, worker.pid)
+        log.info("worker %s (%s) %s, pid %d", worker.id, worker.info.spec.name, how, worker.pid)
         self._watch_exit(worker)
         self._watch_ready(worker, read_fd)
         worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
-                                                             name=f"supervise-{info.id}")
+                                                             name=f"supervise-{worker.id}")
         return worker
 
     def _watch_exit(self, worker: ManagedWorker) -> None:

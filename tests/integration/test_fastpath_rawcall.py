@@ -159,11 +159,7 @@ def test_garbage_closes_only_that_connection(token, arun):
 
 def test_worker_gone_fails_pending_calls(token, arun):
     async def scenario():
-        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
-        client = WorkerClient(host.address, token)
-        try:
-            await client.start()
-            await client.construct((Calc, (), {}))
+        async with host_and_client(token) as (host, client):
             pending = asyncio.ensure_future(client.call("nap", (5.0,)))
             await asyncio.sleep(0.2)
             for conn in list(host.servicer.raw_connections):  # the worker side drops it
@@ -172,8 +168,5 @@ def test_worker_gone_fails_pending_calls(token, arun):
                 await asyncio.wait_for(pending, 10)
             with pytest.raises(errors.UnavailableError):
                 await client.call("add", (1, 2))
-        finally:
-            await client.close()
-            await host.stop(grace=0.2)
     arun(scenario())
 
