@@ -15,7 +15,9 @@ import time
 
 import torch
 
-from podium import codec, framing, shm
+from podium import codec
+from podium.transport import chunks
+from podium.transport import shm
 
 
 def best_of(fn, repeat: int = 5) -> float:
@@ -50,10 +52,10 @@ def main() -> None:
         out = codec.decode(wire)
         assert out.data_ptr() != tensor.data_ptr() and out.numel() == tensor.numel()
 
-    def chunks() -> None:
+    def chunked() -> None:
         encoded = codec.encode(tensor)
-        assembler = framing.Assembler(encoded.nbytes, max_size=1 << 40)
-        for chunk in framing.iter_chunks(encoded.to_segments()):
+        assembler = chunks.Assembler(encoded.nbytes, max_size=1 << 40)
+        for chunk in chunks.iter_chunks(encoded.to_segments()):
             assembler.add(chunk)
         codec.decode(assembler.result())
 
@@ -63,7 +65,7 @@ def main() -> None:
 
     assert torch.equal(codec.decode(received()), tensor)
     nbytes = tensor.numel() * 4
-    for label, fn in (("encode+decode (no copy)", codec_only), ("chunks + Assembler", chunks),
+    for label, fn in (("encode+decode (no copy)", codec_only), ("chunks + Assembler", chunked),
                       ("shared memory", shared_memory)):
         seconds = best_of(fn)
         print(f"{label:26s} {mib} MiB: {seconds * 1e3:8.2f} ms  {nbytes / seconds / 1e9:8.2f} GB/s")

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict
 
-from podium.protocol import PADDING_SIZE_KEY, DataProto
+from podium.dataproto import PADDING_SIZE_KEY, DataProto
 from podium.refs import DataProtoFuture
 from podium.worker.decorator import Dispatch, Execute
 

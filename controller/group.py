@@ -42,7 +42,7 @@ from typing import Any, Callable
 from podium.controller import dispatch as _dispatch
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, get as _get, is_pending, resolve_args
-from podium.controller.loopcalls import soon
+from podium.controller.loopqueue import soon
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.progress import Progress
 from podium.controller.runtime import get_runtime

@@ -32,7 +32,7 @@ import time
 import weakref
 from typing import Any, Coroutine
 
-from podium.controller import heap
+from podium.controller import gcfreeze
 from podium.controller.deathwatch import DeathWatch
 from podium.controller.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
@@ -135,7 +135,7 @@ class Runtime:
         #: Controller-side counters: fetches made through the resolver, bytes they moved, and
         #: held results released because their PendingRefs were garbage collected.
         self.stats = {"fetches": 0, "fetched_bytes": 0, "released": 0}
-        #: Whether init() froze the import-time heap (podium.controller.heap).
+        #: Whether init() froze the import-time heap (podium.controller.gcfreeze).
         self.gc_frozen = False
         self._loop_thread = _LoopThread()
         self.loop = self._loop_thread.loop
@@ -305,7 +305,7 @@ class Runtime:
             _stop_process(proc)
         if self.gc_frozen:
             self.gc_frozen = False
-            heap.unfreeze()
+            gcfreeze.unfreeze()
 
     async def _close_async(self) -> None:
         if self._keepalive is not None:
@@ -434,7 +434,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     this process's stdout/stderr, each line prefixed with role, rank and node.
     A second ``init()`` returns the running runtime. Until :func:`shutdown`, the objects alive
     at ``init()`` (torch and the other imports) are frozen out of the garbage collector's
-    scans (:mod:`podium.controller.heap`; ``PODIUM_GC_FREEZE=0`` turns that off).
+    scans (:mod:`podium.controller.gcfreeze`; ``PODIUM_GC_FREEZE=0`` turns that off).
     """
     global _runtime
     with _runtime_lock:
@@ -472,7 +472,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
         set_resolver(_Resolver(runtime))
         _runtime = runtime
         _register_atexit()
-        runtime.gc_frozen = heap.freeze()
+        runtime.gc_frozen = gcfreeze.freeze()
         return runtime
 
 

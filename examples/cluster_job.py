@@ -25,7 +25,7 @@ import sys
 import torch
 
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, init, shutdown
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
 

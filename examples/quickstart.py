@@ -26,7 +26,7 @@ import torch
 
 from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls,
                                init, shutdown)
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
 VOCAB = 6          # tokens the policy can emit

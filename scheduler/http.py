@@ -28,7 +28,7 @@ from google.protobuf.json_format import MessageToDict
 from podium.auth import token_matches
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
-from podium.scheduler.model import LIVE_WORKER_STATES, ClusterModel, fraction_text
+from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import grpc
 from podium import errors
 from podium.auth import TlsConfig
 from podium.rpc import error_from_rpc, handle_errors, make_channel
-from podium.scheduler.model import LIVE_WORKER_STATES, ClusterModel, Effects
+from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, Effects
 from podium.scheduler.store import Store
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 

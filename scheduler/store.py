@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import asdict
 
 from podium.errors import FailedPreconditionError
-from podium.scheduler.model import ClusterModel, Dirty, Session
+from podium.scheduler.state import ClusterModel, Dirty, Session
 from podium.v1 import common_pb2
 
 __all__ = ["Store"]

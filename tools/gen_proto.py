@@ -1,4 +1,4 @@
-"""Regenerate the committed gRPC/protobuf modules from proto/podium/v1/*.proto.
+"""Regenerate the committed gRPC/protobuf modules in podium/v1/ from proto/podium/v1/*.proto.
 
 Run from anywhere: ``python tools/gen_proto.py``. With ``--check DIR`` it
 writes into DIR instead (the drift test compares DIR with the committed files).
@@ -42,7 +42,7 @@ def generate(out_root: pathlib.Path) -> list[pathlib.Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=pathlib.Path, default=PROTO_ROOT, help="output root (default: proto/)")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT, help="output root (default: the repository root, so podium/v1/)")
     ns = parser.parse_args()
     for path in generate(ns.out):
         print(path)

@@ -6,7 +6,7 @@
 The node agent and the worker host live in sub-modules of this package.
 
 Importing this package stays light (no torch, no grpc): the node agent imports
-``podium.worker.agent`` and must not pay for them.
+``podium.worker.agent.service`` and must not pay for them.
 """
 
 from podium.worker.base import Worker, WorkerHelper

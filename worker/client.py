@@ -14,7 +14,7 @@ the worker is told to drop it if it has not started).
 Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
 when the worker sees this process's /dev/shm (``shm_domain``, learnt from Describe
 at :meth:`WorkerClient.start`), both ways, through segments each side reuses
-(:mod:`podium.shmpool`); set ``PODIUM_DISABLE_SHM=1`` to keep everything on TCP.
+(:mod:`podium.transport.shmpool`); set ``PODIUM_DISABLE_SHM=1`` to keep everything on TCP.
 ``PODIUM_SHM_THRESHOLD_BYTES`` (default 1 MiB) sets the threshold here and in the
 workers.
 """
@@ -29,7 +29,11 @@ from typing import Any
 
 import grpc
 
-from podium import callframes, codec, errors, framing, rpc, shm, shmpool
+from podium import codec, errors, rpc
+from podium.transport import frames
+from podium.transport import chunks
+from podium.transport import shm
+from podium.transport import shmpool
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
 from podium.v1 import worker_pb2, worker_pb2_grpc
@@ -64,19 +68,19 @@ class Payload:
 
     def frame_tail(self, method: str, hold: bool, timeout: float, reply_in_shm: bool) -> bytes:
         """The serialized one-frame CALL of this payload minus its call id (see
-        :mod:`podium.callframes`); kept for the next call with the same options."""
+        :mod:`podium.transport.frames`); kept for the next call with the same options."""
         key = (method, hold, timeout, reply_in_shm)
         tails = self._tails
         if tails is not None:
             tail = tails.get(key)
             if tail is not None:
                 return tail
-        tail = callframes.call_frame_tail(_CALL, method, self.iter_chunks()[0], hold=hold, timeout=timeout,
+        tail = frames.call_frame_tail(_CALL, method, self.iter_chunks()[0], hold=hold, timeout=timeout,
                                           reply_in_shm=reply_in_shm)
-        if self.reusable and self.nbytes <= callframes.TAIL_MAX_BYTES:
+        if self.reusable and self.nbytes <= frames.TAIL_MAX_BYTES:
             if tails is None:
                 tails = self._tails = {}
-            if len(tails) < callframes.MAX_TAILS:
+            if len(tails) < frames.MAX_TAILS:
                 tails[key] = tail
         return tail
 
@@ -85,13 +89,13 @@ class Payload:
         if self._chunks is not None:
             return self._chunks
         segments = self.encoded.to_segments()
-        if self.nbytes <= framing.CHUNK_SIZE:
+        if self.nbytes <= chunks.CHUNK_SIZE:
             self._chunks = [b"".join(segments)]
             return self._chunks
         if self.reusable:
-            self._chunks = [bytes(chunk) for chunk in framing.iter_chunks(segments)]
+            self._chunks = [bytes(chunk) for chunk in chunks.iter_chunks(segments)]
             return self._chunks
-        return (bytes(chunk) for chunk in framing.iter_chunks(segments))
+        return (bytes(chunk) for chunk in chunks.iter_chunks(segments))
 
     def segments(self) -> list[memoryview]:
         """The wire form as zero-copy segments (for shared memory)."""
@@ -121,14 +125,14 @@ class _Pending:
         self.sink: Any = None
         self.on_error: Any = None
         self.method = method
-        self.assembler: framing.Assembler | None = None
+        self.assembler: chunks.Assembler | None = None
         #: loop.time() by which the call must have answered (0: none); see _sweep.
         self.deadline = 0.0
         self.timeout: float | None = None
         #: The call's argument segment: unlinked by the worker when it maps it, by us
         #: when the call ends otherwise (a worker that died never maps it).
         self.shm_name = ""
-        #: shm_name is a segment of the client's pool (podium.shmpool), not a one-shot one.
+        #: shm_name is a segment of the client's pool (podium.transport.shmpool), not a one-shot one.
         self.shm_pooled = False
         #: Resolve with the decoded value (submit) rather than the raw reply.
         self.decode = False
@@ -177,7 +181,7 @@ class WorkerClient:
         self._stub: worker_pb2_grpc.WorkerStub | None = None
         self._stream = None
         self._reader: asyncio.Task | None = None
-        #: The raw call connection (podium.rawcall) when the worker offers one; else the
+        #: The raw call connection (podium.transport.callsocket) when the worker offers one; else the
         #: calls take the gRPC stream above.
         self._raw = None
         self._pending: dict[int, _Pending] = {}
@@ -234,11 +238,11 @@ class WorkerClient:
         self.worker_id = self.worker_id or info.worker_id
         self._lock = asyncio.Lock()
         if info.call_port and self._tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
-            from podium import rawcall
+            from podium.transport import callsocket
 
             host = self.address.rsplit(":", 1)[0]
             try:
-                self._raw = await rawcall.connect(host, info.call_port, self._token,
+                self._raw = await callsocket.connect(host, info.call_port, self._token,
                                                   worker_pb2.ReplyFrame.FromString, self._on_raw_frame,
                                                   self._on_raw_lost, timeout=timeout)
             except errors.AuthenticationError:
@@ -355,7 +359,7 @@ class WorkerClient:
                 self._finish(frame.call_id, p, frame.data)
                 return
             try:
-                p.assembler = framing.Assembler(header.payload_size, MAX_REPLY_BYTES)
+                p.assembler = chunks.Assembler(header.payload_size, MAX_REPLY_BYTES)
             except errors.PodiumError as exc:
                 self._finish(frame.call_id, p, exc=exc)
                 return
@@ -632,7 +636,7 @@ class WorkerClient:
 
     def _fast_path_for(self, payload: Payload) -> bool:
         """Whether a call with ``payload`` goes out as one raw frame written at once."""
-        return (self._raw is not None and self._broken is None and payload.nbytes <= framing.CHUNK_SIZE
+        return (self._raw is not None and self._broken is None and payload.nbytes <= chunks.CHUNK_SIZE
                 and not (self.same_host is True and payload.nbytes >= self.shm_threshold))
 
     def _send_one_frame(self, p: _Pending, method: str, payload: Payload, hold: bool,
@@ -643,9 +647,9 @@ class WorkerClient:
             self._watch_deadline(p, timeout)
         self._pending[call_id] = p
         try:
-            if payload.nbytes <= callframes.TAIL_MAX_BYTES:
+            if payload.nbytes <= frames.TAIL_MAX_BYTES:
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
-                self._raw.write_serialized_nowait(callframes.frame_with_call_id(call_id, tail))
+                self._raw.write_serialized_nowait(frames.frame_with_call_id(call_id, tail))
             else:  # one serialization: prefixing a large tail would copy its data again
                 header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
@@ -726,7 +730,7 @@ class WorkerClient:
                         self.last_fetch_bytes = chunk.total_size
                         self.stats["shm_received"] += 1
                         return codec.decode(shm.read_segment(chunk.shm_name, max_size=MAX_REPLY_BYTES))
-                    assembler = framing.Assembler(chunk.total_size, MAX_REPLY_BYTES)
+                    assembler = chunks.Assembler(chunk.total_size, MAX_REPLY_BYTES)
                 assembler.add(chunk.data)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, f"Fetch of {ref.object_id}") from None

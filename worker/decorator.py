@@ -209,7 +209,7 @@ def _future_types() -> tuple[type, ...]:
     # A DataProtoFuture can only exist here if its module was imported, so
     # looking in sys.modules costs nothing and never imports torch.
     found: list[type] = []
-    for module_name in ("podium.refs", "podium.protocol"):
+    for module_name in ("podium.refs", "podium.dataproto"):
         module = sys.modules.get(module_name)
         cls = getattr(module, "DataProtoFuture", None) if module is not None else None
         if isinstance(cls, type) and cls not in found:

@@ -12,7 +12,7 @@ GPUs), ``strategies`` (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD), ``reasons``
 """
 
 from podium.scheduler.core.ledger import BundleLedger
-from podium.scheduler.core.model import (BundleAssignment, GpuView, Infeasible, NodeView,
+from podium.scheduler.core.views import (BundleAssignment, GpuView, Infeasible, NodeView,
                                          Placement, PlacementRequest, Snapshot, Unavailable)
 from podium.scheduler.core.placement import apply, place, release
 

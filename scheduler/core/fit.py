@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from podium.resources import GPU_UNITS, BundleSpec
-from podium.scheduler.core.model import NodeView
+from podium.scheduler.core.views import NodeView
 
 __all__ = ["NodeFill", "fill_order"]
 

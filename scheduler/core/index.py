@@ -28,7 +28,7 @@ from podium.errors import InvalidArgumentError
 from podium.resources import sort_key_address
 
 if TYPE_CHECKING:
-    from podium.scheduler.core.model import NodeView, Snapshot
+    from podium.scheduler.core.views import NodeView, Snapshot
 
 __all__ = ["Summary", "CapacityIndex", "index_of", "summarize"]
 
@@ -176,7 +176,7 @@ class CapacityIndex:
         """The index of the same cluster with nothing reserved (for feasibility)."""
         idle = self._idle_box[0]
         if idle is None:
-            from podium.scheduler.core.model import Snapshot  # model imports this module
+            from podium.scheduler.core.views import Snapshot  # model imports this module
             snap = Snapshot(tuple(v.as_idle() for v in self.views))
             idle = CapacityIndex.build(snap)
             idle._idle_box = [idle]

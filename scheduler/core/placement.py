@@ -7,7 +7,7 @@ from __future__ import annotations
 from podium.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from podium.resources import GPU_UNITS, format_cpus, format_gpus
 from podium.scheduler.core.index import index_of
-from podium.scheduler.core.model import (BundleAssignment, GpuView, Infeasible, NodeView,
+from podium.scheduler.core.views import (BundleAssignment, GpuView, Infeasible, NodeView,
                                          Placement, PlacementRequest, Snapshot, Unavailable)
 from podium.scheduler.core.reasons import explain
 from podium.scheduler.core.strategies import attempt

@@ -104,7 +104,7 @@ def test_default_file_is_a_bridge_cluster_published_on_loopback_only(compose_env
         assert _flag(command, "--fake-gpus") == "4"
         assert "ports" not in node, "only the scheduler is published"
         assert node["depends_on"]["scheduler"]["condition"] == "service_healthy"
-        assert "podium.probe" in " ".join(node["healthcheck"]["test"])
+        assert "podium.cli.healthprobe" in " ".join(node["healthcheck"]["test"])
         assert any("podium-logs" in str(v) for v in node["volumes"])
     job = services["job"]
     assert job["profiles"] == ["job"], "the example job runs on demand (docker compose run job)"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 from podium_clusters import controller_cluster
 

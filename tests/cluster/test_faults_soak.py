@@ -30,7 +30,7 @@ from faultkit import (FaultCluster, agents, alive, descendants, report,  # noqa:
                       shm_segments, wait_for)
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import RemoteError, WorkerDiedError
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(600)]

@@ -29,7 +29,7 @@ from podium import controller, errors, rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
 from podium.controller import DataProtoFuture
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
 from podium.worker import Dispatch, Worker, register
 from podium_clusters import TWO_NODES, two_node_processes
@@ -149,7 +149,7 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(cluster, pr
     assert len(workers) >= 2
     targets = {"scheduler": cluster.address, **{f"agent {h}": a for h, a in cluster.agents.items()},
                **{f"worker {a}": a for a in workers}}
-    # Under TLS a worker opens no plaintext side port (podium.rawcall): every call is mTLS gRPC.
+    # Under TLS a worker opens no plaintext side port (podium.transport.callsocket): every call is mTLS gRPC.
     from podium.v1 import worker_pb2, worker_pb2_grpc
     for address in workers:
         with rpc.make_sync_channel(address, cluster.tls) as channel:

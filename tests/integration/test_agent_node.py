@@ -1,7 +1,7 @@
 """The node agent against a recording scheduler: real gRPC servers on port 0, real processes.
 
 The workers are ``agent_fake_worker.py``, which follows the same bootstrap
-contract as ``podium.worker.host`` (ready fd, one JSON line) and can be told to
+contract as ``podium.worker.host.servicer`` (ready fd, one JSON line) and can be told to
 crash, ignore SIGTERM, or stay silent.
 """
 
@@ -24,7 +24,7 @@ import uvloop
 
 from podium import errors, rpc
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from podium.worker.agent import AgentConfig, run_agent
+from podium.worker.agent.service import AgentConfig, run_agent
 from podium.worker.gpus import FakeProvider, ProcessUsage, fake_uuid
 from proctable import alive
 
@@ -164,7 +164,7 @@ def test_registers_and_heartbeats_with_fake_gpus(tmp_path):
 
 
 def test_segments_of_dead_processes_are_removed_at_start(tmp_path):
-    from podium import shm
+    from podium.transport import shm
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -216,7 +216,7 @@ def test_reregisters_when_asked_and_after_the_scheduler_comes_back(tmp_path):
 
 
 def test_agent_module_never_imports_torch():
-    code = "import sys, podium.worker.agent; print('torch' in sys.modules)"
+    code = "import sys, podium.worker.agent.service; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
@@ -416,7 +416,7 @@ def test_tail_log_last_lines_then_follow_until_exit(tmp_path, monkeypatch):
             assert out[:6] == [f"out line {i}" for i in range(5)] + ["ready"]
             assert err == [f"err line {i}" for i in range(5)]
             # Reading in tiny chunks cuts lines anywhere; they still come out whole.
-            from podium.worker import agent as agent_module
+            from podium.worker.agent import service as agent_module
 
             monkeypatch.setattr(agent_module._Follower, "CHUNK", 7)
             chunked_out, chunked_err = await whole_file()
@@ -515,7 +515,7 @@ def test_a_stopping_agent_refuses_new_workers(tmp_path):
     (["--host", "0.0.0.0"], "--advertise-address"),
 ])
 def test_cli_rejects_bad_flags_with_status_2(flags, message, capsys, monkeypatch):
-    from podium.worker import agent
+    from podium.worker.agent import service as agent
 
     monkeypatch.setenv("PODIUM_TOKEN", TOKEN)
     # main() installs uvloop as the process-wide policy; keep this test process as it was.

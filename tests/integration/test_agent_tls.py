@@ -15,7 +15,7 @@ from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from podium.scheduler.service import SchedulerConfig
 from podium.v1 import node_pb2, node_pb2_grpc
-from podium.worker.agent import AgentConfig, run_agent
+from podium.worker.agent.service import AgentConfig, run_agent
 
 
 def _openssl(*args, cwd):

@@ -12,7 +12,7 @@ from podium import errors
 from podium.controller.futures import PendingRef
 from podium.refs import ObjectRef, inline_value
 from podium.worker.client import WorkerClient, prepare
-from podium.worker.host import start_host
+from podium.worker.host.servicer import start_host
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ import torch
 from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn
 from podium.errors import RemoteError
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Execute, Worker, register
 from podium_clusters import TWO_NODES, controller_cluster
 

@@ -17,7 +17,7 @@ from podium.controller import (ClassWithInitArgs, DataProtoFuture, ResourcePool,
                                WorkerGroup, create_colocated_worker_cls)
 from podium.controller.runtime import get_runtime
 from podium.errors import InfeasibleError, SlotFullError, WorkerDiedError
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 from podium_clusters import controller_cluster
 

@@ -7,7 +7,7 @@ echoed, concatenated), as a ``ONE_TO_ALL`` argument (one payload for every rank)
 held result fetched after a ``blocking=False`` call. Each case runs once with shared memory
 forced for every payload (threshold 1 byte) and once with ``PODIUM_DISABLE_SHM`` semantics
 (TCP only); the client and worker counters prove which path carried the bytes. The shared
-memory runs happen twice: through reused segments (podium.shmpool, the default) and through
+memory runs happen twice: through reused segments (podium.transport.shmpool, the default) and through
 one-shot segments (what a spent pool budget falls back to).
 """
 
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from podium import controller, shmpool
+from podium import controller
+from podium.transport import shmpool
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,7 +49,7 @@ class Mirror(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shm_stats(self):
-        from podium.worker.host import current_host
+        from podium.worker.host.servicer import current_host
 
         stats = current_host().stats
         return stats["shm_in"], stats["shm_out"]

@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-from podium import controller, shm
+from podium import controller
+from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import PodiumError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register

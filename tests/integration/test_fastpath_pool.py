@@ -1,4 +1,4 @@
-"""Reused shared-memory segments (podium.shmpool) through a real WorkerGroup.
+"""Reused shared-memory segments (podium.transport.shmpool) through a real WorkerGroup.
 
 Same-host payloads go through segments each side keeps and writes again once the other
 side is done with them. These tests hold values on both sides while more calls run, so a
@@ -16,9 +16,10 @@ import time
 import pytest
 import torch
 
-from podium import controller, shm
+from podium import controller
+from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = pytest.mark.timeout(300)
@@ -124,7 +125,7 @@ def test_segments_go_back_and_forth_on_both_call_transports(raw, token, arun, mo
     """The bookkeeping frames (call id 0) travel on the raw socket and on the gRPC Calls
     stream (what TLS uses) alike: results kept by the caller stay intact, segments are reused."""
     from podium.worker.client import WorkerClient
-    from podium.worker.host import start_host
+    from podium.worker.host.servicer import start_host
 
     if not raw:
         monkeypatch.setenv("PODIUM_RAW_CALLS", "0")

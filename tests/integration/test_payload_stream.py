@@ -1,5 +1,5 @@
 """A payload far above gRPC's default 4 MiB message limit crosses a real grpc.aio
-stream in DataChunk frames (podium.framing) with default channel options, and
+stream in DataChunk frames (podium.transport.chunks) with default channel options, and
 arrives bit-exact (podium.codec)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import asyncio
 import grpc
 import torch
 
-from podium import codec, framing
+from podium import codec
+from podium.transport import chunks
 from podium.v1 import worker_pb2
 
 _METHOD = "/podium.test.PayloadEcho/Echo"
@@ -20,7 +21,7 @@ async def _receive(stream) -> object:
     assembler = None
     async for chunk in stream:
         if assembler is None:
-            assembler = framing.Assembler(chunk.total_size, max_size=_MAX)
+            assembler = chunks.Assembler(chunk.total_size, max_size=_MAX)
         assembler.add(chunk.data)
     return codec.decode(assembler.result())
 
@@ -28,7 +29,7 @@ async def _receive(stream) -> object:
 def _frames(value):
     encoded = codec.encode(value)
     first = True
-    for chunk in framing.iter_chunks(encoded.to_segments()):
+    for chunk in chunks.iter_chunks(encoded.to_segments()):
         yield worker_pb2.DataChunk(total_size=encoded.nbytes if first else 0, data=bytes(chunk))
         first = False
 

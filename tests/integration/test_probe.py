@@ -1,4 +1,4 @@
-"""podium.probe (the containers' health checks) against real servers on port 0."""
+"""podium.cli.healthprobe (the containers' health checks) against real servers on port 0."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from podium import rpc
-from podium.probe import probe_grpc, probe_http
+from podium.cli.healthprobe import probe_grpc, probe_http
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -41,7 +41,7 @@ def _probe_cli(*args: str, token: str = "") -> subprocess.CompletedProcess:
     env["PODIUM_TOKEN_FILE"] = os.devnull  # never the developer's ~/.podium/token
     if token:
         env["PODIUM_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "podium.probe", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "podium.cli.healthprobe", *args], env=env, capture_output=True,
                           text=True, timeout=60)
 
 

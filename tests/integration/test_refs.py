@@ -11,11 +11,11 @@ import torch
 from tensordict import TensorDict
 
 from podium import codec, errors
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.refs import DataProtoFuture, ObjectRef, concat_values
 from podium.worker.client import WorkerClient
 from podium.worker.decorator import register
-from podium.worker.host import current_host, start_host
+from podium.worker.host.servicer import current_host, start_host
 from test_worker_host_process import spawn_worker
 
 

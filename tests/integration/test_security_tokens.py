@@ -3,7 +3,7 @@
 A call without the token, or with a wrong one, is UNAUTHENTICATED before its request
 is parsed: the handler never runs, nothing changes, and (the point of it all) a pickled
 payload from such a peer is never unpickled, on the gRPC port and on the worker's raw
-call socket (podium.rawcall) alike. The comparison is constant-time
+call socket (podium.transport.callsocket) alike. The comparison is constant-time
 (hmac.compare_digest, see podium.auth.token_matches).
 """
 
@@ -163,7 +163,7 @@ def _trap_frame(path, kind=None, method="touch") -> bytes:
 
 
 def _raw_socket_exchange(port: int, token: bytes, frames: list[bytes], magic: bytes = b"PDMC") -> bytes:
-    """Speak podium.rawcall by hand: hello with ``token``, then frames; everything read back."""
+    """Speak podium.transport.callsocket by hand: hello with ``token``, then frames; everything read back."""
     import socket
     import struct
 

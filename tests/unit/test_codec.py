@@ -17,9 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from podium import codec, errors, framing, shm
+from podium import codec, errors
+from podium.transport import chunks
+from podium.transport import shm
 from podium.errors import DataLossError, InvalidArgumentError
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 
 # --------------------------------------------------------------------------- transports
 
@@ -32,10 +34,10 @@ def via_bytearray(value):
     return codec.decode(bytearray(codec.dumps(value)))
 
 
-def via_chunks(value, chunk_size=framing.CHUNK_SIZE):
+def via_chunks(value, chunk_size=chunks.CHUNK_SIZE):
     encoded = codec.encode(value)
-    assembler = framing.Assembler(encoded.nbytes, max_size=1 << 31)
-    for chunk in framing.iter_chunks(encoded.to_segments(), chunk_size):
+    assembler = chunks.Assembler(encoded.nbytes, max_size=1 << 31)
+    for chunk in chunks.iter_chunks(encoded.to_segments(), chunk_size):
         assembler.add(chunk)
     return codec.decode(assembler.result())
 
@@ -313,7 +315,7 @@ def test_test_module_objects_travel_by_value_to_another_process(tmp_path):
 
 
 def test_importing_the_codec_does_not_import_torch():
-    script = ("import sys, podium.codec, podium.framing, podium.shm\n"
+    script = ("import sys, podium.codec, podium.transport.chunks, podium.transport.shm\n"
               "print(sorted(m for m in ('torch', 'tensordict') if m in sys.modules))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode()

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from podium.controller import dispatch as d
-from podium.protocol import DataProto
+from podium.dataproto import DataProto
 from podium.worker.decorator import Dispatch, Execute
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podium import errors
-from podium.worker.heldstore import HeldStore, default_budget
+from podium.worker.host.heldstore import HeldStore, default_budget
 
 
 def test_put_get_release_account_bytes():

@@ -7,7 +7,7 @@ import io
 
 from podium.controller.logdriver import is_internal_line, log_to_driver_enabled
 from podium.controller.progress import Progress
-from podium.status_table import human_bytes, render_status, table
+from podium.cli.status_table import human_bytes, render_status, table
 from podium.v1 import common_pb2, scheduler_pb2
 
 
@@ -51,8 +51,8 @@ def test_table_and_bytes():
 
 
 def test_internal_lines_are_filtered_user_lines_are_not():
-    assert is_internal_line("2026-11-30 09:30:01,123 rank1 INFO podium.worker.host: worker x serving")
-    assert not is_internal_line("2026-11-30 09:30:01,123 rank1 WARNING podium.worker.host: slow")
+    assert is_internal_line("2026-11-30 09:30:01,123 rank1 INFO podium.worker.host.servicer: worker x serving")
+    assert not is_internal_line("2026-11-30 09:30:01,123 rank1 WARNING podium.worker.host.servicer: slow")
     assert not is_internal_line("hello from rank 1")
     assert not is_internal_line("2026-11-30 09:30:01,123 rank1 INFO mylib: loaded")
 

@@ -16,7 +16,7 @@ def _load_generator():
 def test_generated_code_matches_protos(tmp_path):
     written = _load_generator().generate(tmp_path)
     assert written, "protoc wrote nothing"
-    committed_dir = ROOT / "proto" / "podium" / "v1"
+    committed_dir = ROOT / "podium" / "v1"
     for fresh in written:
         committed = committed_dir / fresh.name
         assert committed.exists(), f"{fresh.name} is not committed: run python tools/gen_proto.py"

@@ -1,4 +1,4 @@
-"""podium.shm: a segment written in one process is read in another and vanishes."""
+"""podium.transport.shm: a segment written in one process is read in another and vanishes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from podium import codec, shm
+from podium import codec
+from podium.transport import shm
 from podium.errors import DataLossError, InvalidArgumentError, PayloadTooLargeError
 
 
@@ -21,7 +22,7 @@ def test_write_here_read_in_another_process():
     value = {"t": torch.arange(300_000, dtype=torch.int64), "s": "hello"}
     name, size = shm.write_segments(codec.encode(value).to_segments())
     assert name.startswith(f"podium-{os.getpid()}-") and exists(name)
-    script = ("import sys, torch, podium.codec as c, podium.shm as s\n"
+    script = ("import sys, torch, podium.codec as c, podium.transport.shm as s\n"
               "v = c.decode(s.read_segment(sys.argv[1]))\n"
               "print(int(v['t'].sum()), v['s'], v['t'].dtype)\n")
     result = subprocess.run([sys.executable, "-c", script, name], capture_output=True, timeout=120)
@@ -31,7 +32,7 @@ def test_write_here_read_in_another_process():
 
 
 def test_write_in_another_process_read_here():
-    script = ("import torch, podium.codec as c, podium.shm as s\n"
+    script = ("import torch, podium.codec as c, podium.transport.shm as s\n"
               "name, size = s.write_segments(c.encode(torch.full((1000,), 7.5)).to_segments())\n"
               "print(name, size)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
@@ -102,7 +103,7 @@ def test_domain_is_shared_by_processes_that_see_the_same_shm_dir():
 
     mine = shm.domain()
     assert mine and mine.count(":") == 2
-    other = subprocess.run([sys.executable, "-c", "from podium import shm; print(shm.domain())"],
+    other = subprocess.run([sys.executable, "-c", "from podium.transport import shm; print(shm.domain())"],
                            capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     assert other == mine
     # Same host name but another /dev/shm (a container with a private one) is not shared.

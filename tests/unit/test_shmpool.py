@@ -1,4 +1,4 @@
-"""podium.shmpool: a writer's reusable segments and a reader's cache of them, wired together
+"""podium.transport.shmpool: a writer's reusable segments and a reader's cache of them, wired together
 in one process the way a call connection wires them between two."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from podium import codec, shm, shmpool
+from podium import codec
+from podium.transport import shm
+from podium.transport import shmpool
 from podium.errors import DataLossError
 
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from podium.worker import spawner
-from podium.worker.spawner import HEADER_PREFIX, exit_info, launch_argv, read_tail, stderr_tail, worker_env
+from podium.worker.agent import spawner
+from podium.worker.agent.spawner import HEADER_PREFIX, exit_info, launch_argv, read_tail, stderr_tail, worker_env
 
 
 def _log(tmp_path, lines, header=True):

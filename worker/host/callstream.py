@@ -1,6 +1,6 @@
 """One client's call stream in a worker: frames in, calls run, replies out.
 
-Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.rawcall``): each
+Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.transport.callsocket``): each
 gives it a ``context`` with ``read()``/``write()``. A one-frame call of a synchronous
 method takes the fast path (:meth:`WorkerServicer.start_fast`); everything else is
 assembled here and run by :meth:`WorkerServicer.run_call` / ``run_construct`` as a task.
@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from podium import errors, framing, rawcall, rpc, shmpool
+from podium import errors, rpc
+from podium.transport import chunks
+from podium.transport import callsocket
+from podium.transport import shmpool
 from podium.v1 import worker_pb2
-from podium.worker.execthread import Job
+from podium.worker.host.execthread import Job
 
 if TYPE_CHECKING:
-    from podium.worker.host import WorkerServicer, _Outcome
+    from podium.worker.host.servicer import WorkerServicer, _Outcome
 
 __all__ = ["CallStream", "ActiveCall"]
 
@@ -51,7 +54,7 @@ class ActiveCall:
 class _Incoming:
     __slots__ = ("header", "assembler")
 
-    def __init__(self, header: worker_pb2.CallHeader, assembler: framing.Assembler | None) -> None:
+    def __init__(self, header: worker_pb2.CallHeader, assembler: chunks.Assembler | None) -> None:
         self.header = header
         self.assembler = assembler  # None: discarding the rest of a refused call
 
@@ -70,7 +73,7 @@ class CallStream:
                                           self._send_quietly)
         # Replies written without awaiting (the fast path) need the raw connection's
         # write_nowait; on the gRPC stream every call takes the general path.
-        self.writes_nowait = isinstance(context, rawcall.FrameConnection)
+        self.writes_nowait = isinstance(context, callsocket.FrameConnection)
         self.fast_done = self._fast_done  # one bound method for every fast call
         self._fast_finished: asyncio.Future | None = None
 
@@ -194,7 +197,7 @@ class CallStream:
             header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name,
                                             shm_pooled=outcome.shm_pooled)
             frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
-        elif outcome.nbytes <= framing.CHUNK_SIZE:
+        elif outcome.nbytes <= chunks.CHUNK_SIZE:
             header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
             frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, data=b"".join(outcome.segments),
                                           last=True)
@@ -211,10 +214,10 @@ class CallStream:
             return
         self.host.stats["bytes_out"] += outcome.nbytes
         header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
-        chunks = framing.iter_chunks(outcome.segments)
-        pending = bytes(next(chunks))
+        pieces = chunks.iter_chunks(outcome.segments)
+        pending = bytes(next(pieces))
         first = True
-        for chunk in chunks:
+        for chunk in pieces:
             await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
                                                    data=pending))
             first = False
@@ -251,7 +254,7 @@ class CallStream:
                         "a call with shm_name carries no data frames"))
                 return
             try:
-                assembler = framing.Assembler(header.payload_size, self.host.config.max_payload_bytes)
+                assembler = chunks.Assembler(header.payload_size, self.host.config.max_payload_bytes)
             except errors.PodiumError as exc:
                 await self.refuse(call_id, header, frame.last, exc)
                 return

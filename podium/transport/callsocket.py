@@ -37,11 +37,11 @@ from typing import Any, Callable
 import grpc
 
 from podium import errors
-from podium.framing import CHUNK_SIZE
+from podium.transport.chunks import CHUNK_SIZE
 
 __all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "FrameConnection", "serve", "connect"]
 
-log = logging.getLogger("podium.rawcall")
+log = logging.getLogger("podium.transport.callsocket")
 
 MAGIC = b"PDMC"
 VERSION = 1

@@ -1,6 +1,6 @@
 """The operator's commands: ``podium up``, ``podium down``, ``podium status``, ``podium logs``.
 
-``up``/``down`` manage a local cluster (see :mod:`podium.localcluster`). ``status``
+``up``/``down`` manage a local cluster (see :mod:`podium.cli.localcluster`). ``status``
 and ``logs`` work against that cluster, or any cluster with ``--address``
 (else ``$PODIUM_ADDRESS``) and the usual token lookup.
 """
@@ -25,7 +25,7 @@ def _dir_arg(parser: argparse.ArgumentParser) -> None:
 
 def main_up(argv: list[str]) -> int:
     """``podium up``: start a local multi-node cluster and print how to use it."""
-    from podium import localcluster
+    from podium.cli import localcluster
 
     p = argparse.ArgumentParser(prog="podium up", description="Start a local multi-node cluster "
                                 "(scheduler on 127.0.0.1, nodes on 127.0.0.2, 127.0.0.3, ...).")
@@ -59,7 +59,7 @@ def main_up(argv: list[str]) -> int:
 
 def main_down(argv: list[str]) -> int:
     """``podium down``: stop the local cluster started by ``podium up``."""
-    from podium import localcluster
+    from podium.cli import localcluster
 
     p = argparse.ArgumentParser(prog="podium down", description="Stop the local cluster.")
     _dir_arg(p)
@@ -76,7 +76,7 @@ def main_down(argv: list[str]) -> int:
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
     """(scheduler address, token) from --address/$PODIUM_ADDRESS, else the local cluster."""
-    from podium import localcluster
+    from podium.cli import localcluster
     from podium.auth import resolve_token
 
     address = args.address or os.environ.get("PODIUM_ADDRESS")
@@ -105,7 +105,7 @@ async def _cluster_state(address: str, token: str):
 
 def main_status(argv: list[str]) -> int:
     """``podium status``: nodes, GPUs, placement groups and workers as tables."""
-    from podium.status_table import render_status
+    from podium.cli.status_table import render_status
 
     p = argparse.ArgumentParser(prog="podium status", description="Show the cluster's state.")
     _target_args(p)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from podium import errors
-from podium.scheduler.model import ClusterModel
+from podium.scheduler.state import ClusterModel
 from podium.v1 import common_pb2, scheduler_pb2
 
 ONE_GPU = {"CPU": 1, "GPU": 1}

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 #: Binary trailing-metadata key carrying a serialized podium.v1.ErrorInfo.
 ERROR_METADATA_KEY = "podium-error-bin"
 
-#: Largest single gRPC message. Payloads are chunked far below this (podium.framing);
+#: Largest single gRPC message. Payloads are chunked far below this (podium.transport.chunks);
 #: the limit only bounds what a misbehaving peer can make us buffer.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 

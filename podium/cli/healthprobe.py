@@ -1,7 +1,7 @@
 """Health probes for container health checks: exit 0 when a service answers, 1 when not.
 
-    python -m podium.probe http://127.0.0.1:8265/healthz   # HTTP 200 (the scheduler)
-    python -m podium.probe grpc 127.0.0.1:50052             # grpc.health.v1 SERVING (any service)
+    python -m podium.cli.healthprobe http://127.0.0.1:8265/healthz   # HTTP 200 (the scheduler)
+    python -m podium.cli.healthprobe grpc 127.0.0.1:50052             # grpc.health.v1 SERVING (any service)
 
 Images need no curl for this, and the gRPC form presents the cluster token
 (``PODIUM_TOKEN`` or the token file) and ``PODIUM_TLS_CERT/KEY/CA`` when set,
@@ -63,8 +63,8 @@ def probe_grpc(address: str, timeout: float = DEFAULT_TIMEOUT, service: str = ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m podium.probe URL`` or ``python -m podium.probe grpc HOST:PORT``."""
-    parser = argparse.ArgumentParser(prog="python -m podium.probe", description=__doc__.split("\n")[0])
+    """``python -m podium.cli.healthprobe URL`` or ``python -m podium.cli.healthprobe grpc HOST:PORT``."""
+    parser = argparse.ArgumentParser(prog="python -m podium.cli.healthprobe", description=__doc__.split("\n")[0])
     parser.add_argument("target", nargs="+", help="http(s)://URL, or: grpc HOST:PORT")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds (3)")
     args = parser.parse_args(argv)

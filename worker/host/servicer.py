@@ -47,12 +47,15 @@ from typing import Any
 import cloudpickle
 import grpc
 
-from podium import codec, errors, framing, refs, rpc, shm, shmpool
+from podium import codec, errors, refs, rpc
+from podium.transport import chunks
+from podium.transport import shm
+from podium.transport import shmpool
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
-from podium.worker.callstream import ActiveCall, CallStream
-from podium.worker.execthread import ExecutionThread
-from podium.worker.heldstore import HeldStore, default_budget
+from podium.worker.host.callstream import ActiveCall, CallStream
+from podium.worker.host.execthread import ExecutionThread
+from podium.worker.host.heldstore import HeldStore, default_budget
 
 __all__ = ["RAY_CALL", "ExecutionThread", "HostConfig", "WorkerServicer", "HostResolver", "RunningHost", "start_host",
            "current_host", "main", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES",
@@ -123,7 +126,7 @@ class _Outcome:
 
     ref: worker_pb2.ObjectRefInfo | None = None
     shm_name: str = ""
-    #: shm_name is a segment of the stream's pool (podium.shmpool), not a one-shot one.
+    #: shm_name is a segment of the stream's pool (podium.transport.shmpool), not a one-shot one.
     shm_pooled: bool = False
     segments: list | None = None
     nbytes: int = 0
@@ -212,7 +215,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.held = HeldStore(config.hold_budget_bytes)
         #: "host:port" peers use to reach this worker (set once bound).
         self.address = ""
-        #: Port of the raw call socket (podium.rawcall) on the same address; 0: none.
+        #: Port of the raw call socket (podium.transport.callsocket) on the same address; 0: none.
         self.call_port = 0
         #: Its open connections (closed when the host stops).
         self.raw_connections: set = set()
@@ -571,7 +574,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield worker_pb2.DataChunk(total_size=size, shm_name=name)
                 return
         first = True
-        for chunk in framing.iter_chunks(segments):
+        for chunk in chunks.iter_chunks(segments):
             yield worker_pb2.DataChunk(total_size=total if first else 0, data=bytes(chunk))
             first = False
 
@@ -669,7 +672,7 @@ class RunningHost:
     resolver: HostResolver
     port: int
     host: str
-    #: The raw call socket's server (podium.rawcall), None where there is none (TLS).
+    #: The raw call socket's server (podium.transport.callsocket), None where there is none (TLS).
     call_server: Any = None
 
     @property
@@ -717,8 +720,8 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
     await rpc.start_server(server, health)
     call_server = None
     if tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
-        # The fast path of the Calls stream (podium.rawcall); with TLS, gRPC only.
-        from podium import rawcall
+        # The fast path of the Calls stream (podium.transport.callsocket); with TLS, gRPC only.
+        from podium.transport import callsocket
 
         def on_connection(conn: Any) -> None:
             servicer.raw_connections.add(conn)
@@ -726,7 +729,7 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
             task.add_done_callback(lambda t: (conn.close(), servicer.raw_connections.discard(conn),
                                               t.cancelled() or t.exception()))
 
-        call_server, servicer.call_port = await rawcall.serve(
+        call_server, servicer.call_port = await callsocket.serve(
             address, token, worker_pb2.CallFrame.FromString, on_connection)
     resolver = HostResolver(servicer, token, tls)
     refs.set_resolver(resolver)
@@ -745,7 +748,7 @@ def _write_ready(fd: int, port: int) -> None:
 
 async def _serve(args: argparse.Namespace) -> int:
     address = args.address or os.environ.get("PODIUM_NODE_ADDRESS") or "127.0.0.1"
-    # The agent passes its TLS files (podium.worker.spawner.worker_env): with them this
+    # The agent passes its TLS files (podium.worker.agent.spawner.worker_env): with them this
     # worker serves mutual TLS and fetches from its peers over it.
     tls = TlsConfig.from_paths(os.environ.get("PODIUM_TLS_CERT"), os.environ.get("PODIUM_TLS_KEY"),
                                os.environ.get("PODIUM_TLS_CA"))
@@ -800,11 +803,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _exit_watchdog(5.0)
     return code
-
-
-if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy: user code that imports
-    # podium.worker.host (current_host()) must see the running host's state.
-    from podium.worker import host as _host
-
-    sys.exit(_host.main())

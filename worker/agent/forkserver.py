@@ -4,7 +4,7 @@ Starting a worker with ``python -m podium.worker.host`` costs an interpreter sta
 the imports of gRPC, Podium and (in every training worker) torch: about a second of CPU
 each, paid N times, one after another, on a machine whose cores the new workers share.
 So the agent starts ONE helper process at its own start-up,
-``python -m podium.worker.forkserver --fd N``, which imports all of that once and then
+``python -m podium.worker.agent.forkserver --fd N``, which imports all of that once and then
 forks a worker per request:
 
 * The helper is single-threaded and never starts gRPC, an event loop or CUDA; it only
@@ -16,7 +16,7 @@ forks a worker per request:
   log files on fd 1 and 2 and /dev/null on fd 0, replaces its whole environment with the
   worker environment the agent computed (``CUDA_VISIBLE_DEVICES`` included: nothing has
   touched CUDA yet), changes directory, reseeds numpy's global RNG (siblings would share
-  it) and runs ``podium.worker.host.main(["--ready-fd", W])``: the same ready-fd contract
+  it) and runs ``podium.worker.host.servicer.main(["--ready-fd", W])``: the same ready-fd contract
   as an exec'd worker, so the agent's readiness and reaping code is unchanged.
 * The helper is the workers' parent, so it reaps them (SIGCHLD, ``waitpid``) and reports
   each pid's exit code, Popen style (``-N`` for signal N), to the agent.
@@ -51,7 +51,7 @@ from typing import Any, Callable
 __all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "main"]
 
 #: Modules the helper imports before it forks anything (missing ones are skipped).
-PRELOAD = ("podium.worker.host", "podium.worker.base", "podium.protocol", "uvloop", "numpy",
+PRELOAD = ("podium.worker.host.servicer", "podium.worker.base", "podium.dataproto", "uvloop", "numpy",
            "torch", "tensordict")
 
 _PR_SET_PDEATHSIG = 1
@@ -113,7 +113,7 @@ def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int],
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["PODIUM_FORKED_AT"] = repr(time.time())
-        sys.argv = list(request.get("argv") or ["podium.worker.host"])
+        sys.argv = list(request.get("argv") or ["podium.worker.host.servicer"])
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()  # from fresh entropy: siblings would share the helper's state
@@ -121,9 +121,9 @@ def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int],
         if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
             # OpenMP read OMP_NUM_THREADS when the helper imported torch, not now.
             torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-        from podium.worker import host
+        from podium.worker.host import servicer as host_servicer
 
-        code = host.main(["--ready-fd", str(ready_fd)])
+        code = host_servicer.main(["--ready-fd", str(ready_fd)])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the worker's own crash: its stderr says why
@@ -201,8 +201,8 @@ def serve(fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m podium.worker.forkserver --fd N``."""
-    parser = argparse.ArgumentParser(prog="python -m podium.worker.forkserver")
+    """Entry point: ``python -m podium.worker.agent.forkserver --fd N``."""
+    parser = argparse.ArgumentParser(prog="python -m podium.worker.agent.forkserver")
     parser.add_argument("--fd", type=int, required=True, help="the SOCK_SEQPACKET socket to the agent")
     args = parser.parse_args(argv)
     return serve(args.fd)
@@ -266,7 +266,7 @@ class ForkServer:
         out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(
-                die_with_parent_argv([sys.executable, "-m", "podium.worker.forkserver",
+                die_with_parent_argv([sys.executable, "-m", "podium.worker.agent.forkserver",
                                       "--fd", str(theirs.fileno())], signal.SIGKILL),
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                 env=self._env, start_new_session=True)

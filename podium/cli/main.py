@@ -12,12 +12,12 @@ import sys
 #: subcommand -> ("module:function", one-line help). Each function takes argv.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("podium.scheduler.server:main", "run the cluster scheduler service"),
-    "node": ("podium.worker.agent:main", "run a node agent on this machine"),
-    "worker": ("podium.worker.host:main", "run one worker process (started by a node agent)"),
-    "up": ("podium.cluster_cli:main_up", "start a local multi-node cluster (loopback addresses)"),
-    "status": ("podium.cluster_cli:main_status", "show nodes, GPUs, placement groups and workers"),
-    "logs": ("podium.cluster_cli:main_logs", "print (or --follow) a worker's output"),
-    "down": ("podium.cluster_cli:main_down", "stop the local cluster started by `podium up`"),
+    "node": ("podium.worker.agent.service:main", "run a node agent on this machine"),
+    "worker": ("podium.worker.host.servicer:main", "run one worker process (started by a node agent)"),
+    "up": ("podium.cli.operator:main_up", "start a local multi-node cluster (loopback addresses)"),
+    "status": ("podium.cli.operator:main_status", "show nodes, GPUs, placement groups and workers"),
+    "logs": ("podium.cli.operator:main_logs", "print (or --follow) a worker's output"),
+    "down": ("podium.cli.operator:main_down", "stop the local cluster started by `podium up`"),
 }
 
 

@@ -15,9 +15,9 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "DataProto": "podium.protocol",
-    "DataProtoItem": "podium.protocol",
-    "DataProtoConfig": "podium.protocol",
+    "DataProto": "podium.dataproto",
+    "DataProtoItem": "podium.dataproto",
+    "DataProtoConfig": "podium.dataproto",
     "DataProtoFuture": "podium.refs",
     "ObjectRef": "podium.refs",
     "init": "podium.controller",

@@ -1,4 +1,4 @@
-"""podium.protocol.DataProto: verl's semantics (VERL_REFERENCE.md §1.5 and §1.1.1)."""
+"""podium.dataproto.DataProto: verl's semantics (VERL_REFERENCE.md §1.5 and §1.1.1)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from podium import codec
-from podium.protocol import (
+from podium.dataproto import (
     PADDING_SIZE_KEY,
     DataProto,
     DataProtoConfig,

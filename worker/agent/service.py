@@ -3,7 +3,7 @@
 It serves the ``NodeAgent`` gRPC service on its node address, registers the
 machine (CPUs, GPUs from NVML or ``--fake-gpus``) with the scheduler, heartbeats
 memory readings and live workers, starts and stops worker processes when the
-scheduler asks (:mod:`podium.worker.spawner`) and reports how each one ends.
+scheduler asks (:mod:`podium.worker.agent.spawner`) and reports how each one ends.
 The scheduler being down never stops it: it retries with backoff and registers
 again when the scheduler is back. SIGTERM or SIGINT stop every worker (whole
 process groups, SIGKILL after the grace period), report them and exit 0.
@@ -29,12 +29,13 @@ from typing import Sequence
 
 import grpc
 
-from podium import errors, rpc, shm
+from podium import errors, rpc
+from podium.transport import shm
 from podium.auth import TlsConfig, resolve_token
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
 from podium.worker.gpus import DEFAULT_FAKE_MEMORY, GpuProvider, detect, parse_size
-from podium.worker.spawner import HEADER_PREFIX, Spawner, read_tail
+from podium.worker.agent.spawner import HEADER_PREFIX, Spawner, read_tail
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class AgentConfig:
     tls: TlsConfig | None = None
     #: Default seconds between SIGTERM and SIGKILL.
     stop_grace: float = 5.0
-    #: Command that starts a worker ("--ready-fd N" is appended); None: podium.worker.host.
+    #: Command that starts a worker ("--ready-fd N" is appended); None: podium.worker.host.servicer.
     worker_command: Sequence[str] | None = None
     #: Informational labels sent with the registration.
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -303,7 +304,7 @@ class RunningAgent:
         self.provider: GpuProvider = config.provider or detect(
             config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory, node_id=self.node_id)
         self.port = 0
-        #: The /metrics server (podium.worker.agentmetrics), when --metrics-port is given.
+        #: The /metrics server (podium.worker.agent.metrics), when --metrics-port is given.
         self.metrics = None
         self.ports = PortHolds(config.host)
         self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=self.node_address,
@@ -342,7 +343,7 @@ class RunningAgent:
                 f"node agent cannot serve on {self.host}:{self.config.port}: {exc}") from None
         await rpc.start_server(self._server, health)
         if self.config.metrics_port is not None:
-            from podium.worker.agentmetrics import MetricsServer
+            from podium.worker.agent.metrics import MetricsServer
             self.metrics = MetricsServer(self)
             await self.metrics.start(self.host, self.config.metrics_port)
         self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,

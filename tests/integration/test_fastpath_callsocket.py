@@ -1,4 +1,4 @@
-"""The raw call socket (podium.rawcall): used by default, same answers as the gRPC stream,
+"""The raw call socket (podium.transport.callsocket): used by default, same answers as the gRPC stream,
 guarded by the token, robust to garbage, and off with PODIUM_RAW_CALLS=0.
 
 A real worker host in-process on port 0 and real WorkerClients; payloads cross TCP (shm
@@ -15,9 +15,10 @@ import struct
 import pytest
 import torch
 
-from podium import errors, rawcall
+from podium import errors
+from podium.transport import callsocket
 from podium.worker.client import WorkerClient
-from podium.worker.host import start_host
+from podium.worker.host.servicer import start_host
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +99,7 @@ def test_wrong_token_is_rejected(token, arun):
         host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
         try:
             with pytest.raises(errors.AuthenticationError):
-                await rawcall.connect("127.0.0.1", host.servicer.call_port, "not-the-token",
+                await callsocket.connect("127.0.0.1", host.servicer.call_port, "not-the-token",
                                       bytes, lambda frame: None, lambda exc: None, timeout=10)
         finally:
             await host.stop(grace=0.2)
@@ -149,7 +150,7 @@ def test_garbage_closes_only_that_connection(token, arun):
             # not the protocol at all
             assert await loop.run_in_executor(None, send, b"GET / HTTP/1.1\r\n\r\n") == b""
             # right token, then a frame that announces 1 GiB, then one that does not parse
-            hello = struct.pack("<4sBH", rawcall.MAGIC, rawcall.VERSION, len(token)) + token.encode()
+            hello = struct.pack("<4sBH", callsocket.MAGIC, callsocket.VERSION, len(token)) + token.encode()
             assert await loop.run_in_executor(None, send, hello + struct.pack("<I", 1 << 30)) == b"\x00"
             assert await loop.run_in_executor(None, send, hello + struct.pack("<I", 3) + b"\xff\xff\xff") == b"\x00"
             # the real client still works

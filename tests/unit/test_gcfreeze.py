@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from podium.controller import heap
+from podium.controller import gcfreeze
 
 
 @pytest.fixture
@@ -20,23 +20,23 @@ def unfrozen():
 
 def test_freeze_moves_the_heap_out_of_the_collector_and_unfreeze_back(unfrozen, monkeypatch):
     monkeypatch.delenv("PODIUM_GC_FREEZE", raising=False)
-    assert heap.freeze() is True
+    assert gcfreeze.freeze() is True
     assert gc.get_freeze_count() > 1000
-    assert heap.freeze() is False  # already frozen: left alone
-    heap.unfreeze()
+    assert gcfreeze.freeze() is False  # already frozen: left alone
+    gcfreeze.unfreeze()
     assert gc.get_freeze_count() == 0
 
 
 def test_freeze_can_be_turned_off(unfrozen, monkeypatch):
     monkeypatch.setenv("PODIUM_GC_FREEZE", "0")
-    assert heap.freeze() is False and gc.get_freeze_count() == 0
+    assert gcfreeze.freeze() is False and gc.get_freeze_count() == 0
 
 
 def test_a_disabled_collector_is_left_alone(unfrozen, monkeypatch):
     monkeypatch.delenv("PODIUM_GC_FREEZE", raising=False)
     gc.disable()
     try:
-        assert heap.freeze() is False and gc.get_freeze_count() == 0
+        assert gcfreeze.freeze() is False and gc.get_freeze_count() == 0
     finally:
         gc.enable()
 
@@ -49,6 +49,6 @@ def test_frozen_objects_are_still_freed_by_reference_counting(unfrozen):
 
     thing = Thing()
     alive = weakref.ref(thing)
-    assert heap.freeze()
+    assert gcfreeze.freeze()
     del thing
     assert alive() is None

@@ -1,6 +1,6 @@
 """Reusable shared-memory segments between two processes on one call connection.
 
-A one-shot segment (:mod:`podium.shm`) costs far more than its copy: the kernel hands
+A one-shot segment (:mod:`podium.transport.shm`) costs far more than its copy: the kernel hands
 out and zeroes fresh tmpfs pages on write, and takes them back on unmap. Measured on the
 2-core machines Podium targets, 128 MiB costs ~70 ms to write into a new segment and
 ~35 ms to unmap, against ~7 ms for the copy itself. A training loop sends batches of
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from podium import shm
+from podium.transport import shm
 from podium.errors import DataLossError, PayloadTooLargeError
 
 __all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget"]

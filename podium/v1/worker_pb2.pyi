@@ -258,7 +258,7 @@ class CallHeader(_message.Message):
     reply_in_shm: _builtins.bool
     """Ask for the reply through shared memory (the caller is on the same host)."""
     shm_pooled: _builtins.bool
-    """shm_name is one of the caller's pooled segments (podium.shmpool): the worker keeps
+    """shm_name is one of the caller's pooled segments (podium.transport.shmpool): the worker keeps
     it mapped, reads payload_size bytes of it, and sends its name back in
     ReplyFrame.shm_released once no value uses it.
     """

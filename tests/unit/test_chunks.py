@@ -1,10 +1,10 @@
-"""podium.framing: chunking a payload's segments and assembling them again."""
+"""podium.transport.chunks: chunking a payload's segments and assembling them again."""
 
 from __future__ import annotations
 
 import pytest
 
-from podium import framing
+from podium.transport import chunks
 from podium.errors import DataLossError, PayloadTooLargeError
 
 
@@ -34,33 +34,33 @@ CASES = {
 def test_chunks_concatenate_to_the_payload(name):
     sizes, chunk_size = CASES[name]
     segments = segments_of(*sizes)
-    chunks = list(framing.iter_chunks(segments, chunk_size))
-    assert b"".join(bytes(c) for c in chunks) == b"".join(bytes(s) for s in segments)
-    assert all(len(c) == chunk_size for c in chunks[:-1])
-    assert all(0 < len(c) <= chunk_size for c in chunks)
+    pieces = list(chunks.iter_chunks(segments, chunk_size))
+    assert b"".join(bytes(c) for c in pieces) == b"".join(bytes(s) for s in segments)
+    assert all(len(c) == chunk_size for c in pieces[:-1])
+    assert all(0 < len(c) <= chunk_size for c in pieces)
 
 
 def test_spans_inside_a_segment_are_not_copied():
     big = bytearray(10_000)
-    chunks = list(framing.iter_chunks([memoryview(big)], 1000))
-    assert len(chunks) == 10
-    assert all(isinstance(c, memoryview) and c.obj is big for c in chunks)
+    pieces = list(chunks.iter_chunks([memoryview(big)], 1000))
+    assert len(pieces) == 10
+    assert all(isinstance(c, memoryview) and c.obj is big for c in pieces)
 
 
 def test_default_chunk_fits_a_default_grpc_message():
-    assert framing.CHUNK_SIZE <= 4 * 1024 * 1024 - 64 * 1024
+    assert chunks.CHUNK_SIZE <= 4 * 1024 * 1024 - 64 * 1024
 
 
 def test_bad_chunk_size():
     with pytest.raises(ValueError):
-        list(framing.iter_chunks([b"abc"], 0))
+        list(chunks.iter_chunks([b"abc"], 0))
 
 
-@pytest.mark.parametrize("chunk_size", [1, 7, 4096, framing.CHUNK_SIZE])
+@pytest.mark.parametrize("chunk_size", [1, 7, 4096, chunks.CHUNK_SIZE])
 def test_assembler_rebuilds_the_payload(chunk_size):
     payload = bytes(range(256)) * 50
-    assembler = framing.Assembler(len(payload), max_size=len(payload))
-    for chunk in framing.iter_chunks([memoryview(payload)], chunk_size):
+    assembler = chunks.Assembler(len(payload), max_size=len(payload))
+    for chunk in chunks.iter_chunks([memoryview(payload)], chunk_size):
         assert not assembler.done
         assembler.add(chunk)
     assert assembler.done and assembler.received == len(payload)
@@ -69,19 +69,19 @@ def test_assembler_rebuilds_the_payload(chunk_size):
 
 
 def test_empty_payload_is_done_at_once():
-    assembler = framing.Assembler(0, max_size=10)
+    assembler = chunks.Assembler(0, max_size=10)
     assert assembler.done and assembler.result() == bytearray()
 
 
 def test_overrun_raises_data_loss():
-    assembler = framing.Assembler(5, max_size=100)
+    assembler = chunks.Assembler(5, max_size=100)
     assembler.add(b"abc")
     with pytest.raises(DataLossError, match="6 bytes arrived, 5 announced"):
         assembler.add(b"def")
 
 
 def test_underrun_raises_data_loss():
-    assembler = framing.Assembler(5, max_size=100)
+    assembler = chunks.Assembler(5, max_size=100)
     assembler.add(b"abc")
     with pytest.raises(DataLossError, match="3 of 5"):
         assembler.result()
@@ -89,10 +89,10 @@ def test_underrun_raises_data_loss():
 
 def test_oversize_announcement_is_refused_before_allocating():
     with pytest.raises(PayloadTooLargeError) as info:
-        framing.Assembler(1 << 50, max_size=1 << 20)
+        chunks.Assembler(1 << 50, max_size=1 << 20)
     assert str(1 << 50) in str(info.value) and str(1 << 20) in str(info.value)
 
 
 def test_negative_announcement_raises_data_loss():
     with pytest.raises(DataLossError):
-        framing.Assembler(-1, max_size=10)
+        chunks.Assembler(-1, max_size=10)

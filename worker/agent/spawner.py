@@ -1,6 +1,6 @@
 """Worker processes of one node: start them, watch them become ready, reap them, stop them.
 
-Bootstrap contract with ``podium.worker.host`` (keep both sides exactly alike):
+Bootstrap contract with ``podium.worker.host.servicer`` (keep both sides exactly alike):
 the agent runs ``[sys.executable, "-m", "podium.worker.host", "--ready-fd", W]``
 where ``W`` is the write end of a pipe passed with ``pass_fds``; cwd is the agent's
 cwd; env is the agent's environment (minus ``PODIUM_TOKEN_FILE``) plus
@@ -44,8 +44,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from podium import shm
-from podium.worker import forkserver
+from podium.transport import shm
+from podium.worker.agent import forkserver
 from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.process import die_with_parent_argv
@@ -89,7 +89,7 @@ def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
     return die_with_parent_argv([*command, "--ready-fd", str(ready_fd)], signal.SIGKILL)
 
 
-#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host).
+#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host.servicer).
 TLS_ENV_KEYS = ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA")
 
 
@@ -249,7 +249,7 @@ class Spawner:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._workers: dict[str, ManagedWorker] = {}
         self._closed = False
-        #: The fork server (podium.worker.forkserver) that starts default-command workers
+        #: The fork server (podium.worker.agent.forkserver) that starts default-command workers
         #: without an interpreter start-up each; None until started or where not used.
         self._forkserver: forkserver.ForkServer | None = None
         self._fork = self.command == DEFAULT_WORKER_COMMAND and forkserver.enabled(self._base_env)

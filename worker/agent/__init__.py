@@ -1,0 +1,10 @@
+"""The node agent: one per machine (``podium node``).
+
+- :mod:`~podium.worker.agent.service`: the NodeAgent gRPC service and the agent's main loop
+  (registration, heartbeats, GPU inventory).
+- :mod:`~podium.worker.agent.spawner`: starting, watching and stopping worker processes.
+- :mod:`~podium.worker.agent.forkserver`: a pre-imported parent that forks workers fast.
+- :mod:`~podium.worker.agent.metrics`: the agent's Prometheus metrics.
+
+Importing it stays light (no torch): the agent must start fast on every node.
+"""
