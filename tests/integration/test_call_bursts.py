@@ -64,7 +64,7 @@ def test_a_burst_settles_every_sink_in_call_order(token, arun):
         host, client = await _started(token)
         failures = []
         try:
-            assert client._raw is not None
+            assert client.transport == "socket"
             no_args = prepare(((), {}))
             sinks = [PendingRef(0, "bump") for _ in range(500)]
             for sink in sinks:

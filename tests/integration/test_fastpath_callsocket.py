@@ -80,7 +80,7 @@ async def exercise(client: WorkerClient) -> None:
 def test_raw_socket_is_used_and_correct(token, arun):
     async def scenario():
         async with host_and_client(token) as (host, client):
-            assert client._raw is not None and client._stream is None
+            assert client.transport == "socket"
             assert (await client.describe()).call_port == host.servicer.call_port > 0
             await exercise(client)
     arun(scenario())
@@ -89,7 +89,7 @@ def test_raw_socket_is_used_and_correct(token, arun):
 def test_grpc_stream_when_raw_calls_are_off(token, arun, monkeypatch):
     async def scenario():
         async with host_and_client(token, raw=False, monkeypatch=monkeypatch) as (_, client):
-            assert client._raw is None and client._stream is not None
+            assert client.transport == "grpc"
             await exercise(client)
     arun(scenario())
 

@@ -50,7 +50,7 @@ import grpc
 from podium import codec, errors, refs, rpc
 from podium.transport import chunks
 from podium.transport import shm
-from podium.transport import shmpool
+from podium.transport.connection import CallConnection
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.host.callstream import ActiveCall, CallStream
@@ -258,11 +258,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: CallStream) -> Any:
         if header.shm_name:
-            if header.shm_pooled:
-                payload = stream.shm.cache.read(header.shm_name, header.payload_size,
-                                                self.config.max_payload_bytes)
-            else:
-                payload = shm.read_segment(header.shm_name, max_size=self.config.max_payload_bytes)
+            payload = stream.conn.read_segment(header.shm_name, header.shm_pooled, header.payload_size,
+                                               self.config.max_payload_bytes)
             self.stats["shm_in"] += 1
         return codec.decode(payload)
 
@@ -303,9 +300,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return result
 
     def package(self, value: Any, header: worker_pb2.CallHeader,
-                pool: shmpool.SegmentPool | None = None) -> _Outcome:
-        """Encode a result and hold it, put it in shared memory (``pool``'s segments when
-        it has room, else a one-shot segment), or ready it for streaming."""
+                conn: CallConnection | None = None) -> _Outcome:
+        """Encode a result and hold it, put it in shared memory for the caller (``conn``'s
+        segments when it has room, else a one-shot segment), or ready it for streaming."""
         encoded = _ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
         nbytes = encoded.nbytes
         if header.hold_result:
@@ -323,28 +320,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 # Small results ride along, so the caller's get() needs no Fetch.
                 inline_value=bytes(frozen.buffer) if nbytes <= self.config.inline_result_bytes else b""))
         segments = encoded.to_segments()
-        if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes:
-            try:
-                name = pool.write(segments, nbytes) if pool is not None else None
-                if name:
-                    self.stats["shm_out"] += 1
-                    return _Outcome(shm_name=name, shm_pooled=True, nbytes=nbytes)
-                name, size = shm.write_segments(segments)
-            except OSError as exc:  # /dev/shm full or missing: TCP still works
-                log.warning("shared memory unavailable (%s); replying over TCP", exc)
-            else:
+        if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes and conn is not None:
+            name, pooled = conn.write_segment(segments, nbytes)  # ("", False): /dev/shm full, use TCP
+            if name:
                 self.stats["shm_out"] += 1
-                return _Outcome(shm_name=name, nbytes=size)
+                return _Outcome(shm_name=name, shm_pooled=pooled, nbytes=nbytes)
         return _Outcome(segments=segments, nbytes=nbytes)
 
     def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
-                     pool: shmpool.SegmentPool | None) -> _Outcome:
+                     conn: CallConnection | None) -> _Outcome:
         # Runs on the execution thread.
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
             raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-        return self.package(value, header, pool)
+        return self.package(value, header, conn)
 
     def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
         # Runs on the execution thread: CUDA/NCCL state made here belongs to it.
@@ -442,7 +432,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         active.started = time.monotonic()
         stream.active[call_id] = active
         active.job = self._exec.submit_reporting(
-            self._invoke_sync, (fn, args, kwargs, header, stream.shm.pool), stream.fast_done, active)
+            self._invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active)
         return True
 
     def precondition_for_call(self) -> None:
@@ -484,7 +474,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if active.deadline and time.monotonic() > active.deadline:
                     raise errors.DeadlineExceededError(
                         f"call {header.method!r} reached its deadline before it started")
-                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.shm.pool)
+                job = self._exec.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.conn)
                 active.job = job
         finally:
             self.open_gate(prev, mine)
@@ -496,7 +486,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
                 raise _call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-            outcome = self.package(result, header, active.stream.shm.pool)
+            outcome = self.package(result, header, active.stream.conn)
         await active.stream.send_outcome(active.call_id, outcome)
 
     async def _materialize(self, active: ActiveCall, args: Any, kwargs: Any) -> tuple[list, dict]:
