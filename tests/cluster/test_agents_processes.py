@@ -141,7 +141,7 @@ def test_two_agents_register_and_run_real_workers_then_sigterm_cleans_up(
         assert info["node_id"] == agent.node_id and info["agent_port"] == agent.port
         assert len(info["gpus"]) == 2 and nodes[agent.host]["state"] == "NODE_ALIVE"
 
-    # The default worker command: the real podium.worker.host.servicer, bootstrapped over the ready fd.
+    # The default worker command: the real podium.worker.host.process, bootstrapped over the ready fd.
     workers = arun(place_workers(scheduler.address, token, 2, "STRICT_SPREAD"), timeout=90)
     leftovers.update(w.pid for w in workers)
     assert sorted(w.node_address for w in workers) == ["127.0.0.2", "127.0.0.3"]

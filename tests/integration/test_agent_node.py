@@ -1,7 +1,7 @@
 """The node agent against a recording scheduler: real gRPC servers on port 0, real processes.
 
 The workers are ``agent_fake_worker.py``, which follows the same bootstrap
-contract as ``podium.worker.host.servicer`` (ready fd, one JSON line) and can be told to
+contract as ``podium.worker.host.process`` (ready fd, one JSON line) and can be told to
 crash, ignore SIGTERM, or stay silent.
 """
 

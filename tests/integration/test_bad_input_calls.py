@@ -24,7 +24,7 @@ def live(tmp_path_factory):
 
 
 def _calls(live) -> int:
-    return live.host.servicer.stats["calls"]
+    return live.host.runtime.stats["calls"]
 
 
 @pytest.mark.parametrize("method, args, kwargs, error, text", [

@@ -50,7 +50,7 @@ class Mirror(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shm_stats(self):
-        from podium.worker.host.servicer import current_host
+        from podium.worker.host.process import current_host
 
         stats = current_host().stats
         return stats["shm_in"], stats["shm_out"]

@@ -3,8 +3,8 @@
 Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.transport.callsocket``)
 through one :class:`~podium.transport.connection.CallConnection`, the same connection layer the
 controller's client uses. A one-frame call of a synchronous
-method takes the fast path (:meth:`WorkerServicer.start_fast`); everything else is
-assembled here and run by :meth:`WorkerServicer.run_call` / ``run_construct`` as a task.
+method takes the fast path (:meth:`HostRuntime.start_fast`); everything else is
+assembled here and run by :meth:`HostRuntime.run_call` / ``run_construct`` as a task.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import grpc
 
 from podium import errors, rpc
 from podium.transport import chunks
@@ -23,7 +22,8 @@ from podium.v1 import worker_pb2
 from podium.worker.host.execthread import Job
 
 if TYPE_CHECKING:
-    from podium.worker.host.servicer import WorkerServicer, _Outcome
+    from podium.worker.host.results import Outcome
+    from podium.worker.host.runtime import HostRuntime
 
 __all__ = ["CallStream", "ActiveCall"]
 
@@ -62,7 +62,7 @@ class _Incoming:
 class CallStream:
     """One client's Calls stream: assembles CallFrames, runs calls, writes replies."""
 
-    def __init__(self, host: WorkerServicer, context) -> None:
+    def __init__(self, host: HostRuntime, context) -> None:
         self.host = host
         self.context = context
         self.incoming: dict[int, _Incoming] = {}
@@ -98,7 +98,7 @@ class CallStream:
         finally:
             for active in list(self.active.values()):
                 if active.job is not None:
-                    self.host._exec.cancel(active.job)
+                    self.host.exec_thread.cancel(active.job)
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
             self.conn.close(carrier=False)  # the socket's owner (or gRPC) closes the carrier
@@ -108,7 +108,7 @@ class CallStream:
         await self.conn.write(frame)
 
     def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
-        """Start a one-frame CALL through :meth:`WorkerServicer.start_fast` when it can
+        """Start a one-frame CALL through :meth:`HostRuntime.start_fast` when it can
         take it: True if started; otherwise the decoded payload or None, for on_frame."""
         if not (self.conn.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
                 or frame.shm_forget:
@@ -116,8 +116,8 @@ class CallStream:
         header = frame.header
         host = self.host
         call_id = frame.call_id
-        if (header.kind != _CALL or header.shm_name or host._construct_state != "done"
-                or not host._gate.done() or call_id in self.active or call_id in self.incoming
+        if (header.kind != _CALL or header.shm_name or host.construct_state != "done"
+                or not host.gate.done() or call_id in self.active or call_id in self.incoming
                 or self.conn.must_drain):
             return None
         data = frame.data
@@ -148,7 +148,7 @@ class CallStream:
         if finished is not None and not finished.done():
             finished.set_result(None)
 
-    async def _reply_later(self, active: ActiveCall, outcome: _Outcome) -> None:
+    async def _reply_later(self, active: ActiveCall, outcome: Outcome) -> None:
         try:
             await self.send_outcome(active.call_id, outcome)
         except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
@@ -160,7 +160,7 @@ class CallStream:
         if not isinstance(exc, errors.PodiumError):
             log.exception("internal error in call %d", call_id, exc_info=exc)
             exc = errors.InternalError(f"worker host: {type(exc).__name__}: {exc}")
-        self.host._err(exc)
+        self.host.with_rank(exc)
         return worker_pb2.ReplyFrame(
             call_id=call_id, header=worker_pb2.ReplyHeader(ok=False, error=rpc.error_info_of(exc)),
             last=True)
@@ -169,7 +169,7 @@ class CallStream:
         """Answer ``call_id`` with ``exc`` (a non-Podium exception becomes InternalError)."""
         await self.write(self._error_frame(call_id, exc))
 
-    def _single_frame(self, call_id: int, outcome: _Outcome) -> worker_pb2.ReplyFrame | None:
+    def _single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
         """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
         streams in chunks."""
         if outcome.ref is not None:
@@ -188,7 +188,7 @@ class CallStream:
         self.host.stats["bytes_out"] += outcome.nbytes
         return frame
 
-    async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
+    async def send_outcome(self, call_id: int, outcome: Outcome) -> None:
         """Answer ``call_id`` with a packaged result: a ref, a segment, or chunks."""
         frame = self._single_frame(call_id, outcome)
         if frame is not None:
@@ -267,12 +267,12 @@ class CallStream:
         host.stats["bytes_in"] += header.payload_size
         active = ActiveCall(call_id, header, self, host.reserve_gate())
         if header.kind == _CONSTRUCT:
-            if host._construct_state in ("pending", "done"):
+            if host.construct_state in ("pending", "done"):
                 host.open_gate(*active.gates)
                 self.spawn(active, self.send_error(call_id, errors.FailedPreconditionError(
                     "this worker already has an object (CONSTRUCT runs once)")))
                 return
-            host._construct_state = "pending"
+            host.construct_state = "pending"
             body = host.run_construct(active, payload)
         else:
             body = host.run_call(active, payload, decoded)
@@ -316,4 +316,4 @@ class CallStream:
             return
         active.cancelled = True
         if active.job is not None:
-            self.host._exec.cancel(active.job)  # only succeeds when it has not started
+            self.host.exec_thread.cancel(active.job)  # only succeeds when it has not started
