@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from live_services import LiveServices
+from tests.support.live_services import LiveServices
 from podium import errors
 
 pytestmark = pytest.mark.faults

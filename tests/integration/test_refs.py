@@ -16,7 +16,7 @@ from podium.refs import DataProtoFuture, ObjectRef, concat_values
 from podium.worker.client import WorkerClient
 from podium.worker.decorator import register
 from podium.worker.host.process import current_host, start_host
-from test_worker_host_process import spawn_worker
+from tests.support.processes import spawn_worker
 
 
 def batch(start: int, rows: int) -> DataProto:

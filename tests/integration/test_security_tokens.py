@@ -17,11 +17,11 @@ import pytest
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2
 
-from live_services import SERVICES, LiveServices, method_paths, raw_call
+from tests.support.live_services import SERVICES, LiveServices, method_paths, raw_call
 from podium import codec, rpc
 from podium.auth import TOKEN_METADATA_KEY, token_matches
 from podium.v1 import worker_pb2
-from proto_strategies import filled
+from tests.support.proto_strategies import filled
 
 pytestmark = pytest.mark.faults
 

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.support.waiting import REPO
+
+ROOT = REPO
 
 #: What is checked, as paths inside the installed layout.
 CHECKED = [

@@ -7,7 +7,9 @@ import pathlib
 import re
 import subprocess
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.support.waiting import REPO
+
+ROOT = REPO
 OUTSIDE = re.compile(r"\.\./shared|/work/shared|DESIGN\.md|VERL_REFERENCE\.md")
 
 
