@@ -36,6 +36,7 @@ import random
 import string
 from typing import Any
 
+from podium.controller import grouplife
 from podium.controller.groupbuild import GroupBuild
 from podium.controller.groupcalls import GroupCalls, func_generator
 from podium.controller.groupverl import GroupVerl
@@ -104,6 +105,8 @@ class WorkerGroup(GroupVerl, GroupCalls, GroupBuild):
             self._init_with_resource_pool(resource_pool, ray_cls_with_init, bin_pack, detached, worker_env)
         if ray_cls_with_init is not None:
             self.method_names = self._bind_worker_method(ray_cls_with_init.cls, func_generator)
+        # Ray's lifetime: the workers go once this group and all its views are garbage.
+        self._life = grouplife.arm(self) if self._owns_workers and not detached else None
 
     def shutdown(self) -> None:
         """Stop this group's workers (orderly: no death is reported) and release its
@@ -113,6 +116,8 @@ class WorkerGroup(GroupVerl, GroupCalls, GroupBuild):
             return
         self._closed = True
         owns = self._owns_workers and not self.detached
+        if owns and getattr(self, "_life", None) is not None:
+            self._life.disarm()
 
         async def teardown():
             if owns or self._is_init_with_detached_workers:

@@ -60,6 +60,7 @@ class GroupBuild:
         progress = Progress(f"WorkerGroup {self.name_prefix!r} ({n} workers)")
         try:
             progress.phase(f"creating {n} workers")
+            await self._distinct_group_key(specs, _class_name(cia.cls))
             infos = await sched.create_workers(specs, owner=owner, master_rank=0)
             self._workers = [WorkerHandle(info, None) for info in infos]  # teardown knows them now
             progress.phase(f"0/{n} workers running")
@@ -97,6 +98,17 @@ class GroupBuild:
             if waiting is not None:
                 waiting.cancel()  # a no-op once it finished; stops it when we were cancelled
             progress.done("ready" if ok else "failed")
+
+    async def _distinct_group_key(self, specs: list, cls_name: str) -> None:
+        """Ray accepts two live groups with one ``name_prefix`` (their actor names differ by
+        class): when workers of ``name_prefix`` already run, this group's scheduler key
+        (its WG_PREFIX, ranks and MASTER_PORT) becomes ``name_prefix + class name``."""
+        from podium.v1 import common_pb2
+        live = (common_pb2.WORKER_STARTING, common_pb2.WORKER_RUNNING)
+        existing = await self._rt.scheduler.get_workers(group=self.name_prefix)
+        if any(w.state in live for w in existing):
+            for spec in specs:
+                spec.group = f"{self.name_prefix}{cls_name}"
 
     async def _connect(self, infos: list) -> None:
         from podium.worker.client import WorkerClient

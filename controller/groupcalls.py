@@ -15,6 +15,7 @@ from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, is_pending, resolve_args
 from podium.controller.groupworkers import WorkerHandle, _first_failure_or_all, _no_arguments
 from podium.controller.loopqueue import soon
+from podium.controller.objects import owned_refs_in
 from podium.errors import DeadlineExceededError, PodiumError, RemoteError, UnavailableError, WorkerDiedError
 from podium.worker.decorator import MAGIC_ATTR, get_registration
 from podium.worker.factory import by_value
@@ -114,6 +115,10 @@ class GroupCalls:
         # A held result lives in its worker until nothing here can name it any more: each
         # ref releases it when it is garbage (PendingRef.__del__).
         refs = [PendingRef(rank, method_name, workers[rank].held_releaser(rt)) for rank, *_ in calls]
+        owned = owned_refs_in(per_rank)
+        if owned:  # put() values the call reads live until it finished
+            for ref in refs:
+                ref.add_done_callback(lambda _ref, keep=owned: None)
         soon(rt.loop, self._start_nowait, calls, refs)  # batched: one loop wake-up per burst
         return refs
 

@@ -31,6 +31,7 @@ from podium.controller import gcfreeze
 from podium.controller.deathwatch import DeathWatch
 from podium.controller.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
                                         _stop_process)
+from podium.controller.objects import ObjectServer
 from podium.controller.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError
 
@@ -80,13 +81,22 @@ class _Resolver:
         self._runtime = runtime
 
     async def fetch(self, ref, rows=None):
+        from podium.refs import inline_value, lost_error
         if ref.inline is not None:  # a small result that came with its ref: no RPC
-            from podium.refs import inline_value
             self._runtime.stats["fetches"] += 1
             self._runtime.stats["fetched_bytes"] += len(ref.inline)
             return inline_value(ref, rows)
+        objects = self._runtime.objects
+        if objects.servicer is not None and ref.owner_address == objects.address:
+            try:  # put() here: no RPC to ourselves
+                return objects.local_value(ref, rows)
+            except Exception as exc:  # noqa: BLE001 - released: said as ObjectLostError
+                raise lost_error(ref, exc) from None
         client = await self._runtime.fetch_client(ref.owner_address)
-        value = await client.fetch(ref, rows)
+        try:
+            value = await client.fetch(ref, rows)
+        except Exception as exc:  # noqa: BLE001 - an owner gone or a released value: ObjectLostError
+            raise lost_error(ref, exc) from None
         self._runtime.stats["fetches"] += 1
         self._runtime.stats["fetched_bytes"] += client.last_fetch_bytes
         return value
@@ -123,6 +133,8 @@ class Runtime:
         self.releaser = Releaser(self)
         #: Fails pending calls of workers the scheduler reports dead.
         self.deathwatch = DeathWatch(self)
+        #: Values put() here (podium.controller.objects), served from this process.
+        self.objects = ObjectServer(self)
         self.scheduler = None
         self._keepalive: asyncio.Task | None = None
         self._fetch_clients: dict[str, Any] = {}
@@ -295,6 +307,8 @@ class Runtime:
         for client in self._fetch_clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
+        with contextlib.suppress(Exception):
+            await self.objects.close()
         if self.scheduler is not None:
             if self.session_id:
                 with contextlib.suppress(Exception):

@@ -24,6 +24,10 @@ _LAZY = {
     "shutdown": "podium.controller",
     "get": "podium.controller",
     "wait": "podium.controller",
+    "put": "podium.controller",
+    "remote": "podium.controller",
+    "get_actor": "podium.controller",
+    "kill": "podium.controller",
 }
 
 __all__ = ["__version__", *_LAZY]
