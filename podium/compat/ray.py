@@ -198,7 +198,7 @@ def _resources(available: bool) -> dict[str, float]:
         totals[f"node:{node.info.address}"] = 1.0
     if available:
         for pg in state.placement_groups:
-            if not pg.placements:
+            if pg.state != 2 or not pg.placements:  # only PG_CREATED groups hold resources
                 continue
             for placed in pg.placements:
                 if placed.node_id in alive:
