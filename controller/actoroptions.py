@@ -53,7 +53,8 @@ class PlacementGroupSchedulingStrategy:
 
 
 class NodeAffinitySchedulingStrategy:
-    """Ray's strategy object: run on node ``node_id`` (a Podium node id or node address)."""
+    """Ray's strategy object: run on node ``node_id`` (a Podium node id or node address);
+    ``soft=True`` falls back to any node when that one can never hold it."""
 
     def __init__(self, node_id: str, soft: bool = False, _spill_on_unavailable: bool = False,
                  _fail_on_unavailable: bool = False) -> None:
@@ -74,6 +75,8 @@ class Options:
     placement_group: Any = None
     bundle_index: int = -1
     node: str | None = None
+    #: With ``node``: fall back to any node when that one cannot hold it (Ray's ``soft``).
+    node_soft: bool = False
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     get_if_exists: bool = False
 
@@ -158,6 +161,7 @@ def _strategy(opts: Options, value: Any) -> None:
         opts.bundle_index = _index(value.placement_group_bundle_index)
     elif isinstance(value, NodeAffinitySchedulingStrategy):
         opts.node = str(value.node_id)
+        opts.node_soft = bool(value.soft)
     else:
         raise InvalidArgumentError(f"scheduling_strategy must be 'DEFAULT', 'SPREAD', a "
                                    f"PlacementGroupSchedulingStrategy or a NodeAffinitySchedulingStrategy, "

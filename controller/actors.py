@@ -2,7 +2,8 @@
 processes a WorkerGroup runs, driven through a one-worker group.
 
 ``podium.remote(Cls).options(...).remote(*args)`` reserves the actor's resources (its own
-one-bundle placement group, or a bundle of a placement group it is given), starts the worker,
+one-bundle placement group, pinned to a node when asked, or a bundle of a placement group it
+is given), starts the worker,
 builds ``Cls(*args)`` there and returns an :class:`ActorHandle`; ``handle.method.remote(...)``
 returns a ref (``podium.get`` it) and never blocks. Named actors are found again, also from
 another controller process, with :func:`get_actor`; :func:`kill` stops one.
@@ -24,8 +25,8 @@ from podium.controller import grouplife
 from podium.controller.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
 from podium.controller.groupworkers import _class_name
 from podium.controller.runtime import get_runtime
-from podium.errors import (AlreadyExistsError, InvalidArgumentError, NotFoundError, SlotFullError,
-                           UnimplementedError)
+from podium.errors import (AlreadyExistsError, InfeasibleError, InvalidArgumentError, NotFoundError,
+                           SlotFullError, UnimplementedError)
 from podium.worker.actorshell import ActorShell
 from podium.worker.factory import ClassWithInitArgs, by_value
 
@@ -130,11 +131,9 @@ def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
 
 async def _reserve(rt: Any, opts: Options, wname: str) -> tuple[str, int, str]:
     """(placement group id, bundle index, id of a group made for this actor or "")."""
-    if opts.node is not None:
-        raise UnimplementedError(
-            "placing an actor on a named node (NodeAffinitySchedulingStrategy) is not supported by "
-            "Podium yet: create a placement group and pass it with placement_group_bundle_index")
     if opts.placement_group is not None:
+        if opts.node is not None:
+            raise InvalidArgumentError("give a placement group or a node, not both")
         pg = opts.placement_group
         pg_id = getattr(pg, "id", pg)
         if not isinstance(pg_id, str):
@@ -143,8 +142,18 @@ async def _reserve(rt: Any, opts: Options, wname: str) -> tuple[str, int, str]:
     bundle = {"CPU": opts.num_cpus}
     if opts.num_gpus:
         bundle["GPU"] = opts.num_gpus
-    pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
-                                                   owner="" if opts.detached else rt.session_id)
+    if opts.node is not None:  # pinned: the scheduler places it on that node or says why not
+        bundle[f"node:{opts.node}"] = 1.0
+    owner = "" if opts.detached else rt.session_id
+    try:
+        pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
+                                                       owner=owner)
+    except InfeasibleError:
+        if not opts.node_soft:
+            raise
+        del bundle[f"node:{opts.node}"]  # soft affinity: anywhere it fits
+        pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
+                                                       owner=owner)
     try:
         await rt.scheduler.wait_placement_group(pg.id, timeout=rt.placement_timeout)
     except BaseException:

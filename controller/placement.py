@@ -103,9 +103,10 @@ def _check_bundles(bundles: Any) -> list[dict[str, float]]:
     for i, bundle in enumerate(bundles):
         if not isinstance(bundle, dict) or not bundle:
             raise InvalidArgumentError(f"bundle {i} must be a non-empty dict of resources, got {bundle!r}")
-        extra = sorted(set(bundle) - {"CPU", "GPU"})
+        extra = sorted(k for k in bundle if k not in ("CPU", "GPU") and not str(k).startswith("node:"))
         if extra:
-            raise InvalidArgumentError(f"bundle {i}: Podium schedules only CPU and GPU, not {extra}")
+            raise InvalidArgumentError(f"bundle {i}: Podium schedules only CPU, GPU and node:<id or "
+                                       f"address>, not {extra}")
         for key, value in bundle.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:

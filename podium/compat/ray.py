@@ -11,7 +11,7 @@ Provided (see the README's table): ``init``, ``shutdown``, ``is_initialized``, `
 
 Where it differs from Ray: ``cancel`` stops waiting for a call (its ref raises
 ``TaskCancelledError``) but does not interrupt a call already running in its worker;
-node ids are the scheduler's node ids (a node address is accepted wherever one is).
+node ids are the scheduler's node ids in the controller and the node's address in a worker.
 """
 
 from __future__ import annotations
@@ -146,6 +146,8 @@ class RuntimeContext:
     def get_node_id(self) -> str:
         """The id of the node this process runs on (the first node when it runs on none)."""
         here = os.environ.get("PODIUM_NODE_ADDRESS")
+        if here and not _runtime.is_initialized():
+            return here  # in a worker (no controller runtime): its node's address names the node
         rt = _runtime.get_runtime()
         state = rt.run(rt.cluster_state(), timeout=60, what="get_node_id")
         from podium.controller.objects import controller_host

@@ -320,3 +320,20 @@ def test_name_prefix_duplicates_across_classes(cluster):
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_node_affinity(cluster):
+    from podium.controller import NodeAffinitySchedulingStrategy
+    from podium.errors import InfeasibleError
+
+    rt = get_runtime()
+    nodes = sorted((n.info.address, n.info.node_id) for n in rt.run(rt.cluster_state()).nodes)
+    address, node_id = nodes[-1]  # the second node of two, or the only one
+    by_id = Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id)).remote()
+    by_address = Counter.options(node=address).remote()
+    assert podium.get([by_id.where.remote(), by_address.where.remote()]) == [address, address]
+    assert podium.get(square.options(node=address).remote(4)) == 16
+    with pytest.raises(InfeasibleError, match="10.9.9.9"):
+        Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy("10.9.9.9")).remote()
+    soft = Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy("10.9.9.9", soft=True)).remote()
+    assert podium.get(soft.where.remote()) in {a for a, _ in nodes}
