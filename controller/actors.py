@@ -84,6 +84,12 @@ class ActorHandle:
             raise AttributeError(name)
         return ActorMethod(self, name)
 
+    def __copy__(self) -> "ActorHandle":
+        return ActorHandle(self._group, self._class_name, self._actor_name, self._namespace)
+
+    def __deepcopy__(self, memo: dict) -> "ActorHandle":
+        return self.__copy__()
+
     def __reduce__(self):
         raise UnimplementedError("an actor handle cannot be passed to another process: pass its name "
                                  "and call podium.get_actor(name) there")

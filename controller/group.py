@@ -25,6 +25,13 @@ Where Podium deliberately differs from verl:
   call has a deadline (the runtime's call timeout).
 * ``spawn(prefix_set)`` maps role methods with the colocated class's own table, so the
   prefix ``actor`` does not also match ``actor_rollout_*`` methods.
+* Lifetime is Ray's (:mod:`podium.controller.grouplife`): once the group and every view of it
+  are garbage, its non-detached workers stop. Two live groups may share a ``name_prefix``
+  when their classes differ (:meth:`GroupBuild._distinct_group_key`).
+
+The class is assembled from :mod:`~podium.controller.groupbuild` (building),
+:mod:`~podium.controller.groupcalls` (binding and running calls) and
+:mod:`~podium.controller.groupverl` (verl's surface).
 """
 
 from __future__ import annotations

@@ -87,10 +87,10 @@ def _pool_for(opts: Options) -> _Pool:
 
     rt = get_runtime()
     pg = opts.placement_group
-    key = (id(rt), opts.num_cpus, opts.num_gpus, tuple(sorted(opts.env.items())),
-           getattr(pg, "id", pg), opts.bundle_index, opts.node)
+    key = (rt.session_id, opts.num_cpus, opts.num_gpus, tuple(sorted(opts.env.items())),
+           getattr(pg, "id", pg), opts.bundle_index, opts.node, opts.node_soft)
     with _pools_lock:
-        for stale in [k for k in _pools if k[0] != id(rt)]:
+        for stale in [k for k in _pools if k[0] != rt.session_id]:
             del _pools[stale]  # pools of an earlier runtime: their workers are gone
         pool = _pools.get(key)
         if pool is None:

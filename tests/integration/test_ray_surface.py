@@ -288,7 +288,7 @@ def test_dropping_a_group_and_its_views_stops_its_workers(cluster):
 
 def test_dropping_an_actor_handle_frees_its_slot(cluster):
     handle = Counter.options(name="dropped").remote()
-    copy = handle
+    copy = __import__("copy").copy(handle)
     del handle
     gc.collect()
     assert podium.get(copy.incr.remote()) == 1  # a second reference keeps it
