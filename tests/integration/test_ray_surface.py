@@ -274,16 +274,30 @@ def test_bad_actor_options(cluster):
 
 
 def test_dropping_a_group_and_its_views_stops_its_workers(cluster):
-    wg = WorkerGroup(ResourcePool([2], use_gpu=False), ClassWithInitArgs(Reader), name_prefix="life")
-    view = wg._view()
+    from podium.controller import create_colocated_worker_cls
+
+    cls = create_colocated_worker_cls({"reader": ClassWithInitArgs(Reader), "other": ClassWithInitArgs(Other)})
+    wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=2), cls, name_prefix="life")
+    view = wg.spawn({"reader", "other"})["reader"]
     assert len(live_workers("life")) == 2
     del wg
     gc.collect()
     time.sleep(0.5)
-    assert len(live_workers("life")) == 2  # the view keeps them
+    assert len(live_workers("life")) == 2  # the spawned view keeps them
     assert [t for t, _ in view.total(torch.ones(3))] == [3.0, 3.0]
     del view
     eventually(lambda: not live_workers("life"), "the group's workers outlived their last reference")
+
+
+def test_a_copy_of_a_group_keeps_its_workers(cluster):
+    wg = WorkerGroup(ResourcePool([1], use_gpu=False), ClassWithInitArgs(Reader), name_prefix="copied")
+    other = __import__("copy").copy(wg)
+    del wg
+    gc.collect()
+    time.sleep(0.5)
+    assert other.total(torch.ones(2))[0][0] == 2.0
+    other.shutdown()  # the explicit way still works, and the collection that follows is a no-op
+    assert not live_workers("copied")
 
 
 def test_dropping_an_actor_handle_frees_its_slot(cluster):
