@@ -96,6 +96,19 @@ def controller_host(scheduler_address: str, embedded: bool) -> str:
         return "127.0.0.1"
 
 
+def _object_servicer(base: type) -> type:
+    """The Worker service with its Calls stream refused: the controller serves Describe, Fetch
+    and Release of put values, and runs no code it is sent."""
+    import grpc
+
+    class ObjectServicer(base):
+        async def Calls(self, request_iterator, context):  # noqa: N802 - the gRPC method name
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "the controller's object server serves Fetch and Release only")
+
+    return ObjectServicer
+
+
 class ObjectServer:
     """The controller's object store and its Worker-service server (started on first use)."""
 
@@ -125,7 +138,7 @@ class ObjectServer:
         host = controller_host(self._rt.address, embedded=bool(self._rt.processes))
         config = HostConfig(rank=-1, worker_id=f"controller:{self._rt.session_id}", node_address=host,
                             hold_budget_bytes=default_budget())
-        servicer = WorkerServicer(config)
+        servicer = _object_servicer(WorkerServicer)(config)
         server, health = rpc.make_server(self._rt.token)
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
         port = rpc.bind(server, host, 0, self._rt.tls)

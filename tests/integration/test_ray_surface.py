@@ -351,3 +351,25 @@ def test_node_affinity(cluster):
         Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy("10.9.9.9")).remote()
     soft = Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy("10.9.9.9", soft=True)).remote()
     assert podium.get(soft.where.remote()) in {a for a, _ in nodes}
+
+
+def test_the_object_server_runs_no_calls(cluster, arun):
+    from podium import errors
+    from podium.worker.client import WorkerClient
+
+    podium.put(1)  # the object server is up
+    rt = get_runtime()
+    address = rt.objects.address
+
+    async def call():
+        client = WorkerClient(address, rt.token)
+        try:
+            await client.start(timeout=10)
+            await client.call("anything", (), timeout=10)
+        finally:
+            await client.close()
+
+    # The stream is refused (how the client words it depends on when it notices).
+    with pytest.raises(errors.PodiumError):
+        arun(call(), timeout=60)
+    assert rt.objects.servicer.stats["calls"] == 0 and rt.objects.servicer.hosted is None
