@@ -1,7 +1,9 @@
 """``podium.put``: values held where they were put, served to whoever resolves their ref.
 
 In the controller, the first ``put`` starts an *object server* on the runtime's loop: the
-same ``podium.v1.Worker`` service a worker process runs (:class:`WorkerServicer`), with no
+same ``podium.v1.Worker`` service a worker process runs (a
+:class:`~podium.worker.host.servicer.WorkerServicer` over a
+:class:`~podium.worker.host.runtime.HostRuntime`), with no
 hosted object, so consumers fetch a put value exactly as they fetch a held result (shared
 memory when they share this host, chunked TCP otherwise), each consumer once per use. In a
 worker process ``put`` holds the value in that worker's own store. Either way the caller
@@ -67,15 +69,15 @@ def _owned(info: Any, releaser: _LocalReleaser) -> OwnedRef:
     return ref
 
 
-def _hold(servicer: Any, releaser: _LocalReleaser, value: Any) -> OwnedRef:
-    """Encode ``value`` and hold a snapshot of it in ``servicer``'s store."""
+def _hold(host: Any, releaser: _LocalReleaser, value: Any) -> OwnedRef:
+    """Encode ``value`` and hold a snapshot of it in ``host``'s store (a HostRuntime)."""
     from podium.v1 import worker_pb2
 
     if isinstance(value, (ObjectRef, DataProtoFuture)) or type(value).__name__ in (
             "PendingRef", "PendingDataProtoFuture"):
         raise InvalidArgumentError(f"put() takes a value, not a ref ({type(value).__name__}): pass the "
                                    "ref itself where the value is needed")
-    outcome = servicer.package(value, worker_pb2.CallHeader(hold_result=True))
+    outcome = host.package(value, worker_pb2.CallHeader(hold_result=True))
     return _owned(outcome.ref, releaser)
 
 
@@ -115,56 +117,59 @@ class ObjectServer:
     def __init__(self, runtime: Any) -> None:
         self._rt = runtime
         self._lock = threading.Lock()
-        self.servicer: Any = None
+        #: The host runtime holding the values (no hosted object), once started.
+        self.runtime: Any = None
         self._server: Any = None
         self.releaser: _LocalReleaser | None = None
 
     @property
     def address(self) -> str:
         """"host:port" of the server ("" until the first put)."""
-        return self.servicer.address if self.servicer is not None else ""
+        return self.runtime.address if self.runtime is not None else ""
 
     def _ensure(self) -> None:
         with self._lock:
-            if self.servicer is None:
+            if self.runtime is None:
                 self._rt.run(self._start(), timeout=60, what="starting the controller's object server")
 
     async def _start(self) -> None:
         from podium import rpc
         from podium.v1 import worker_pb2_grpc
         from podium.worker.host.heldstore import default_budget
-        from podium.worker.host.servicer import HostConfig, WorkerServicer
+        from podium.worker.host.config import HostConfig
+        from podium.worker.host.runtime import HostRuntime
+        from podium.worker.host.servicer import WorkerServicer
 
         host = controller_host(self._rt.address, embedded=bool(self._rt.processes))
         config = HostConfig(rank=-1, worker_id=f"controller:{self._rt.session_id}", node_address=host,
                             hold_budget_bytes=default_budget())
-        servicer = _object_servicer(WorkerServicer)(config)
+        runtime = HostRuntime(config)
         server, health = rpc.make_server(self._rt.token)
-        worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+        worker_pb2_grpc.add_WorkerServicer_to_server(_object_servicer(WorkerServicer)(runtime), server)
         port = rpc.bind(server, host, 0, self._rt.tls)
-        servicer.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        runtime.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         await rpc.start_server(server, health)
         self._server = server
-        self.releaser = _LocalReleaser(asyncio.get_running_loop(), servicer.held)
-        self.servicer = servicer
+        self.releaser = _LocalReleaser(asyncio.get_running_loop(), runtime.held)
+        self.runtime = runtime
 
     def put(self, value: Any) -> OwnedRef:
         """Hold ``value`` here; its ref is fetched from this server."""
         self._ensure()
-        return _hold(self.servicer, self.releaser, value)
+        return _hold(self.runtime, self.releaser, value)
 
     def local_value(self, ref: ObjectRef, rows: tuple[int, int] | None) -> Any:
         """A fresh copy of a value this server holds (no RPC to itself)."""
         from podium import codec
 
-        _, encoded = self.servicer.fetch_value(ref.object_id, rows)
+        _, encoded = self.runtime.fetch_value(ref.object_id, rows)
         return codec.decode(bytearray(b"".join(encoded.to_segments())))
 
     async def close(self) -> None:
         """Stop serving and drop every held value."""
         if self._server is not None:
             await self._server.stop(0.5)
-            self.servicer.close()
+            self.runtime.close()
 
 
 _worker_releasers: dict[int, _LocalReleaser] = {}
@@ -174,7 +179,7 @@ def put(value: Any) -> OwnedRef:
     """Hold ``value`` where this runs (``ray.put``): in the controller, or in the worker
     whose method calls it. Returns its ref, usable wherever a result ref is."""
     from podium.controller import runtime as _runtime
-    from podium.worker.host.servicer import current_host
+    from podium.worker.host.process import current_host
 
     host = current_host()
     if host is not None and not _runtime.is_initialized():

@@ -87,7 +87,7 @@ class _Resolver:
             self._runtime.stats["fetched_bytes"] += len(ref.inline)
             return inline_value(ref, rows)
         objects = self._runtime.objects
-        if objects.servicer is not None and ref.owner_address == objects.address:
+        if objects.runtime is not None and ref.owner_address == objects.address:
             try:  # put() here: no RPC to ourselves
                 return objects.local_value(ref, rows)
             except Exception as exc:  # noqa: BLE001 - released: said as ObjectLostError

@@ -166,9 +166,9 @@ def test_put_values_reach_group_workers_and_futures(cluster):
 def test_put_is_released_when_dropped(cluster):
     held = get_runtime().objects
     ref = podium.put(torch.zeros(1000))
-    before = len(held.servicer.held)
+    before = len(held.runtime.held)
     del ref
-    eventually(lambda: len(held.servicer.held) == before - 1, "the dropped put was not released")
+    eventually(lambda: len(held.runtime.held) == before - 1, "the dropped put was not released")
 
 
 def test_put_in_a_worker_and_lost_owner(cluster):
@@ -372,4 +372,4 @@ def test_the_object_server_runs_no_calls(cluster, arun):
     # The stream is refused (how the client words it depends on when it notices).
     with pytest.raises(errors.PodiumError):
         arun(call(), timeout=60)
-    assert rt.objects.servicer.stats["calls"] == 0 and rt.objects.servicer.hosted is None
+    assert rt.objects.runtime.stats["calls"] == 0 and rt.objects.runtime.hosted is None
