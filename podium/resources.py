@@ -244,7 +244,7 @@ SYSTEM_ENV_KEYS: frozenset[str] = frozenset({
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "WG_PREFIX", "WG_BACKEND", "PODIUM_LOCAL_WORLD_SIZE",
     "RAY_LOCAL_WORLD_SIZE", "PODIUM_WORKER_ID", "PODIUM_TOKEN", "PODIUM_NODE_ADDRESS",
-    # The node agent sets these to its own TLS files (podium.worker.agent.spawner.worker_env).
+    # The node agent sets these to its own TLS files (podium.worker.agent.workerenv.worker_env).
     "PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA",
 })
 

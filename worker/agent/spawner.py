@@ -48,8 +48,10 @@ from podium.transport import shm
 from podium.worker.agent import forkserver
 from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
-from podium.process import die_with_parent_argv
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
+from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
+from podium.worker.agent.managed import ManagedWorker
+from podium.worker.agent.workerenv import launch_argv, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +64,6 @@ FORKSERVER_READY_SECONDS = 10.0
 
 #: The command that starts a worker process; ``--ready-fd N`` is appended.
 DEFAULT_WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "podium.worker.host")
-
-#: Lines of stderr that travel with an exit report.
-STDERR_TAIL_LINES = 50
-
-#: First characters of the header line the agent writes at the top of each log file.
-HEADER_PREFIX = "### podium worker "
 
 #: Longest we wait for a process to die after SIGKILL before giving up on it.
 _KILL_WAIT_SECONDS = 5.0
@@ -82,145 +78,6 @@ MAX_ENDED_WORKERS = 1000
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
 
 Reporter = Callable[[scheduler_pb2.ReportWorkerRequest], None]
-
-
-def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
-    """The argv that starts a worker: the shim (Linux) then ``command --ready-fd N``."""
-    return die_with_parent_argv([*command, "--ready-fd", str(ready_fd)], signal.SIGKILL)
-
-
-#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host.process).
-TLS_ENV_KEYS = ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA")
-
-
-def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
-               scheduler: str, worker_id: str = "", node_address: str = "",
-               tls: TlsConfig | None = None) -> dict[str, str]:
-    """The environment of a worker process (see the module docstring).
-
-    ``env`` (the scheduler's WorkerInfo.env) wins over ``base``; the token, the
-    scheduler address, the worker id and node address are only filled in when absent.
-    The TLS variables are exactly the agent's ``tls`` (none without it): a worker
-    serves with the agent's security, whatever the environment says.
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless ``env`` says otherwise, so the NVML
-    indices in CUDA_VISIBLE_DEVICES mean the same GPUs to CUDA.
-    """
-    out = {k: v for k, v in base.items() if k != "PODIUM_TOKEN_FILE"}
-    out.update(env)
-    for key in TLS_ENV_KEYS:
-        out.pop(key, None)
-    if tls is not None:
-        out.update(zip(TLS_ENV_KEYS, (tls.cert, tls.key, tls.ca)))
-    defaults = {"PODIUM_TOKEN": token, "PODIUM_SCHEDULER": scheduler,
-                "PODIUM_WORKER_ID": worker_id, "PODIUM_NODE_ADDRESS": node_address}
-    for key, value in defaults.items():
-        if value and key not in env:
-            out[key] = value
-    # CUDA_VISIBLE_DEVICES carries NVML indices, which follow PCI bus order;
-    # CUDA's default order (fastest first) may differ on mixed machines.
-    if "CUDA_DEVICE_ORDER" not in env:
-        out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    out["PYTHONUNBUFFERED"] = "1"
-    return out
-
-
-def read_tail(path: str | os.PathLike, lines: int = STDERR_TAIL_LINES, *,
-              end: int | None = None, max_bytes: int = 256 * 1024) -> list[str]:
-    """The last ``lines`` lines of a log file (0: all), without the agent's header lines.
-
-    ``end`` stops reading at that byte offset (so a follower can go on from
-    exactly there). With ``lines`` set, reads at most ``max_bytes`` before the
-    end, so a huge log costs no more than that.
-    """
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END) if end is None else end
-            start = max(0, size - max_bytes) if lines else 0
-            handle.seek(start)
-            data = handle.read(size - start)
-    except FileNotFoundError:
-        return []
-    text = data.decode("utf-8", errors="replace")
-    out = text.split("\n")
-    if start > 0:
-        out = out[1:]  # the first piece is a partial line
-    if out and out[-1] == "":
-        out.pop()
-    out = [line for line in out if not line.startswith(HEADER_PREFIX)]
-    return out[-lines:] if lines else out
-
-
-def stderr_tail(path: str | os.PathLike, lines: int = STDERR_TAIL_LINES) -> str:
-    """The last lines of a stderr file joined as one string (for ExitInfo.stderr_tail)."""
-    return "\n".join(read_tail(path, lines))
-
-
-def exit_info(returncode: int, stderr_path: str | os.PathLike, *, requested: bool = False,
-              reason: str = "") -> common_pb2.ExitInfo:
-    """ExitInfo for a process that ended with ``returncode`` (Popen style: -N = signal N)."""
-    if returncode < 0:
-        sig = -returncode
-        try:
-            how = f"killed by {signal.Signals(sig).name}"
-        except ValueError:
-            how = f"killed by signal {sig}"
-        code = -1
-    else:
-        sig, code, how = 0, returncode, f"exited with code {returncode}"
-    if requested:
-        how = "stopped by request"
-    elif reason:
-        how = f"{reason} ({how})"
-    return common_pb2.ExitInfo(exit_code=code, signal=sig, stderr_tail=stderr_tail(stderr_path),
-                               reason=how, requested=requested)
-
-
-class ManagedWorker:
-    """One worker process the agent started, and what it knows about it."""
-
-    def __init__(self, info: common_pb2.WorkerInfo, out_path: pathlib.Path,
-                 err_path: pathlib.Path) -> None:
-        self.info = info
-        self.out_path = out_path
-        self.err_path = err_path
-        self.pid = 0
-        self.port = 0
-        self.state = common_pb2.WORKER_STARTING
-        self.exit: common_pb2.ExitInfo | None = None
-        self.stop_requested = False
-        self.proc: subprocess.Popen | None = None
-        loop = asyncio.get_running_loop()
-        #: Resolves to the Popen return code when the process is reaped.
-        self.exited: asyncio.Future[int] = loop.create_future()
-        #: Resolves to the ready line's bytes (b"" when the pipe closed without one).
-        self.ready: asyncio.Future[bytes] = loop.create_future()
-        self.task: asyncio.Task | None = None
-        #: Stops watching the ready pipe (set by the spawner).
-        self.close_ready: Callable[[], None] = lambda: None
-
-    @property
-    def id(self) -> str:
-        """Worker id ("w-...")."""
-        return self.info.id
-
-    @property
-    def alive(self) -> bool:
-        """True until the process has been reaped."""
-        return self.pid > 0 and not self.exited.done()
-
-    @property
-    def ended(self) -> bool:
-        """True once the process is reaped and its end has been reported."""
-        return self.exited.done() and (self.task is None or self.task.done())
-
-    def to_proto(self) -> common_pb2.WorkerInfo:
-        """WorkerInfo with this agent's view (state, pid, port, exit, log path)."""
-        out = common_pb2.WorkerInfo()
-        out.CopyFrom(self.info)
-        out.state, out.pid, out.port, out.log_path = self.state, self.pid, self.port, str(self.out_path)
-        if self.exit is not None:
-            out.exit.CopyFrom(self.exit)
-        return out
 
 
 class Spawner:
