@@ -10,7 +10,8 @@ import math
 from collections.abc import Sequence
 
 from podium import errors
-from podium.resources import GPU_UNITS, Strategy, cpu_units, validate_bundles
+from podium.limits import MAX_BUNDLES, check_count
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
 from podium.scheduler import core
 from podium.scheduler.records import LIVE_WORKER_STATES, Effects
 from podium.v1 import common_pb2
@@ -111,14 +112,22 @@ class GroupsMixin:
         return created
 
     def create_placement_group(self, name: str, bundles: Sequence[dict], strategy: int,
-                               detached: bool, owner: str, now: float) -> common_pb2.PlacementGroup:
+                               detached: bool, owner: str, now: float, *,
+                               specs: tuple[BundleSpec, ...] | None = None,
+                               placed: tuple[core.Snapshot, object] | None = None
+                               ) -> common_pb2.PlacementGroup:
         """Create a group: CREATED when it fits now, PENDING when it fits the cluster
         only once capacity frees; InfeasibleError (with per-node reasons) when no
         set of alive nodes can ever hold it. With no alive node at all it is PENDING.
+
+        ``specs`` (``validate_bundles(bundles)``) and ``placed`` (a snapshot and
+        ``core.place``'s answer on it) let the service do that costly, pure work on a
+        thread; ``placed`` is used only while the capacity still equals its snapshot.
         """
         if not name:
             raise errors.InvalidArgumentError("placement group name is required")
-        specs = validate_bundles(bundles)
+        check_count(len(bundles), MAX_BUNDLES, f"placement group {name!r}: bundles")
+        specs = validate_bundles(bundles) if specs is None else specs
         strat = Strategy.parse(strategy)
         if detached:
             owner = ""
@@ -135,7 +144,10 @@ class GroupsMixin:
         if not snapshot.nodes:
             result = None
         else:
-            result = core.place(core.PlacementRequest(specs, strat), snapshot)
+            if placed is not None and placed[0] == snapshot:
+                result = placed[1]
+            else:
+                result = core.place(core.PlacementRequest(specs, strat), snapshot)
             if isinstance(result, core.Infeasible):
                 raise errors.InfeasibleError(
                     f"placement group {name!r} can never fit: {result.message}",

@@ -132,18 +132,27 @@ class NodesMixin:
         """
         effects = Effects()
         enforce = now >= self._quiet_until  # not while a restored cluster is coming back
+        # Silence counts from the end of the last scheduler stall at the latest: what a
+        # peer sent while the scheduler could not listen was not the peer's silence.
+        floor = self._lease_floor
         for node in list(self.nodes.values()):
             if (enforce and node.state == common_pb2.NODE_ALIVE
-                    and now - node.last_heartbeat > self.node_lease):
+                    and now - max(node.last_heartbeat, floor) > self.node_lease):
                 effects.merge(self._node_died(node, now))
         for session in list(self.sessions.values()):
-            if enforce and session.expired(now):
+            if enforce and session.expired(now, since=floor):
                 _, _, more = self._close_session(session, f"session {session.id} lease expired", now)
                 effects.merge(more)
         if effects.stop or self._dirty:
             self._promote_pending()
         self.prune()
         return effects
+
+    def excuse_stall(self, now: float) -> None:
+        """The scheduler itself was stalled until ``now`` (its loop lagged): restart every
+        lease's count of silence at ``now``, so no node or session expires for the
+        heartbeats the scheduler could not process meanwhile."""
+        self._lease_floor = max(self._lease_floor, now)
 
     def prune(self) -> None:
         """Forget the oldest ended workers and removed groups beyond ``max_ended`` each.

@@ -7,17 +7,15 @@ composes; plain data, no state of their own.
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from podium import errors
 from podium.resources import GPU_UNITS
 from podium.v1 import common_pb2
 
 __all__ = ["LIVE_WORKER_STATES", "TERMINAL_WORKER_STATES", "fraction_text", "Session", "Effects",
-           "Dirty", "MasterPlan", "new_id", "check_time", "RESTORE_GRACE_SECONDS"]
+           "Dirty", "MasterPlan", "new_id", "RESTORE_GRACE_SECONDS"]
 
 #: Worker states that hold a slot in their bundle.
 LIVE_WORKER_STATES = frozenset({common_pb2.WORKER_STARTING, common_pb2.WORKER_RUNNING,
@@ -42,9 +40,9 @@ class Session:
     renewed_at: float
     created_at: float
 
-    def expired(self, now: float) -> bool:
-        """True when the lease ran out at ``now``."""
-        return now - self.renewed_at > self.lease_seconds
+    def expired(self, now: float, since: float = 0.0) -> bool:
+        """True when the lease ran out at ``now`` (silence counted from ``since`` at the earliest)."""
+        return now - max(self.renewed_at, since) > self.lease_seconds
 
 
 @dataclass
@@ -98,15 +96,6 @@ class MasterPlan:
 def new_id(prefix: str) -> str:
     """A fresh record id: ``prefix`` and 12 random hex digits."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def check_time(value: float, name: str) -> float:
-    """``value`` as a float of seconds, or InvalidArgumentError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise errors.InvalidArgumentError(f"{name} must be a finite number of seconds, got {value!r}")
-    if value < 0:
-        raise errors.InvalidArgumentError(f"{name} must be >= 0, got {value!r}")
-    return float(value)
 
 
 #: After a restart, how long leases are not enforced (agents and controllers reconnect).

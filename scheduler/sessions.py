@@ -6,7 +6,8 @@ Part of :class:`~podium.scheduler.state.ClusterModel` (a mixin over its shared d
 from __future__ import annotations
 
 from podium import errors
-from podium.scheduler.records import LIVE_WORKER_STATES, Effects, Session, check_time
+from podium.limits import MAX_SESSION_LEASE_SECONDS, check_seconds
+from podium.scheduler.records import LIVE_WORKER_STATES, Effects, Session
 from podium.v1 import common_pb2
 
 __all__ = ["SessionsMixin"]
@@ -23,8 +24,9 @@ class SessionsMixin:
         return found
 
     def open_session(self, description: str, lease_seconds: float, now: float) -> Session:
-        """Open a controller session; lease 0 means the scheduler default."""
-        lease = check_time(lease_seconds, "lease_seconds") or self.default_session_lease
+        """Open a controller session; lease 0 means the scheduler default (at most an hour)."""
+        lease = (check_seconds(lease_seconds, "lease_seconds", MAX_SESSION_LEASE_SECONDS)
+                 or self.default_session_lease)
         session = Session(id=self._new_id("s"), description=description, lease_seconds=lease,
                           renewed_at=now, created_at=now)
         self.sessions[session.id] = session

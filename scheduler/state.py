@@ -50,6 +50,8 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
         #: After a restore, no lease expires for this long (see :meth:`restore`).
         self.restore_grace = restore_grace
         self._quiet_until = 0.0
+        #: Leases count silence from here at the earliest (see :meth:`excuse_stall`).
+        self._lease_floor = 0.0
         #: Lease of a session that asks for 0 seconds.
         self.default_session_lease = default_session_lease
         #: How many ended workers (and, separately, removed groups) are remembered.

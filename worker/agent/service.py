@@ -29,6 +29,8 @@ import grpc
 from podium import errors, rpc
 from podium.transport import shm
 from podium.auth import resolve_token
+from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LINES,
+                           check_repeated_fields, check_seconds)
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
 from podium.worker.gpus import GpuProvider, detect
@@ -72,6 +74,7 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     async def SpawnWorkers(self, request, context):
         """Start the workers; the reserved MASTER_PORT is released just before."""
         spawner = self._agent.spawner
+        check_repeated_fields(request)
         spawner.validate(request.workers)
         if request.reserved_port and not self._agent.ports.release(request.reserved_port):
             log.warning("port %d was not held any more (expired?); spawning anyway",
@@ -82,15 +85,15 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     @rpc.handle_errors
     async def StopWorkers(self, request, context):
         """Stop workers (returns once they are reaped)."""
+        check_repeated_fields(request)
+        check_seconds(request.grace_seconds, "grace_seconds", MAX_GRACE_SECONDS)
         stopped = await self._agent.spawner.stop(request.worker_ids, request.grace_seconds)
         return node_pb2.StopWorkersResponse(stopped=stopped)
 
     @rpc.handle_errors
     async def ReservePort(self, request, context):
         """Hold a free port on the node address."""
-        hold = request.hold_seconds
-        if hold < 0 or hold != hold:
-            raise errors.InvalidArgumentError(f"hold_seconds must be >= 0, got {hold}")
+        hold = check_seconds(request.hold_seconds, "hold_seconds", MAX_PORT_HOLD_SECONDS)
         port = self._agent.ports.reserve(hold or DEFAULT_PORT_HOLD_SECONDS)
         return node_pb2.ReservePortResponse(port=port)
 
@@ -104,8 +107,9 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     async def TailLog(self, request, context):
         """Last lines of stdout then stderr; with follow, new lines until the worker exits."""
         worker = self._agent.spawner.get(request.worker_id)
-        if request.last_lines < 0:
-            raise errors.InvalidArgumentError(f"last_lines must be >= 0, got {request.last_lines}")
+        if not 0 <= request.last_lines <= MAX_TAIL_LINES:
+            raise errors.InvalidArgumentError(
+                f"last_lines must be in [0, {MAX_TAIL_LINES}], got {request.last_lines}")
         followers = []
         try:
             for stream, path in (("stdout", worker.out_path), ("stderr", worker.err_path)):
