@@ -57,6 +57,8 @@ class SchedulerConfig:
     tls: TlsConfig | None = None
     #: How often the lease checker looks for expired nodes and sessions.
     check_interval: float | None = None
+    #: Move an existing state file aside (kept as ``<state>.bad-<time>``) and start empty.
+    fresh_state: bool = False
 
     def __repr__(self) -> str:  # never print the token
         return (f"SchedulerConfig(host={self.host!r}, port={self.port}, http_port={self.http_port}, "

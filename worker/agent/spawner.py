@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from podium.private import open_private, private_dir
 from podium.transport import shm
 from podium.worker.agent import forkserver
 from podium.auth import TlsConfig
@@ -93,7 +94,7 @@ class Spawner:
                  command: Sequence[str] | None = None, stop_grace: float = 5.0,
                  base_env: Mapping[str, str] | None = None, tls: TlsConfig | None = None) -> None:
         self.log_dir = pathlib.Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)  # 0700, and each log 0600: a worker's output is its own
         self.node_id = node_id
         self.node_address = node_address
         self.scheduler = scheduler
@@ -217,7 +218,7 @@ class Spawner:
         info = worker.info
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
-        with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
+        with open_private(worker.out_path) as out, open_private(worker.err_path) as err:
             for handle in (out, err):
                 handle.write(header.encode())
                 handle.flush()
