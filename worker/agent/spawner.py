@@ -45,6 +45,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from podium.private import open_private, private_dir
+from podium.resources import check_env_entries
 from podium.transport import shm
 from podium.worker.agent import forkserver
 from podium.auth import TlsConfig
@@ -170,6 +171,7 @@ class Spawner:
             if info.id in seen:
                 raise InvalidArgumentError(f"worker id {info.id!r} appears twice in one request")
             seen.add(info.id)
+            check_env_entries(info.env, f"worker {info.id}: env")
 
     async def spawn(self, workers: Sequence[common_pb2.WorkerInfo]) -> list[node_pb2.SpawnedWorker]:
         """Start one process per WorkerInfo; returns at once with their pids.
@@ -234,7 +236,7 @@ class Spawner:
                     env, os.getcwd(), (write_fd, out.fileno(), err.fileno()), [self.command[-1]])
             os.close(write_fd)  # the helper got its own copies with the request
             write_fd = -1
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure: the exec path decides (and reports)
             os.close(read_fd)
             if write_fd >= 0:
                 os.close(write_fd)
@@ -253,10 +255,13 @@ class Spawner:
                     launch_argv(self.command, write_fd), pass_fds=(write_fd,),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=os.getcwd(), env=env,
                     start_new_session=True)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, ValueError (a NUL in env), ...
+            # Whatever the OS refused, the worker ends FAILED with the reason (reported), so
+            # no STARTING ghost stays and a retried spawn of this id starts afresh.
             os.close(read_fd)
             worker.state = common_pb2.WORKER_FAILED
-            worker.exit = common_pb2.ExitInfo(exit_code=-1, reason=f"spawn failed: {exc}")
+            worker.exit = common_pb2.ExitInfo(exit_code=-1,
+                                              reason=f"spawn failed: {type(exc).__name__}: {exc}")
             worker.exited.set_result(-1)
             worker.ready.set_result(b"")
             log.error("worker %s: spawn failed: %s", info.id, exc)
