@@ -143,6 +143,7 @@ class NodesMixin:
             if enforce and session.expired(now, since=floor):
                 _, _, more = self._close_session(session, f"session {session.id} lease expired", now)
                 effects.merge(more)
+        effects.merge(self.resolve_unspawned(now))
         if effects.stop or self._dirty:
             self._promote_pending()
         self.prune()

@@ -15,7 +15,8 @@ from podium.resources import GPU_UNITS
 from podium.v1 import common_pb2
 
 __all__ = ["LIVE_WORKER_STATES", "TERMINAL_WORKER_STATES", "fraction_text", "Session", "Effects",
-           "Dirty", "MasterPlan", "new_id", "RESTORE_GRACE_SECONDS"]
+           "Dirty", "MasterPlan", "new_id", "RESTORE_GRACE_SECONDS",
+           "SPAWN_DEADLINE_SECONDS"]
 
 #: Worker states that hold a slot in their bundle.
 LIVE_WORKER_STATES = frozenset({common_pb2.WORKER_STARTING, common_pb2.WORKER_RUNNING,
@@ -100,3 +101,6 @@ def new_id(prefix: str) -> str:
 
 #: After a restart, how long leases are not enforced (agents and controllers reconnect).
 RESTORE_GRACE_SECONDS = 10.0
+#: A STARTING worker no agent gave a pid this long after creation fails (the service's
+#: SpawnWorkers call times out after 30 s, so a live spawn call always ends first).
+SPAWN_DEADLINE_SECONDS = 40.0

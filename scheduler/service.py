@@ -26,7 +26,7 @@ from podium.limits import MAX_GRACE_SECONDS, check_repeated_fields, check_second
 from podium.rpc import error_from_rpc, handle_errors, make_channel
 from podium.resources import Strategy, validate_bundles
 from podium.scheduler import core
-from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, Effects
+from podium.scheduler.state import LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Effects
 from podium.scheduler.store import Store
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -57,6 +57,8 @@ class SchedulerConfig:
     tls: TlsConfig | None = None
     #: How often the lease checker looks for expired nodes and sessions.
     check_interval: float | None = None
+    #: After a restart, seconds before leases apply and unspawned workers fail.
+    restore_grace: float = RESTORE_GRACE_SECONDS
     #: Move an existing state file aside (kept as ``<state>.bad-<time>``) and start empty.
     fresh_state: bool = False
 
@@ -154,7 +156,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.clock = clock
         self.scheduler_id = f"sched-{uuid.uuid4().hex[:12]}"
         self.model = ClusterModel(node_lease=config.node_lease,
-                                  default_session_lease=config.session_lease)
+                                  default_session_lease=config.session_lease,
+                                  restore_grace=config.restore_grace)
         self.store = store if store is not None else Store(":memory:")
         self.store.load_into(self.model, clock())
         self.metrics = Metrics()

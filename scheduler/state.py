@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable
 from podium.resources import BundleSpec, validate_bundles
 from podium.scheduler.groups import GroupsMixin
 from podium.scheduler.nodes import NodesMixin
-from podium.scheduler.records import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, Dirty, Effects,
-                                      MasterPlan, Session, fraction_text, new_id)
+from podium.scheduler.records import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS,
+                                      SPAWN_DEADLINE_SECONDS, Dirty, Effects, MasterPlan, Session,
+                                      fraction_text, new_id)
 from podium.scheduler.sessions import SessionsMixin
 from podium.scheduler.workers import WorkersMixin
 from podium.v1 import common_pb2
@@ -44,12 +45,17 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
 
     def __init__(self, *, node_lease: float = 10.0, default_session_lease: float = 30.0,
                  max_ended: int = 10_000, new_id: Callable[[str], str] = new_id,
-                 restore_grace: float = RESTORE_GRACE_SECONDS) -> None:
+                 restore_grace: float = RESTORE_GRACE_SECONDS,
+                 spawn_deadline: float = SPAWN_DEADLINE_SECONDS) -> None:
         #: Seconds without a heartbeat before a node is marked DEAD.
         self.node_lease = node_lease
         #: After a restore, no lease expires for this long (see :meth:`restore`).
         self.restore_grace = restore_grace
         self._quiet_until = 0.0
+        #: A STARTING worker without a pid this long after creation has failed to spawn.
+        self.spawn_deadline = spawn_deadline
+        #: Worker id -> when it fails unless an agent gave it a pid (resolve_unspawned).
+        self._unspawned: dict[str, float] = {}
         #: Leases count silence from here at the earliest (see :meth:`excuse_stall`).
         self._lease_floor = 0.0
         #: Lease of a session that asks for 0 seconds.
@@ -101,6 +107,9 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
             self._specs[group.id] = validate_bundles([dict(b.resources) for b in group.bundles])
         for worker in workers:
             self.workers[worker.id] = worker
+            if worker.state == common_pb2.WORKER_STARTING and not worker.pid:
+                # Its spawn died with the previous scheduler unless its agent lists it.
+                self._unspawned[worker.id] = now + self.restore_grace
         for session in sessions:
             session.renewed_at = now
             self.sessions[session.id] = session

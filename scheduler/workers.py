@@ -120,7 +120,33 @@ class WorkersMixin(WorkerSpecsMixin):
             worker.env.update(dict(spec.env))
             worker.env.update(env)
         self._touch(workers=[w.id for w in created])
+        # Until an agent gives each a pid, it is owed a spawn (see resolve_unspawned).
+        for worker in created:
+            self._unspawned[worker.id] = now + self.spawn_deadline
         return created
+
+    def resolve_unspawned(self, now: float) -> Effects:
+        """Fail the STARTING workers no agent gave a pid by their deadline; free their slots.
+
+        A worker is committed STARTING before its agent is asked to spawn it; if the
+        scheduler dies in between, nobody will spawn it, and it would hold its slot for
+        ever (issue #14). Its deadline is ``spawn_deadline`` after creation (past the
+        spawn call's own timeout) or ``restore_grace`` after a restart (by when its agent
+        has re-registered, listing it if it did start it). The stop effect catches a
+        spawn that still happens later.
+        """
+        effects = Effects()
+        for worker_id, deadline in list(self._unspawned.items()):
+            worker = self.workers.get(worker_id)
+            if worker is None or worker.pid or worker.state != common_pb2.WORKER_STARTING:
+                del self._unspawned[worker_id]
+            elif now >= deadline:
+                del self._unspawned[worker_id]
+                self._end_worker(worker, common_pb2.WORKER_FAILED, common_pb2.ExitInfo(
+                    exit_code=-1, reason=f"never spawned: node {worker.node_id} did not report it "
+                                         "(the scheduler restarted before asking for the spawn?)"))
+                effects.add_stop(worker.node_id, worker_id)
+        return effects
 
     def mark_spawned(self, worker_id: str, pid: int, log_path: str) -> None:
         """Record the pid and log path the agent gave a just-spawned worker."""
