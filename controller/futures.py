@@ -395,8 +395,11 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
     other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout;
     DeadlineExceededError when it runs out.
     """
+    from podium.controller.calltimeout import effective_call_timeout
     from podium.controller.runtime import get_runtime
     rt = get_runtime()
+    if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
+        timeout = effective_call_timeout(rt.call_timeout)
     if isinstance(refs_or_future, (list, tuple)):
         values = _get_inline(rt, refs_or_future, timeout)
         if values is not None:

@@ -40,6 +40,7 @@ import time
 from typing import Any, Callable
 
 from podium.controller import dispatch as _dispatch
+from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, get as _get, is_pending, resolve_args
 from podium.controller.loopqueue import soon
@@ -47,7 +48,7 @@ from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.progress import Progress
 from podium.controller.runtime import get_runtime
 from podium.errors import (DeadlineExceededError, InvalidArgumentError, PodiumError, RemoteError,
-                           UnavailableError, WorkerDiedError)
+                           UnavailableError, UnresponsiveError, WorkerDiedError)
 from podium.resources import check_user_env
 from podium.worker.decorator import MAGIC_ATTR, get_registration
 from podium.worker.factory import ClassWithInitArgs, by_value
@@ -117,8 +118,9 @@ class WorkerHandle:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method(*args, **kwargs)`` on this worker only and wait for the value."""
         rt = get_runtime()
-        return rt.run(self.client.call(method, args, kwargs, timeout=rt.call_timeout),
-                      timeout=rt.call_timeout + 5, what=f"{method} on rank {self.rank}")
+        timeout = effective_call_timeout(rt.call_timeout)
+        return rt.run(self.client.call(method, args, kwargs, timeout=timeout),
+                      timeout=timeout + 5, what=f"{method} on rank {self.rank}")
 
     def __repr__(self) -> str:
         return f"WorkerHandle(rank={self.rank}, name={self.name!r}, address={self.address!r})"
@@ -428,21 +430,23 @@ class WorkerGroup:
         for rank, (args, kwargs) in zip(ranks, per_rank):
             name, args = self._remote(method_name, args)
             calls.append((rank, name, args, kwargs))
+        timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
         if blocking:
-            return rt.run(self._call_all(calls, hold=False), timeout=rt.call_timeout + 10,
+            return rt.run(self._call_all(calls, hold=False, timeout=timeout), timeout=timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")
         workers = self._workers
         # A held result lives in its worker until nothing here can name it any more: each
         # ref releases it when it is garbage (PendingRef.__del__).
         refs = [PendingRef(rank, method_name, workers[rank].held_releaser(rt)) for rank, *_ in calls]
-        soon(rt.loop, self._start_nowait, calls, refs)  # batched: one loop wake-up per burst
+        soon(rt.loop, self._start_nowait, calls, refs, timeout)  # batched: one loop wake-up per burst
         return refs
 
-    def _start_nowait(self, calls: list, sinks: list[PendingRef]) -> None:
+    def _start_nowait(self, calls: list, sinks: list[PendingRef], timeout: float | None = None) -> None:
         """Start a ``blocking=False`` call on the loop thread; results settle ``sinks``."""
         if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
             # Arguments that are still computing: wait for them in a task.
-            asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks))
+            asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks,
+                                                                  timeout=timeout))
             return
         try:
             payloads = self._payloads(calls)
@@ -450,7 +454,7 @@ class WorkerGroup:
             for sink in sinks:
                 sink._set_exception(exc)
             return
-        self._submit_all(calls, payloads, True, sinks)
+        self._submit_all(calls, payloads, True, sinks, timeout)
 
     @staticmethod
     def _payloads(prepared: list) -> dict[int, Any]:
@@ -470,7 +474,8 @@ class WorkerGroup:
                 payloads[i] = payload
         return payloads
 
-    async def _call_all(self, calls: list, hold: bool, sinks: list | None = None) -> list:
+    async def _call_all(self, calls: list, hold: bool, sinks: list | None = None,
+                        timeout: float | None = None) -> list:
         try:
             prepared = []
             for rank, name, args, kwargs in calls:
@@ -483,7 +488,7 @@ class WorkerGroup:
             for sink in sinks:
                 sink._set_exception(exc)
             return []
-        tasks = self._submit_all(prepared, payloads, hold, sinks)
+        tasks = self._submit_all(prepared, payloads, hold, sinks, timeout)
         if sinks is not None:
             return []
         if len(tasks) == 1:
@@ -493,9 +498,11 @@ class WorkerGroup:
             await _first_failure_or_all(tasks)
         pending = [t for t in tasks if not t.done()]
         failed = [i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception() is not None]
-        if failed and isinstance(tasks[failed[0]].exception(), DeadlineExceededError):
+        first = tasks[failed[0]].exception() if failed else None
+        # (UnresponsiveError, the liveness watch's, already names every silent rank.)
+        if isinstance(first, DeadlineExceededError) and not isinstance(first, UnresponsiveError):
             raise await self._deadline_error(tasks, [c[0] for c in prepared], prepared[0][1],
-                                             self._rt.call_timeout)
+                                             self._rt.call_timeout if timeout is None else timeout)
         if failed:
             # The lowest failed rank explains itself; the others keep their deadline.
             for t in pending:
@@ -507,14 +514,14 @@ class WorkerGroup:
         return [t.result() for t in tasks]
 
     def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool,
-                    sinks: list[PendingRef] | None) -> list:
+                    sinks: list[PendingRef] | None, timeout: float | None = None) -> list:
         """Send every rank its call (no task per rank on the raw call path).
 
         Without ``sinks``: the list of per-rank asyncio futures. With ``sinks`` (the
         PendingRefs of a ``blocking=False`` call) each outcome settles its sink, a broken
         worker's error turned into WorkerDiedError first; returns [].
         """
-        timeout = self._rt.call_timeout
+        timeout = self._rt.call_timeout if timeout is None else timeout
         workers = self._workers
         if sinks is None:
             return [workers[rank].client.submit(name, payloads[i], hold=hold, timeout=timeout)

@@ -22,8 +22,8 @@ FACADES = {
         "InternalError", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectRef",
         "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
-        "UnavailableError", "UnimplementedError", "UnknownMethodError", "WorkerDiedError", "__version__",
-        "get", "init", "is_initialized", "shutdown", "wait",
+        "UnavailableError", "UnimplementedError", "UnknownMethodError", "UnresponsiveError",
+        "WorkerDiedError", "__version__", "call_timeout", "get", "init", "is_initialized", "shutdown", "wait",
     ],
     "podium.controller": [
         "ClassWithInitArgs", "RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "ResourcePool",
