@@ -6,9 +6,8 @@ This package is what a training script imports::
     podium.init()                      # an embedded cluster; init(address="host:50051") joins one
     out = podium.get(wg.step(batch, blocking=False))
 
-It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``, ``call_timeout``),
-the batch container
-(``DataProto``), references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
+It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``, ``call_timeout``), the
+batch container (``DataProto``), references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
 the TLS settings (``TlsConfig``) and every error Podium raises (one tree, rooted at
 ``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
 ``podium.controller`` builds resource pools and worker groups, ``podium.worker`` is what a

@@ -45,7 +45,7 @@ def test_a_failing_argument_is_decoded_once(token, arun, tmp_path, tcp_only):
 
 
 def test_a_payload_that_decodes_to_none_is_decoded_once(token, arun, tmp_path):
-    from podium.worker.client import Payload
+    from podium.transport.payload import Payload
     from podium import codec
 
     path = tmp_path / "decodes"

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from podium import controller
+import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.errors import WorkerDiedError
@@ -74,29 +74,29 @@ def test_get_of_a_list_raises_when_one_rank_dies_and_the_other_ref_stays_valid(g
     refs = group.later(str(gate))
     started = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
-        controller.get(refs)
+        podium.get(refs)
     print(f"\nget(list) raised {time.monotonic() - started:.2f} s after the call (rank 0 still busy)")
     assert info.value.rank == 1
     assert not refs[0].done(), "get waited for the surviving rank"
     gate.write_text("go")
-    assert controller.get(refs[0]) == 0
-    assert controller.get(refs[0:1]) == [0]
+    assert podium.get(refs[0]) == 0
+    assert podium.get(refs[0:1]) == [0]
 
 
 def test_a_data_proto_future_fails_fast_in_get_and_counts_as_ready_in_wait(group, tmp_path):
     gate = tmp_path / "gate"
     data = DataProto.from_dict(tensors={"a": torch.zeros(4, dtype=torch.long)}, meta_info={"gate": str(gate)})
     future = group.rows(data)
-    ready, not_ready = controller.wait([future], num_returns=1, timeout=GATE_SECONDS * 2)
+    ready, not_ready = podium.wait([future], num_returns=1, timeout=GATE_SECONDS * 2)
     assert ready == [future] and not_ready == []
     producers = future._pending_refs()
     assert not producers[0].done(), "wait waited for the surviving rank"
     with pytest.raises(WorkerDiedError):
-        controller.get(future)
+        podium.get(future)
     with pytest.raises(WorkerDiedError):
         future.get()
     gate.write_text("go")
-    assert controller.get(producers[0]).batch["a"].tolist() == [1, 1]
+    assert podium.get(producers[0]).batch["a"].tolist() == [1, 1]
 
 
 def test_a_blocking_call_fails_when_one_rank_dies_while_the_other_still_runs(group, tmp_path):
