@@ -14,7 +14,7 @@ from podium import errors, limits
 from podium.resources import check_user_env
 from podium.v1 import common_pb2, node_pb2
 from podium.worker.agent.spawner import Spawner
-from test_agent_node import FAKE_WORKER, WAIT, node, rpc_error, run, spawn_running, worker
+from tests.integration.test_agent_node import FAKE_WORKER, WAIT, node, rpc_error, run, spawn_running, worker
 
 pytestmark = pytest.mark.faults
 
@@ -99,7 +99,7 @@ def test_port_holds_and_stop_graces_are_bounded(tmp_path):
 
 
 def test_the_scheduler_refuses_such_env_before_any_slot_is_taken(token, arun):
-    from scheduler_fakes import Cluster
+    from tests.support.scheduler_fakes import Cluster
 
     async def scenario():
         async with Cluster(token, agents=1) as c:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from podium import errors
-from test_worker_host import hosted
+from tests.integration.test_worker_host import hosted
 
 
 class Unpicklable:

@@ -16,7 +16,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.errors import WorkerDiedError
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import controller_cluster
+from tests.support.clusters import controller_cluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from podium.scheduler import httplimits
-from scheduler_fakes import Cluster
+from tests.support.scheduler_fakes import Cluster
 
 pytestmark = pytest.mark.faults
 

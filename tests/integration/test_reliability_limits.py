@@ -13,7 +13,7 @@ import pytest
 from podium import errors, limits
 from podium.scheduler import core
 from podium.v1 import common_pb2, scheduler_pb2
-from scheduler_fakes import Cluster, node_info
+from tests.support.scheduler_fakes import Cluster, node_info
 
 SMALL = {"CPU": 0.001}
 

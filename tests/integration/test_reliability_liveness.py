@@ -15,7 +15,7 @@ from podium import call_timeout, errors
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import controller_cluster
+from tests.support.clusters import controller_cluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 

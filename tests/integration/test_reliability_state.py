@@ -16,7 +16,7 @@ from podium.scheduler.server import run_scheduler
 from podium.scheduler.statefile import StateFileError
 from podium.scheduler.store import Store
 from podium.v1 import common_pb2
-from scheduler_fakes import FakeAgent, config
+from tests.support.scheduler_fakes import FakeAgent, config
 
 pytestmark = pytest.mark.faults
 

@@ -13,7 +13,7 @@ from podium import errors
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from podium.v1 import common_pb2
-from scheduler_fakes import FakeAgent, config
+from tests.support.scheduler_fakes import FakeAgent, config
 
 pytestmark = pytest.mark.faults
 
