@@ -83,6 +83,13 @@ class Liveness:
             asyncio.get_running_loop().create_task(held[0].close())
 
     async def _run(self) -> None:
+        try:
+            await self._watch()
+        finally:  # the watch ended (nothing watched, or the runtime closed): no channel stays
+            for worker_id in list(self._channels):
+                self._drop(worker_id)
+
+    async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         interval = max(0.02, self.silence / 5)
         while self._clients and not self._runtime._closed:
