@@ -18,6 +18,7 @@ import os
 import weakref
 from typing import Any
 
+from podium.controller.liveness import Liveness
 from podium.errors import WorkerDiedError
 
 __all__ = ["DeathWatch", "died_error"]
@@ -52,15 +53,19 @@ class DeathWatch:
         self._task: asyncio.Task | None = None
         #: How many workers it found dead (for tests and stats).
         self.found = 0
+        #: The same workers' liveness: ranks that stop answering (podium.controller.liveness).
+        self.liveness = Liveness(runtime)
 
     def watch(self, worker_id: str, client: Any) -> None:
         """Watch one worker (call on the runtime's loop)."""
+        self.liveness.watch(worker_id, client)
         self._clients[worker_id] = client
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     def forget(self, worker_ids: list[str]) -> None:
         """Stop watching these workers; the watch ends with the last one."""
+        self.liveness.forget(worker_ids)
         for worker_id in worker_ids:
             self._clients.pop(worker_id, None)
         if not self._clients and self._task is not None:

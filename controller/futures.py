@@ -28,7 +28,7 @@ from podium.errors import DeadlineExceededError
 from podium.refs import DataProtoFuture, ObjectRef
 
 __all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
-           "resolve_args", "is_pending", "unpadded_future"]
+           "first_failed", "resolve_args", "is_pending", "unpadded_future"]
 
 log = logging.getLogger("podium.controller")
 
@@ -39,6 +39,11 @@ log = logging.getLogger("podium.controller")
 _board = threading.Condition(threading.Lock())
 
 _PENDING, _VALUE, _ERROR = 0, 1, 2
+
+#: Failed calls so far, counted under ``_board``. Every failure notifies the board, so a
+#: waiter on many refs learns of one (and fails fast, as ``ray.get`` does) without
+#: watching each ref; successes only notify a waiter that watches that very ref.
+_failures = 0
 
 
 class PendingRef:
@@ -128,7 +133,12 @@ class PendingRef:
         # A waiter sets _watched before it reads _state, under _board, and holds _board
         # until it sleeps: so either it sees the state set above, or this sees its mark
         # and the notify below reaches it asleep.
-        if self._watched:
+        if state == _ERROR:
+            global _failures
+            with _board:
+                _failures += 1
+                _board.notify_all()
+        elif self._watched:
             with _board:
                 _board.notify_all()
         callbacks, self._callbacks = self._callbacks, None
@@ -152,13 +162,27 @@ class PendingRef:
         return f"PendingRef({self.method} rank {self.rank}, {state})"
 
 
+def first_failed(refs: Iterable[Any]) -> PendingRef | None:
+    """The first PendingRef of ``refs`` (in order) whose call failed, or None."""
+    return next((r for r in refs if type(r) is PendingRef and r._state == _ERROR), None)
+
+
 def wait_all(refs: list[PendingRef], timeout: float | None) -> bool:
-    """Wait until every PendingRef in ``refs`` finished, at most ``timeout`` seconds
-    (None: no limit); True if they all did. Refs that finish in order cost one pass."""
+    """Wait until every PendingRef in ``refs`` finished or one of them failed, at most
+    ``timeout`` seconds (None: no limit); True if so. Refs that finish in order cost one pass.
+
+    Failing fast is ``ray.get``'s rule for a list: a dead rank usually means the others
+    never finish, and their refs stay valid to be fetched or waited on later.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
     i, n = 0, len(refs)
     with _board:
+        seen = -1
         while i < n:
+            if seen != _failures:  # some call failed since the last look: one of ours?
+                seen = _failures
+                if first_failed(refs[i:]) is not None:
+                    return True
             ref = refs[i]
             ref._watched = True  # before reading _state: see PendingRef._settle
             if ref._state != _PENDING:
@@ -200,8 +224,9 @@ class PendingDataProtoFuture(DataProtoFuture):
         return [r for r in node._source if isinstance(r, PendingRef)]
 
     def done(self) -> bool:
-        """True once every producing call finished."""
-        return all(r.done() for r in self._pending_refs())
+        """True once every producing call finished, or one failed (its get raises at once)."""
+        refs = self._pending_refs()
+        return all(r.done() for r in refs) or first_failed(refs) is not None
 
     def _apply(self, base: DataProtoFuture) -> DataProtoFuture:
         if self._op is None:
@@ -223,9 +248,14 @@ class PendingDataProtoFuture(DataProtoFuture):
             if isinstance(self._source, PendingDataProtoFuture):
                 base = self._source.resolved(timeout)
             else:
-                deadline = None if timeout is None else time.monotonic() + timeout
-                refs = [r.ref(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                        if isinstance(r, PendingRef) else r for r in self._source]
+                pending = [r for r in self._source if isinstance(r, PendingRef)]
+                if not wait_all(pending, timeout):  # returns early when a producer failed
+                    raise DeadlineExceededError(
+                        f"the producers of a DataProtoFuture did not finish within {timeout}s")
+                failed = first_failed(pending)
+                if failed is not None:
+                    failed._result()  # raises its error
+                refs = [r._result() if isinstance(r, PendingRef) else r for r in self._source]
                 base = DataProtoFuture(refs)
             with self._lock:
                 self._resolved = self._apply(base)
@@ -237,7 +267,8 @@ class PendingDataProtoFuture(DataProtoFuture):
             if isinstance(self._source, PendingDataProtoFuture):
                 base = await self._source.aresolved()
             else:
-                refs = [await r.aref() if isinstance(r, PendingRef) else r for r in self._source]
+                # gather raises the first producer's failure as soon as it happens.
+                refs = list(await asyncio.gather(*(_resolve_one(r) for r in self._source)))
                 base = DataProtoFuture(refs)
             self._resolved = self._apply(base)
         return self._resolved
@@ -364,8 +395,11 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
     other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout;
     DeadlineExceededError when it runs out.
     """
+    from podium.controller.calltimeout import effective_call_timeout
     from podium.controller.runtime import get_runtime
     rt = get_runtime()
+    if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
+        timeout = effective_call_timeout(rt.call_timeout)
     if isinstance(refs_or_future, (list, tuple)):
         values = _get_inline(rt, refs_or_future, timeout)
         if values is not None:
@@ -383,10 +417,14 @@ def _get_inline(rt: Any, values: list | tuple, timeout: float | None) -> list | 
     if not all(type(v) is PendingRef or type(v) is ObjectRef for v in values):
         return None
     pending = [v for v in values if type(v) is PendingRef and v._state == _PENDING]
-    if pending:
+    failed = first_failed(values)
+    if pending and failed is None:
         limit = rt.call_timeout if timeout is None else timeout
         if not wait_all(pending, limit):
             raise DeadlineExceededError(f"get did not finish within {limit:g}s")
+        failed = first_failed(values)
+    if failed is not None:  # fail fast: the others may still run (their refs stay valid)
+        failed._result()
     refs = [v._result() if type(v) is PendingRef else v for v in values]  # raises a call's error
     if not all(r.inline is not None for r in refs):
         return None

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from podium.controller.groupstate import GroupState
 from podium.controller import dispatch as _dispatch
+from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, is_pending, resolve_args
 from podium.controller.groupworkers import WorkerHandle, _first_failure_or_all, _no_arguments
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
-from podium.errors import DeadlineExceededError, PodiumError, RemoteError, UnavailableError, WorkerDiedError
+from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
+                           WorkerDiedError)
 from podium.worker.decorator import MAGIC_ATTR, get_registration
 from podium.worker.factory import by_value
 
@@ -116,8 +118,9 @@ class GroupCalls(GroupState):
         for rank, (args, kwargs) in zip(ranks, per_rank):
             name, args = self._remote(method_name, args)
             calls.append((rank, name, args, kwargs))
+        timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
         if blocking:
-            return rt.run(self._call_all(calls, hold=False), timeout=rt.call_timeout + 10,
+            return rt.run(self._call_all(calls, hold=False, timeout=timeout), timeout=timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")
         workers = self._workers
         # A held result lives in its worker until nothing here can name it any more: each
@@ -128,14 +131,15 @@ class GroupCalls(GroupState):
             keep_alive = functools.partial(_keep_until_done, owned)
             for ref in refs:
                 ref.add_done_callback(keep_alive)
-        soon(rt.loop, self._start_nowait, calls, refs)  # batched: one loop wake-up per burst
+        soon(rt.loop, self._start_nowait, calls, refs, timeout)  # batched: one loop wake-up per burst
         return refs
 
-    def _start_nowait(self, calls: list, sinks: list[PendingRef]) -> None:
+    def _start_nowait(self, calls: list, sinks: list[PendingRef], timeout: float | None = None) -> None:
         """Start a ``blocking=False`` call on the loop thread; results settle ``sinks``."""
         if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
             # Arguments that are still computing: wait for them in a task.
-            asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks))
+            asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks,
+                                                                  timeout=timeout))
             return
         try:
             payloads = self._payloads(calls)
@@ -143,7 +147,7 @@ class GroupCalls(GroupState):
             for sink in sinks:
                 sink._set_exception(exc)
             return
-        self._submit_all(calls, payloads, True, sinks)
+        self._submit_all(calls, payloads, True, sinks, timeout)
 
     @staticmethod
     def _payloads(prepared: list) -> dict[int, Any]:
@@ -163,7 +167,8 @@ class GroupCalls(GroupState):
                 payloads[i] = payload
         return payloads
 
-    async def _call_all(self, calls: list, hold: bool, sinks: list | None = None) -> list:
+    async def _call_all(self, calls: list, hold: bool, sinks: list | None = None,
+                        timeout: float | None = None) -> list:
         try:
             prepared = []
             for rank, name, args, kwargs in calls:
@@ -176,7 +181,7 @@ class GroupCalls(GroupState):
             for sink in sinks:
                 sink._set_exception(exc)
             return []
-        tasks = self._submit_all(prepared, payloads, hold, sinks)
+        tasks = self._submit_all(prepared, payloads, hold, sinks, timeout)
         if sinks is not None:
             return []
         if len(tasks) == 1:
@@ -186,9 +191,11 @@ class GroupCalls(GroupState):
             await _first_failure_or_all(tasks)
         pending = [t for t in tasks if not t.done()]
         failed = [i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception() is not None]
-        if failed and isinstance(tasks[failed[0]].exception(), DeadlineExceededError):
+        first = tasks[failed[0]].exception() if failed else None
+        # (UnresponsiveError, the liveness watch's, already names every silent rank.)
+        if isinstance(first, DeadlineExceededError) and not isinstance(first, UnresponsiveError):
             raise await self._deadline_error(tasks, [c[0] for c in prepared], prepared[0][1],
-                                             self._rt.call_timeout)
+                                             self._rt.call_timeout if timeout is None else timeout)
         if failed:
             # The lowest failed rank explains itself; the others keep their deadline.
             for t in pending:
@@ -200,14 +207,14 @@ class GroupCalls(GroupState):
         return [t.result() for t in tasks]
 
     def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool,
-                    sinks: list[PendingRef] | None) -> list:
+                    sinks: list[PendingRef] | None, timeout: float | None = None) -> list:
         """Send every rank its call (no task per rank on the raw call path).
 
         Without ``sinks``: the list of per-rank asyncio futures. With ``sinks`` (the
         PendingRefs of a ``blocking=False`` call) each outcome settles its sink, a broken
         worker's error turned into WorkerDiedError first; returns [].
         """
-        timeout = self._rt.call_timeout
+        timeout = self._rt.call_timeout if timeout is None else timeout
         workers = self._workers
         if sinks is None:
             return [workers[rank].client.submit(name, payloads[i], hold=hold, timeout=timeout)

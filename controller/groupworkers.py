@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.runtime import get_runtime
 
 __all__ = ["WorkerHandle", "class_name", "no_arguments", "first_failure_or_all"]
@@ -65,8 +66,9 @@ class WorkerHandle:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method(*args, **kwargs)`` on this worker only and wait for the value."""
         rt = get_runtime()
-        return rt.run(self.client.call(method, args, kwargs, timeout=rt.call_timeout),
-                      timeout=rt.call_timeout + 5, what=f"{method} on rank {self.rank}")
+        timeout = effective_call_timeout(rt.call_timeout)
+        return rt.run(self.client.call(method, args, kwargs, timeout=timeout),
+                      timeout=timeout + 5, what=f"{method} on rank {self.rank}")
 
     def __repr__(self) -> str:
         return f"WorkerHandle(rank={self.rank}, name={self.name!r}, address={self.address!r})"

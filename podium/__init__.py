@@ -6,9 +6,9 @@ This package is what a training script imports::
     podium.init()                      # an embedded cluster; init(address="host:50051") joins one
     out = podium.get(wg.step(batch, blocking=False))
 
-It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``; Ray's ``put``,
-``remote``, ``get_actor`` and ``kill``), the batch container
-(``DataProto``), references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
+It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``, ``call_timeout``; Ray's
+``put``, ``remote``, ``get_actor`` and ``kill``), the batch container (``DataProto``),
+references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
 the TLS settings (``TlsConfig``) and every error Podium raises (one tree, rooted at
 ``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
 ``podium.controller`` builds resource pools and worker groups, ``podium.worker`` is what a
@@ -28,7 +28,7 @@ from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchErr
                            NotFoundError, ObjectLostError, OutOfRangeError, PayloadTooLargeError, PermissionDeniedError,
                            PodiumError, RankZeroDispatchError, RemoteError, ResourceExhaustedError,
                            SlotFullError, UnavailableError, UnimplementedError, UnknownMethodError,
-                           WorkerDiedError)
+                           UnresponsiveError, WorkerDiedError)
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ _LAZY = {
     "DataProtoFuture": "podium.refs",
     "ObjectRef": "podium.refs",
     "TlsConfig": "podium.auth",
+    "call_timeout": "podium.controller.calltimeout",
     "get": "podium.controller.futures",
     "get_actor": "podium.controller.actors",
     "init": "podium.controller.runtime",
@@ -83,8 +84,10 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "UnknownMethodError",
+    "UnresponsiveError",
     "WorkerDiedError",
     "__version__",
+    "call_timeout",
     "get",
     "get_actor",
     "init",

@@ -20,6 +20,7 @@ import pathlib
 import secrets
 
 from podium.errors import AuthenticationError, InvalidArgumentError
+from podium.private import private_dir
 
 #: gRPC metadata key carrying the token.
 TOKEN_METADATA_KEY = "authorization"
@@ -51,7 +52,7 @@ def resolve_token(token: str | None = None, token_file: str | os.PathLike | None
     if not create:
         raise AuthenticationError(
             f"no cluster token: pass token=..., set PODIUM_TOKEN, or create {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)  # 0700: the token's folder also holds the state file and logs
     value = secrets.token_urlsafe(32)
     # O_EXCL: two services starting at once must not overwrite each other's token.
     try:

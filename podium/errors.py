@@ -16,6 +16,7 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     │   ├── ArgumentMismatchError (TypeError) ..... a call's arguments do not fit the method
     │   └── RankZeroDispatchError (KeyError) ...... Dispatch.RANK_ZERO used (use Execute.RANK_ZERO)
     ├── DeadlineExceededError (TimeoutError) ...... DEADLINE_EXCEEDED
+    │   └── UnresponsiveError ..................... ranks stopped answering liveness pings (ranks)
     ├── NotFoundError (LookupError) ............... NOT_FOUND
     ├── AlreadyExistsError ........................ ALREADY_EXISTS
     ├── PermissionDeniedError (PermissionError) ... PERMISSION_DENIED
@@ -141,6 +142,16 @@ class DeadlineExceededError(PodiumError, TimeoutError):
     """A wait ran out of time; the message says what it was still waiting for."""
 
     code = "DEADLINE_EXCEEDED"
+
+
+class UnresponsiveError(DeadlineExceededError):
+    """Ranks stopped answering liveness pings while calls on them were pending (a stopped,
+    deadlocked or frozen process); ``ranks`` lists them, the message says where and how long."""
+
+    @property
+    def ranks(self) -> list[int]:
+        """The silent ranks, in rank order."""
+        return [int(r) for r in self.details.get("ranks", "").split(",") if r]
 
 
 class NotFoundError(PodiumError, LookupError):

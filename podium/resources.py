@@ -28,7 +28,7 @@ from podium.errors import InvalidSpecError
 
 __all__ = [
     "GPU_UNITS", "CPU_UNITS", "gpu_units", "cpu_units", "format_gpus", "format_cpus",
-    "Strategy", "BundleSpec", "validate_bundles", "SYSTEM_ENV_KEYS", "check_user_env",
+    "Strategy", "BundleSpec", "validate_bundles", "SYSTEM_ENV_KEYS", "check_user_env", "check_env_entries",
     "system_env", "sort_key_address",
 ]
 
@@ -258,7 +258,7 @@ SYSTEM_ENV_KEYS: frozenset[str] = frozenset({
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "WG_PREFIX", "WG_BACKEND", "PODIUM_LOCAL_WORLD_SIZE",
     "RAY_LOCAL_WORLD_SIZE", "PODIUM_WORKER_ID", "PODIUM_TOKEN", "PODIUM_NODE_ADDRESS",
-    # The node agent sets these to its own TLS files (podium.worker.agent.spawner.worker_env).
+    # The node agent sets these to its own TLS files (podium.worker.agent.workerenv.worker_env).
     "PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA",
 })
 
@@ -278,10 +278,25 @@ def check_user_env(env: Mapping[str, str] | None) -> None:
     if not_str:
         raise InvalidSpecError(
             f"worker env keys and values must be str; bad entries for {', '.join(not_str)}")
+    check_env_entries(env, "worker env")
     protected = sorted(k for k in env if k in SYSTEM_ENV_KEYS)
     if protected:
         names = ", ".join(repr(k) for k in protected)
         raise InvalidSpecError(f"Cannot override protected system env: {{{names}}}")
+
+
+def check_env_entries(env: Mapping[str, str], what: str = "env") -> None:
+    """Reject environment entries the OS cannot pass to a process (InvalidSpecError naming them).
+
+    A name must be non-empty and hold neither ``=`` nor NUL, a value no NUL: ``execve``
+    cannot carry them, and a spawn that fails on them must not leave a worker behind.
+    """
+    for key, value in env.items():
+        if not key or "=" in key or "\x00" in key:
+            raise InvalidSpecError(f"{what}: variable name {key!r} must be non-empty, without '=' or NUL")
+        if "\x00" in value:
+            raise InvalidSpecError(f"{what}: the value of {key!r} holds a NUL byte, which no process "
+                                   "environment can carry")
 
 
 def system_env(*, rank: int, world_size: int, master_addr: str, master_port: int,

@@ -18,6 +18,7 @@ import grpc
 
 from podium import errors
 from podium.auth import TlsConfig
+from podium.limits import MAX_GRACE_SECONDS, check_seconds
 from podium.resources import Strategy
 from podium.rpc import error_from_rpc, make_channel
 from podium.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -179,6 +180,7 @@ class SchedulerClient:
 
     async def remove_workers(self, ids: Sequence[str], grace_seconds: float = 0.0) -> int:
         """Stop workers and release their slots; returns how many were still live."""
+        grace_seconds = check_seconds(grace_seconds, "grace_seconds", MAX_GRACE_SECONDS)
         reply = await self.call("RemoveWorkers", scheduler_pb2.RemoveWorkersRequest(
             ids=list(ids), grace_seconds=grace_seconds), timeout=self.timeout + grace_seconds)
         return reply.stopped

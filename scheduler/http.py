@@ -28,6 +28,7 @@ from google.protobuf.json_format import MessageToDict
 from podium.auth import token_matches
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
+from podium.scheduler.httplimits import BoundedRunner
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
 
@@ -213,7 +214,8 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve; returns the bound port (port 0 picks one)."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # Idle connections time out and their number is capped (podium.scheduler.httplimits).
+        self._runner = BoundedRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         ssl_context = self.config.tls.ssl_context(server=True) if self.config.tls else None
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)

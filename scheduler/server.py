@@ -63,7 +63,10 @@ class RunningScheduler:
 
 async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
     """Load the state, start gRPC and HTTP (port 0 picks free ports), return the handle."""
-    store = Store(config.state)
+    store = Store(config.state, fresh=config.fresh_state)
+    if store.set_aside:
+        log.warning("--fresh-state: the previous state file is kept as %s; starting empty",
+                    store.set_aside)
     service = SchedulerService(config, store)
     server, health = make_server(config.token)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(service, server)
@@ -100,6 +103,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8265, help="HTTP port (0: any free port)")
     p.add_argument("--state", default=DEFAULT_STATE,
                    help="SQLite state file (default ~/.podium/scheduler.db; ':memory:' keeps none)")
+    p.add_argument("--fresh-state", action="store_true",
+                   help="start with an empty state: an existing --state file (say, one the "
+                        "scheduler refused as damaged) is renamed to FILE.bad-<time>, not deleted")
     p.add_argument("--token-file", default=None,
                    help="cluster token file (created 0600 if missing; PODIUM_TOKEN wins)")
     p.add_argument("--node-lease", type=float, default=10.0,
@@ -148,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podium scheduler: {exc}", file=sys.stderr)
         return 2
     config = SchedulerConfig(token=token, host=args.host, port=args.port, http_port=args.http_port,
-                             state=args.state, node_lease=args.node_lease,
+                             state=args.state, fresh_state=args.fresh_state,
+                             node_lease=args.node_lease,
                              heartbeat_interval=args.heartbeat_interval,
                              session_lease=args.session_lease, tls=tls)
     use_uvloop()

@@ -22,8 +22,11 @@ import grpc
 
 from podium import errors
 from podium.auth import TlsConfig
+from podium.limits import MAX_GRACE_SECONDS, check_repeated_fields, check_seconds
 from podium.rpc import error_from_rpc, handle_errors, make_channel
-from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, Effects
+from podium.resources import Strategy, validate_bundles
+from podium.scheduler import core
+from podium.scheduler.state import LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Effects
 from podium.scheduler.store import Store
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -33,6 +36,8 @@ __all__ = ["SchedulerConfig", "SchedulerService", "Metrics", "MAX_WAIT_SECONDS"]
 
 #: Longest a server-side wait may last, whatever the request asks.
 MAX_WAIT_SECONDS = 300.0
+#: A lease checker that wakes this much later than it asked was stalled (see _check_leases).
+STALL_SECONDS = 1.0
 # Deadline for one call to a node agent.
 _AGENT_TIMEOUT = 30.0
 
@@ -52,6 +57,10 @@ class SchedulerConfig:
     tls: TlsConfig | None = None
     #: How often the lease checker looks for expired nodes and sessions.
     check_interval: float | None = None
+    #: After a restart, seconds before leases apply and unspawned workers fail.
+    restore_grace: float = RESTORE_GRACE_SECONDS
+    #: Move an existing state file aside (kept as ``<state>.bad-<time>``) and start empty.
+    fresh_state: bool = False
 
     def __repr__(self) -> str:  # never print the token
         return (f"SchedulerConfig(host={self.host!r}, port={self.port}, http_port={self.http_port}, "
@@ -102,6 +111,8 @@ def _metered(method):
         start = time.perf_counter()
         code = "OK"
         try:
+            # Every list and map in a request is bounded (podium.limits), checked first.
+            check_repeated_fields(request)
             return await method(self, request, context)
         except errors.PodiumError as exc:
             code = exc.code
@@ -145,7 +156,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.clock = clock
         self.scheduler_id = f"sched-{uuid.uuid4().hex[:12]}"
         self.model = ClusterModel(node_lease=config.node_lease,
-                                  default_session_lease=config.session_lease)
+                                  default_session_lease=config.session_lease,
+                                  restore_grace=config.restore_grace)
         self.store = store if store is not None else Store(":memory:")
         self.store.load_into(self.model, clock())
         self.metrics = Metrics()
@@ -178,9 +190,19 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     async def _check_leases(self) -> None:
         interval = self.config.check_interval or max(
             0.05, min(self.config.node_lease, self.config.session_lease) / 4)
+        loop = asyncio.get_running_loop()
+        # A wake-up this late means the loop was stalled (a slow request, swapping, a
+        # SIGSTOP): heartbeats waited unread meanwhile, so leases restart (issue #14).
+        stall = min(STALL_SECONDS, self.config.node_lease / 4, self.config.session_lease / 4)
+        woke = loop.time()
         while True:
             await asyncio.sleep(interval)
+            slept, woke = loop.time() - woke, loop.time()
             try:
+                if slept - interval > stall:
+                    log.warning("scheduler loop stalled for %.1f s; leases restart now",
+                                slept - interval)
+                    self.model.excuse_stall(self.clock())
                 effects = self.model.expire(self.clock())
                 await self._commit()
                 self._stop_later(effects)
@@ -312,9 +334,19 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     @rpc
     async def CreatePlacementGroup(self, request, context):
         """Creates a group: CREATED, PENDING, or INFEASIBLE at once."""
+        bundles = [dict(b.resources) for b in request.bundles]
+        # Validating and placing thousands of bundles takes a while: do that pure work on a
+        # thread, so heartbeats keep being served (issue #14); applying it stays here.
+        specs = await asyncio.to_thread(validate_bundles, bundles)
+        snapshot = self.model.snapshot()
+        placed = None
+        if snapshot.nodes:
+            strategy = Strategy.parse(request.strategy)
+            placed = (snapshot, await asyncio.to_thread(
+                core.place, core.PlacementRequest(specs, strategy), snapshot))
         group = self.model.create_placement_group(
-            request.name, [dict(b.resources) for b in request.bundles], request.strategy,
-            request.detached, request.owner, self.clock())
+            request.name, bundles, request.strategy, request.detached, request.owner,
+            self.clock(), specs=specs, placed=placed)
         await self._commit()
         return group
 
@@ -431,9 +463,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     @rpc
     async def RemoveWorkers(self, request, context):
         """Stops workers and releases their slots."""
-        grace = request.grace_seconds
-        if not math.isfinite(grace) or grace < 0:
-            raise errors.InvalidArgumentError(f"grace_seconds = {grace!r} must be >= 0")
+        grace = check_seconds(request.grace_seconds, "grace_seconds", MAX_GRACE_SECONDS)
         stopped, effects = self.model.remove_workers(request.ids, self.clock())
         await self._commit()
         await self._stop_on_agents(effects, grace)

@@ -17,8 +17,13 @@ import os
 import sqlite3
 from dataclasses import asdict
 
-from podium.errors import FailedPreconditionError
+from google.protobuf.message import DecodeError
+
+from podium.errors import FailedPreconditionError, PodiumError
+from podium.private import open_private, private_dir
+from podium.resources import validate_bundles
 from podium.scheduler.state import ClusterModel, Dirty, Session
+from podium.scheduler.statefile import StateFileError, open_state_db, set_aside
 from podium.v1 import common_pb2
 
 __all__ = ["Store"]
@@ -33,40 +38,66 @@ _TABLES = {
 class Store:
     """The state file. ``":memory:"`` keeps nothing across restarts (tests, embedded use)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, fresh: bool = False) -> None:
+        """Open (or create) the state file; ``fresh`` first moves an existing one aside.
+
+        An existing file that is empty, truncated, damaged, not Podium's or holds a
+        record that does not decode raises :class:`~podium.scheduler.statefile.StateFileError`
+        (see :mod:`podium.scheduler.statefile`), unless ``fresh``.
+        """
         self.path = path
         self._lock = None
+        #: Where ``fresh`` moved the previous state file ("" when it did not).
+        self.set_aside = ""
         if path != ":memory:":
             path = os.path.expanduser(path)
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            private_dir(os.path.dirname(os.path.abspath(path)))
             # Two schedulers writing one state file would each believe they own every
             # GPU in it. The kernel drops the lock when the holder dies, even by SIGKILL.
-            self._lock = open(path + ".lock", "a")
+            self._lock = open_private(path + ".lock", "ab")
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 self._lock.close()
                 raise FailedPreconditionError(
                     f"state file {path} is in use by another scheduler") from None
-        # The service uses it from its one event loop thread only.
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        for table in (*_TABLES, "sessions"):
-            self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} "
-                             "(id TEXT PRIMARY KEY, seq INTEGER NOT NULL, data BLOB NOT NULL)")
+            if fresh and os.path.exists(path):
+                self.set_aside = set_aside(path)
+        try:
+            self._db = open_state_db(path)
+            self._records = self._decode_all(path)
+        except BaseException:
+            if hasattr(self, "_db"):
+                self._db.close()
+            if self._lock is not None:
+                self._lock.close()
+            raise
         self._seq = 1 + max(self._db.execute(f"SELECT COALESCE(MAX(seq), 0) FROM {t}").fetchone()[0]
                             for t in (*_TABLES, "sessions"))
 
+    def _decode_all(self, path: str) -> dict[str, list]:
+        """Every stored record, decoded and checked (StateFileError naming a bad row)."""
+        loaded: dict[str, list] = {}
+        try:
+            for table, cls in (*_TABLES.items(), ("sessions", None)):
+                loaded[table] = []
+                for record_id, data in self._db.execute(f"SELECT id, data FROM {table} ORDER BY seq"):
+                    try:
+                        record = Session(**json.loads(data)) if cls is None else cls.FromString(data)
+                        if table == "placement_groups":
+                            validate_bundles([dict(b.resources) for b in record.bundles])
+                    except (DecodeError, ValueError, TypeError, PodiumError) as exc:
+                        raise StateFileError(path, f"has a bad {table} row {record_id!r} ({exc})") from None
+                    loaded[table].append(record)
+        except sqlite3.DatabaseError as exc:
+            raise StateFileError(path, f"is damaged ({exc})") from None
+        return loaded
+
     def load_into(self, model: ClusterModel, now: float) -> None:
         """Fill ``model`` with everything stored (leases restart at ``now``)."""
-        loaded = {}
-        for table, cls in _TABLES.items():
-            rows = self._db.execute(f"SELECT data FROM {table} ORDER BY seq").fetchall()
-            loaded[table] = [cls.FromString(row[0]) for row in rows]
-        sessions = [Session(**json.loads(row[0])) for row in
-                    self._db.execute("SELECT data FROM sessions ORDER BY seq").fetchall()]
-        model.restore(loaded["nodes"], loaded["placement_groups"], loaded["workers"], sessions, now)
+        loaded, self._records = self._records, {}
+        model.restore(loaded["nodes"], loaded["placement_groups"], loaded["workers"],
+                      loaded["sessions"], now)
 
     def save(self, model: ClusterModel, dirty: Dirty) -> None:
         """Write the records named in ``dirty`` (deleting those gone), in one transaction."""

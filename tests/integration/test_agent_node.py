@@ -416,9 +416,9 @@ def test_tail_log_last_lines_then_follow_until_exit(tmp_path, monkeypatch):
             assert out[:6] == [f"out line {i}" for i in range(5)] + ["ready"]
             assert err == [f"err line {i}" for i in range(5)]
             # Reading in tiny chunks cuts lines anywhere; they still come out whole.
-            from podium.worker.agent import service as agent_module
+            from podium.worker.agent import logtail
 
-            monkeypatch.setattr(agent_module._Follower, "CHUNK", 7)
+            monkeypatch.setattr(logtail.LogFollower, "CHUNK", 7)
             chunked_out, chunked_err = await whole_file()
             monkeypatch.undo()
             assert chunked_err == err

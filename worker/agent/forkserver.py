@@ -259,11 +259,12 @@ class ForkServer:
         """Start the helper process (it imports in the background)."""
         import subprocess
 
+        from podium.private import open_private
         from podium.process import die_with_parent_argv
 
         loop = asyncio.get_running_loop()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
+        out = open_private(self._log_path) if self._log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(
                 die_with_parent_argv([sys.executable, "-m", "podium.worker.agent.forkserver",

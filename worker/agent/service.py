@@ -13,15 +13,12 @@ This module never imports torch: the agent must start fast and stay small.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import pathlib
-import shlex
 import signal
 import socket
 import sys
@@ -31,13 +28,22 @@ import grpc
 
 from podium import errors, rpc
 from podium.transport import shm
-from podium.auth import TlsConfig, resolve_token
+from podium.auth import resolve_token
+from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LINES,
+                           check_repeated_fields, check_seconds)
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
-from podium.worker.gpus import DEFAULT_FAKE_MEMORY, GpuProvider, detect, parse_size
-from podium.worker.agent.spawner import HEADER_PREFIX, Spawner, read_tail
+from podium.worker.gpus import GpuProvider, detect
+from podium.worker.agent.config import AgentConfig, build_parser, config_from_args
+from podium.worker.agent.logtail import LogFollower, file_size
+from podium.worker.agent.ports import PortHolds
+from podium.worker.agent.exitinfo import read_tail
+from podium.worker.agent.spawner import Spawner
 
 log = logging.getLogger(__name__)
+
+__all__ = ["AgentConfig", "RunningAgent", "NodeAgentService", "run_agent", "main",
+           "build_parser", "config_from_args", "PortHolds"]
 
 #: Deadline of each call to the scheduler.
 RPC_TIMEOUT_SECONDS = 5.0
@@ -58,98 +64,6 @@ REPORT_FLUSH_SECONDS = 3.0
 _RETRYABLE = (errors.UnavailableError, errors.DeadlineExceededError, errors.CancelledError)
 
 
-@dataclasses.dataclass
-class AgentConfig:
-    """Everything ``podium node`` takes on its command line."""
-
-    #: Scheduler address "host:port".
-    scheduler: str
-    #: Node address: where the agent serves and what it registers (127.0.0.2, ...).
-    host: str = "127.0.0.1"
-    #: Address to register instead of ``host`` (needed when ``host`` is 0.0.0.0, e.g. in a container).
-    advertise_address: str = ""
-    #: Agent gRPC port (0: any free one).
-    port: int = 0
-    #: Node id (default "<hostname>-<host>").
-    node_id: str = ""
-    #: CPUs offered to bundles (default: os.cpu_count()).
-    cpus: float | None = None
-    #: Fake this many GPUs (None: ask NVML).
-    fake_gpus: int | None = None
-    #: Memory of each fake GPU in bytes.
-    fake_gpu_memory: int = DEFAULT_FAKE_MEMORY
-    #: Where worker logs go (default ~/.podium/logs/<node-id>).
-    log_dir: str | None = None
-    #: Write {"port", "pid", "node_id", "address"} here once serving.
-    port_file: str | None = None
-    #: Cluster token (default: resolved as podium.auth.resolve_token says). Never in repr (logs).
-    token: str | None = dataclasses.field(default=None, repr=False)
-    #: File holding the cluster token.
-    token_file: str | None = None
-    #: Mutual TLS for the agent's server and its calls to the scheduler.
-    tls: TlsConfig | None = None
-    #: Default seconds between SIGTERM and SIGKILL.
-    stop_grace: float = 5.0
-    #: Command that starts a worker ("--ready-fd N" is appended); None: python -m podium.worker.host.
-    worker_command: Sequence[str] | None = None
-    #: Informational labels sent with the registration.
-    labels: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: Port of the Prometheus /metrics endpoint on ``host`` (None: no endpoint; 0: any free one).
-    metrics_port: int | None = None
-    #: GPU provider to use instead of detecting one (tests inject patched NVML here).
-    provider: GpuProvider | None = None
-
-
-class PortHolds:
-    """Ports bound and held for a later MASTER_PORT (see ``ReservePort``).
-
-    The held socket listens, so nothing else can bind the port, with or without
-    SO_REUSEADDR, until it is released right before the worker that needs it starts.
-    """
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self._held: dict[int, tuple[socket.socket, asyncio.TimerHandle]] = {}
-
-    def reserve(self, hold_seconds: float) -> int:
-        """Bind a free port on the node address and hold it for ``hold_seconds``."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.bind((self.host, 0))
-            sock.listen(1)
-        except OSError as exc:
-            sock.close()
-            raise errors.UnavailableError(f"cannot bind a port on {self.host}: {exc}") from None
-        port = sock.getsockname()[1]
-        timer = asyncio.get_running_loop().call_later(hold_seconds, self._expire, port)
-        self._held[port] = (sock, timer)
-        return port
-
-    def _expire(self, port: int) -> None:
-        if self.release(port):
-            log.info("port %d: hold expired unclaimed", port)
-
-    def release(self, port: int) -> bool:
-        """Close the held socket; False when the port was not held (expired or never)."""
-        held = self._held.pop(port, None)
-        if held is None:
-            return False
-        sock, timer = held
-        timer.cancel()
-        sock.close()
-        return True
-
-    def held(self) -> list[int]:
-        """Ports held right now."""
-        return sorted(self._held)
-
-    def close(self) -> None:
-        """Release every hold."""
-        for port in list(self._held):
-            self.release(port)
-
-
 class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     """The ``podium.v1.NodeAgent`` service over one :class:`RunningAgent`."""
 
@@ -160,6 +74,7 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     async def SpawnWorkers(self, request, context):
         """Start the workers; the reserved MASTER_PORT is released just before."""
         spawner = self._agent.spawner
+        check_repeated_fields(request)
         spawner.validate(request.workers)
         if request.reserved_port and not self._agent.ports.release(request.reserved_port):
             log.warning("port %d was not held any more (expired?); spawning anyway",
@@ -170,15 +85,15 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     @rpc.handle_errors
     async def StopWorkers(self, request, context):
         """Stop workers (returns once they are reaped)."""
+        check_repeated_fields(request)
+        check_seconds(request.grace_seconds, "grace_seconds", MAX_GRACE_SECONDS)
         stopped = await self._agent.spawner.stop(request.worker_ids, request.grace_seconds)
         return node_pb2.StopWorkersResponse(stopped=stopped)
 
     @rpc.handle_errors
     async def ReservePort(self, request, context):
         """Hold a free port on the node address."""
-        hold = request.hold_seconds
-        if hold < 0 or hold != hold:
-            raise errors.InvalidArgumentError(f"hold_seconds must be >= 0, got {hold}")
+        hold = check_seconds(request.hold_seconds, "hold_seconds", MAX_PORT_HOLD_SECONDS)
         port = self._agent.ports.reserve(hold or DEFAULT_PORT_HOLD_SECONDS)
         return node_pb2.ReservePortResponse(port=port)
 
@@ -192,18 +107,19 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     async def TailLog(self, request, context):
         """Last lines of stdout then stderr; with follow, new lines until the worker exits."""
         worker = self._agent.spawner.get(request.worker_id)
-        if request.last_lines < 0:
-            raise errors.InvalidArgumentError(f"last_lines must be >= 0, got {request.last_lines}")
+        if not 0 <= request.last_lines <= MAX_TAIL_LINES:
+            raise errors.InvalidArgumentError(
+                f"last_lines must be in [0, {MAX_TAIL_LINES}], got {request.last_lines}")
         followers = []
         try:
             for stream, path in (("stdout", worker.out_path), ("stderr", worker.err_path)):
-                end = _size(path)
+                end = file_size(path)
                 if request.last_lines:
                     texts = read_tail(path, request.last_lines, end=end)
-                    follower = _Follower(stream, path, end)
+                    follower = LogFollower(stream, path, end)
                 else:
                     # The whole file, read in bounded chunks (a log can be gigabytes).
-                    follower = _Follower(stream, path, 0)
+                    follower = LogFollower(stream, path, 0)
                     texts = follower.drain(final=not request.follow, until=end)
                 followers.append(follower)
                 for text in texts:
@@ -226,64 +142,6 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
     async def GetNodeInfo(self, request, context):
         """Inventory with fresh memory readings."""
         return self._agent.node_info()
-
-
-def _size(path: pathlib.Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-class _Follower:
-    """Complete lines of a growing log file, from a byte offset on, read in bounded chunks.
-
-    The file stays open between reads (a follower polls every few tenths of a second, for
-    every worker a controller streams); :meth:`close` when done."""
-
-    CHUNK = 1 << 20
-
-    def __init__(self, stream: str, path: pathlib.Path, offset: int) -> None:
-        self.stream = stream
-        self._path = path
-        self._offset = offset
-        self._partial = b""
-        self._handle = None
-
-    def close(self) -> None:
-        """Close the file (a later drain opens it again)."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-
-    def drain(self, *, final: bool = False, until: int | None = None):
-        """Yield the lines written since the last call (up to byte ``until``); with
-        ``final`` also the last line even without its newline."""
-        while until is None or self._offset < until:
-            limit = self.CHUNK if until is None else min(self.CHUNK, until - self._offset)
-            if self._handle is None:
-                try:
-                    self._handle = open(self._path, "rb")
-                except FileNotFoundError:
-                    break
-            self._handle.seek(self._offset)
-            data = self._handle.read(limit)
-            if not data:
-                break
-            self._offset += len(data)
-            lines = (self._partial + data).split(b"\n")
-            self._partial = lines.pop()
-            yield from self._texts(lines)
-        if final and self._partial:
-            lines, self._partial = [self._partial], b""
-            yield from self._texts(lines)
-
-    @staticmethod
-    def _texts(lines: list[bytes]):
-        for line in lines:
-            text = line.decode("utf-8", errors="replace")
-            if not text.startswith(HEADER_PREFIX):
-                yield text
 
 
 class RunningAgent:
@@ -537,65 +395,6 @@ async def run_agent(config: AgentConfig) -> RunningAgent:
         await agent._close()
         raise
     return agent
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``podium node`` command line."""
-    parser = argparse.ArgumentParser(prog="podium node", description="Run a Podium node agent.")
-    parser.add_argument("--scheduler", default=os.environ.get("PODIUM_ADDRESS") or None,
-                        required=not os.environ.get("PODIUM_ADDRESS"),
-                        help="scheduler address HOST:PORT (default: $PODIUM_ADDRESS)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="node address to serve on and register (default 127.0.0.1)")
-    parser.add_argument("--advertise-address", default="",
-                        help="address to register when --host is not reachable as such "
-                             "(e.g. --host 0.0.0.0 in a container; default: --host)")
-    parser.add_argument("--port", type=int, default=0, help="agent gRPC port (default: any free)")
-    parser.add_argument("--node-id", default="", help="node id (default <hostname>-<node address>)")
-    parser.add_argument("--cpus", type=float, default=None, help="CPUs offered (default: all)")
-    parser.add_argument("--fake-gpus", type=int, default=None,
-                        help="pretend to have N GPUs instead of asking NVML")
-    parser.add_argument("--fake-gpu-memory", default="80GiB", help="memory per fake GPU (80GiB)")
-    parser.add_argument("--log-dir", default=None,
-                        help="worker log directory (default ~/.podium/logs/<node-id>)")
-    parser.add_argument("--port-file", default=None,
-                        help='write {"port", "pid", "node_id", "address", "metrics_port"} as JSON here once serving')
-    parser.add_argument("--token-file", default=None, help="file with the cluster token")
-    parser.add_argument("--tls-cert", default=None)
-    parser.add_argument("--tls-key", default=None)
-    parser.add_argument("--tls-ca", default=None)
-    parser.add_argument("--stop-grace", type=float, default=5.0,
-                        help="seconds between SIGTERM and SIGKILL when stopping workers (5)")
-    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                        help="informational node label (repeatable)")
-    parser.add_argument("--worker-command", default=None,
-                        help="advanced: command starting a worker, e.g. a wrapper; "
-                             '"--ready-fd N" is appended (default: python -m podium.worker.host)')
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve Prometheus /metrics (token required) on --host at this port "
-                             "(0: any free one, written to --port-file; default: none)")
-    parser.add_argument("--log-level", default="INFO")
-    return parser
-
-
-def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    """AgentConfig from parsed ``podium node`` arguments (InvalidArgumentError on bad ones)."""
-    labels = {}
-    for item in args.label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise errors.InvalidArgumentError(f"--label wants KEY=VALUE, got {item!r}")
-        labels[key] = value
-    if args.stop_grace < 0:
-        raise errors.InvalidArgumentError(f"--stop-grace must be >= 0, got {args.stop_grace}")
-    return AgentConfig(
-        scheduler=args.scheduler, host=args.host, advertise_address=args.advertise_address,
-        port=args.port, node_id=args.node_id,
-        cpus=args.cpus, fake_gpus=args.fake_gpus, fake_gpu_memory=parse_size(args.fake_gpu_memory),
-        log_dir=args.log_dir, port_file=args.port_file, token_file=args.token_file,
-        tls=TlsConfig.from_paths(args.tls_cert, args.tls_key, args.tls_ca),
-        stop_grace=args.stop_grace, labels=labels, metrics_port=args.metrics_port,
-        worker_command=shlex.split(args.worker_command) if args.worker_command else None)
 
 
 async def _serve(config: AgentConfig) -> int:

@@ -44,12 +44,16 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from podium.private import open_private, private_dir
+from podium.resources import check_env_entries
 from podium.transport import shm
 from podium.worker.agent import forkserver
 from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
-from podium.process import die_with_parent_argv
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
+from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
+from podium.worker.agent.managed import ManagedWorker
+from podium.worker.agent.workerenv import launch_argv, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +66,6 @@ FORKSERVER_READY_SECONDS = 10.0
 
 #: The command that starts a worker process; ``--ready-fd N`` is appended.
 DEFAULT_WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "podium.worker.host")
-
-#: Lines of stderr that travel with an exit report.
-STDERR_TAIL_LINES = 50
-
-#: First characters of the header line the agent writes at the top of each log file.
-HEADER_PREFIX = "### podium worker "
 
 #: Longest we wait for a process to die after SIGKILL before giving up on it.
 _KILL_WAIT_SECONDS = 5.0
@@ -84,145 +82,6 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
 Reporter = Callable[[scheduler_pb2.ReportWorkerRequest], None]
 
 
-def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
-    """The argv that starts a worker: the shim (Linux) then ``command --ready-fd N``."""
-    return die_with_parent_argv([*command, "--ready-fd", str(ready_fd)], signal.SIGKILL)
-
-
-#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host.process).
-TLS_ENV_KEYS = ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA")
-
-
-def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
-               scheduler: str, worker_id: str = "", node_address: str = "",
-               tls: TlsConfig | None = None) -> dict[str, str]:
-    """The environment of a worker process (see the module docstring).
-
-    ``env`` (the scheduler's WorkerInfo.env) wins over ``base``; the token, the
-    scheduler address, the worker id and node address are only filled in when absent.
-    The TLS variables are exactly the agent's ``tls`` (none without it): a worker
-    serves with the agent's security, whatever the environment says.
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless ``env`` says otherwise, so the NVML
-    indices in CUDA_VISIBLE_DEVICES mean the same GPUs to CUDA.
-    """
-    out = {k: v for k, v in base.items() if k != "PODIUM_TOKEN_FILE"}
-    out.update(env)
-    for key in TLS_ENV_KEYS:
-        out.pop(key, None)
-    if tls is not None:
-        out.update(zip(TLS_ENV_KEYS, (tls.cert, tls.key, tls.ca)))
-    defaults = {"PODIUM_TOKEN": token, "PODIUM_SCHEDULER": scheduler,
-                "PODIUM_WORKER_ID": worker_id, "PODIUM_NODE_ADDRESS": node_address}
-    for key, value in defaults.items():
-        if value and key not in env:
-            out[key] = value
-    # CUDA_VISIBLE_DEVICES carries NVML indices, which follow PCI bus order;
-    # CUDA's default order (fastest first) may differ on mixed machines.
-    if "CUDA_DEVICE_ORDER" not in env:
-        out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    out["PYTHONUNBUFFERED"] = "1"
-    return out
-
-
-def read_tail(path: str | os.PathLike, lines: int = STDERR_TAIL_LINES, *,
-              end: int | None = None, max_bytes: int = 256 * 1024) -> list[str]:
-    """The last ``lines`` lines of a log file (0: all), without the agent's header lines.
-
-    ``end`` stops reading at that byte offset (so a follower can go on from
-    exactly there). With ``lines`` set, reads at most ``max_bytes`` before the
-    end, so a huge log costs no more than that.
-    """
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END) if end is None else end
-            start = max(0, size - max_bytes) if lines else 0
-            handle.seek(start)
-            data = handle.read(size - start)
-    except FileNotFoundError:
-        return []
-    text = data.decode("utf-8", errors="replace")
-    out = text.split("\n")
-    if start > 0:
-        out = out[1:]  # the first piece is a partial line
-    if out and out[-1] == "":
-        out.pop()
-    out = [line for line in out if not line.startswith(HEADER_PREFIX)]
-    return out[-lines:] if lines else out
-
-
-def stderr_tail(path: str | os.PathLike, lines: int = STDERR_TAIL_LINES) -> str:
-    """The last lines of a stderr file joined as one string (for ExitInfo.stderr_tail)."""
-    return "\n".join(read_tail(path, lines))
-
-
-def exit_info(returncode: int, stderr_path: str | os.PathLike, *, requested: bool = False,
-              reason: str = "") -> common_pb2.ExitInfo:
-    """ExitInfo for a process that ended with ``returncode`` (Popen style: -N = signal N)."""
-    if returncode < 0:
-        sig = -returncode
-        try:
-            how = f"killed by {signal.Signals(sig).name}"
-        except ValueError:
-            how = f"killed by signal {sig}"
-        code = -1
-    else:
-        sig, code, how = 0, returncode, f"exited with code {returncode}"
-    if requested:
-        how = "stopped by request"
-    elif reason:
-        how = f"{reason} ({how})"
-    return common_pb2.ExitInfo(exit_code=code, signal=sig, stderr_tail=stderr_tail(stderr_path),
-                               reason=how, requested=requested)
-
-
-class ManagedWorker:
-    """One worker process the agent started, and what it knows about it."""
-
-    def __init__(self, info: common_pb2.WorkerInfo, out_path: pathlib.Path,
-                 err_path: pathlib.Path) -> None:
-        self.info = info
-        self.out_path = out_path
-        self.err_path = err_path
-        self.pid = 0
-        self.port = 0
-        self.state = common_pb2.WORKER_STARTING
-        self.exit: common_pb2.ExitInfo | None = None
-        self.stop_requested = False
-        self.proc: subprocess.Popen | None = None
-        loop = asyncio.get_running_loop()
-        #: Resolves to the Popen return code when the process is reaped.
-        self.exited: asyncio.Future[int] = loop.create_future()
-        #: Resolves to the ready line's bytes (b"" when the pipe closed without one).
-        self.ready: asyncio.Future[bytes] = loop.create_future()
-        self.task: asyncio.Task | None = None
-        #: Stops watching the ready pipe (set by the spawner).
-        self.close_ready: Callable[[], None] = lambda: None
-
-    @property
-    def id(self) -> str:
-        """Worker id ("w-...")."""
-        return self.info.id
-
-    @property
-    def alive(self) -> bool:
-        """True until the process has been reaped."""
-        return self.pid > 0 and not self.exited.done()
-
-    @property
-    def ended(self) -> bool:
-        """True once the process is reaped and its end has been reported."""
-        return self.exited.done() and (self.task is None or self.task.done())
-
-    def to_proto(self) -> common_pb2.WorkerInfo:
-        """WorkerInfo with this agent's view (state, pid, port, exit, log path)."""
-        out = common_pb2.WorkerInfo()
-        out.CopyFrom(self.info)
-        out.state, out.pid, out.port, out.log_path = self.state, self.pid, self.port, str(self.out_path)
-        if self.exit is not None:
-            out.exit.CopyFrom(self.exit)
-        return out
-
-
 class Spawner:
     """Starts, watches, reaps and stops the worker processes of one node.
 
@@ -236,7 +95,7 @@ class Spawner:
                  command: Sequence[str] | None = None, stop_grace: float = 5.0,
                  base_env: Mapping[str, str] | None = None, tls: TlsConfig | None = None) -> None:
         self.log_dir = pathlib.Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)  # 0700, and each log 0600: a worker's output is its own
         self.node_id = node_id
         self.node_address = node_address
         self.scheduler = scheduler
@@ -312,6 +171,7 @@ class Spawner:
             if info.id in seen:
                 raise InvalidArgumentError(f"worker id {info.id!r} appears twice in one request")
             seen.add(info.id)
+            check_env_entries(info.env, f"worker {info.id}: env")
 
     async def spawn(self, workers: Sequence[common_pb2.WorkerInfo]) -> list[node_pb2.SpawnedWorker]:
         """Start one process per WorkerInfo; returns at once with their pids.
@@ -360,7 +220,7 @@ class Spawner:
         info = worker.info
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
-        with open(worker.out_path, "ab") as out, open(worker.err_path, "ab") as err:
+        with open_private(worker.out_path) as out, open_private(worker.err_path) as err:
             for handle in (out, err):
                 handle.write(header.encode())
                 handle.flush()
@@ -376,7 +236,7 @@ class Spawner:
                     env, os.getcwd(), (write_fd, out.fileno(), err.fileno()), [self.command[-1]])
             os.close(write_fd)  # the helper got its own copies with the request
             write_fd = -1
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure: the exec path decides (and reports)
             os.close(read_fd)
             if write_fd >= 0:
                 os.close(write_fd)
@@ -395,10 +255,13 @@ class Spawner:
                     launch_argv(self.command, write_fd), pass_fds=(write_fd,),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=os.getcwd(), env=env,
                     start_new_session=True)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, ValueError (a NUL in env), ...
+            # Whatever the OS refused, the worker ends FAILED with the reason (reported), so
+            # no STARTING ghost stays and a retried spawn of this id starts afresh.
             os.close(read_fd)
             worker.state = common_pb2.WORKER_FAILED
-            worker.exit = common_pb2.ExitInfo(exit_code=-1, reason=f"spawn failed: {exc}")
+            worker.exit = common_pb2.ExitInfo(exit_code=-1,
+                                              reason=f"spawn failed: {type(exc).__name__}: {exc}")
             worker.exited.set_result(-1)
             worker.ready.set_result(b"")
             log.error("worker %s: spawn failed: %s", info.id, exc)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from podium import errors, rpc
 from podium.transport import chunks
 from podium.transport.connection import CallConnection
+from podium.transport.reservation import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
 from podium.worker.host.execthread import Job
 
@@ -54,7 +55,7 @@ class ActiveCall:
 class _Incoming:
     __slots__ = ("header", "assembler")
 
-    def __init__(self, header: worker_pb2.CallHeader, assembler: chunks.Assembler | None) -> None:
+    def __init__(self, header: worker_pb2.CallHeader, assembler: GrowingAssembler | None) -> None:
         self.header = header
         self.assembler = assembler  # None: discarding the rest of a refused call
 
@@ -66,6 +67,8 @@ class CallStream:
         self.host = host
         self.context = context
         self.incoming: dict[int, _Incoming] = {}
+        #: Bytes of unfinished payloads this connection may hold (podium.transport.reservation).
+        self.budget = ReservationBudget(host.config.max_payload_bytes)
         self.active: dict[int, ActiveCall] = {}
         #: The connection (its segments are used only by a same-host client). Replies written
         #: without awaiting (the fast path) need the raw socket; on the gRPC stream every call
@@ -96,12 +99,19 @@ class CallStream:
                 else:
                     break
         finally:
+            self._drop_incoming()  # unfinished payloads go now, not at a later collection
             for active in list(self.active.values()):
                 if active.job is not None:
                     self.host.exec_thread.cancel(active.job)
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
             self.conn.close(carrier=False)  # the socket's owner (or gRPC) closes the carrier
+
+    def _drop_incoming(self) -> None:
+        for incoming in self.incoming.values():
+            if incoming.assembler is not None:
+                incoming.assembler.close()
+        self.incoming.clear()
 
     async def write(self, frame: worker_pb2.ReplyFrame) -> None:
         """Send one reply frame, in order with the others."""
@@ -226,7 +236,9 @@ class CallStream:
                         "a call with shm_name carries no data frames"))
                 return
             try:
-                assembler = chunks.Assembler(header.payload_size, self.host.config.max_payload_bytes)
+                # Memory is taken as the data arrives, within the connection's budget.
+                assembler = GrowingAssembler(header.payload_size, self.host.config.max_payload_bytes,
+                                             self.budget)
             except errors.PodiumError as exc:
                 await self.refuse(call_id, header, frame.last, exc)
                 return
@@ -248,6 +260,7 @@ class CallStream:
             if frame.last:
                 payload = incoming.assembler.result()
         except errors.PodiumError as exc:
+            incoming.assembler.close()
             if not frame.last:
                 incoming.assembler = None
             await self.send_error(call_id, exc)
@@ -308,6 +321,7 @@ class CallStream:
         """CANCEL: drop a call still arriving or not yet started."""
         incoming = self.incoming.get(call_id)
         if incoming is not None and incoming.assembler is not None:
+            incoming.assembler.close()
             incoming.assembler = None  # drop what arrived and what is still coming
             await self.send_error(call_id, errors.CancelledError(f"call {call_id} cancelled"))
             return

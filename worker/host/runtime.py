@@ -19,6 +19,7 @@ from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
 from podium.worker.host.callstream import ActiveCall, CallStream
 from podium.worker.host.config import RAY_CALL, HostConfig
+from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenResult, Outcome, call_error,
@@ -238,9 +239,12 @@ class HostRuntime:
         """
         try:
             value = codec.decode(data)
-        except Exception:  # noqa: BLE001 - run_call decodes again and reports it
-            return None
+        except Exception as exc:  # noqa: BLE001 - run_call reports it (decoding again would run
+            return DecodeFailed(exc)  # the payload's unpickling code twice: decodeonce.py)
         if type(value) is not tuple or len(value) != 2:
+            if value is None:  # None would read as "not decoded" and be decoded again
+                return DecodeFailed(errors.InvalidArgumentError(
+                    "a CALL payload must decode to (args, kwargs), got NoneType"))
             return value
         args, kwargs = value
         try:
@@ -282,6 +286,8 @@ class HostRuntime:
         try:
             value = (self._decode_payload(header, payload, active.stream) if decoded is None
                      else decoded)
+            if type(value) is DecodeFailed:
+                value.raise_error()
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
                 raise errors.InvalidArgumentError(
                     f"a CALL payload must decode to (args, kwargs), got {type(value).__name__}")

@@ -21,8 +21,9 @@ FACADES = {
         "InternalError", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectLostError", "ObjectRef",
         "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
-        "UnavailableError", "UnimplementedError", "UnknownMethodError", "WorkerDiedError", "__version__",
-        "get", "get_actor", "init", "is_initialized", "kill", "put", "remote", "shutdown", "wait",
+        "UnavailableError", "UnimplementedError", "UnknownMethodError", "UnresponsiveError",
+        "WorkerDiedError", "__version__", "call_timeout", "get", "get_actor", "init", "is_initialized",
+        "kill", "put", "remote", "shutdown", "wait",
     ],
     "podium.controller": [
         "ClassWithInitArgs", "NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy",

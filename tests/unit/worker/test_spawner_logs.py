@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from podium.worker.agent import spawner
-from podium.worker.agent.spawner import HEADER_PREFIX, exit_info, launch_argv, read_tail, stderr_tail, worker_env
+from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info, read_tail, stderr_tail
+from podium.worker.agent.workerenv import launch_argv, worker_env
 
 
 def _log(tmp_path, lines, header=True):

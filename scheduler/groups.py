@@ -1,0 +1,196 @@
+"""Placement groups of the cluster model: capacity snapshot, placement, removal.
+
+Part of :class:`~podium.scheduler.state.ClusterModel` (a mixin over its shared
+dicts); the placement itself is pure (:mod:`podium.scheduler.core`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from podium import errors
+from podium.limits import MAX_BUNDLES, check_count
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
+from podium.scheduler import core
+from podium.scheduler.records import LIVE_WORKER_STATES, Effects
+from podium.v1 import common_pb2
+
+__all__ = ["GroupsMixin"]
+
+
+class GroupsMixin:
+    """Placement group records of the cluster model (``self.groups``, ``self._specs``)."""
+
+    def group(self, group_id: str = "", name: str = "") -> common_pb2.PlacementGroup:
+        """A placement group by id or by name (exactly one), or NotFoundError.
+
+        By name, the live (not REMOVED) group wins over removed ones of the same name.
+        """
+        if bool(group_id) == bool(name):
+            raise errors.InvalidArgumentError("give exactly one of placement group id or name")
+        if group_id:
+            found = self.groups.get(group_id)
+            if found is None:
+                raise errors.NotFoundError(f"unknown placement group id {group_id!r}")
+            return found
+        matches = [g for g in self.groups.values() if g.name == name]
+        if not matches:
+            raise errors.NotFoundError(f"unknown placement group name {name!r}")
+        live = [g for g in matches if g.state != common_pb2.PG_REMOVED]
+        return (live or matches)[-1]
+
+    def snapshot(self) -> core.Snapshot:
+        """The alive nodes with every CREATED group's reservations taken off."""
+        cpu_used: dict[str, int] = {}
+        gpu_used: dict[tuple[str, int], int] = {}
+        for group in self.groups.values():
+            if group.state != common_pb2.PG_CREATED:
+                continue
+            specs = self._specs[group.id]
+            for placed in group.placements:
+                spec = specs[placed.bundle_index]
+                cpu_used[placed.node_id] = cpu_used.get(placed.node_id, 0) + spec.cpu_units
+                if spec.is_fractional:
+                    per_gpu = spec.gpu_units
+                else:
+                    per_gpu = GPU_UNITS
+                for index in placed.gpu_indices:
+                    key = (placed.node_id, index)
+                    gpu_used[key] = gpu_used.get(key, 0) + per_gpu
+        views = []
+        for node in self.alive_nodes():
+            info = node.info
+            total_cpu = cpu_units(info.cpus) if math.isfinite(info.cpus) and info.cpus >= 0 else 0
+            gpus = tuple(core.GpuView(index=g.index, uuid=g.uuid,
+                                      free_units=max(0, GPU_UNITS - gpu_used.get((info.node_id, g.index), 0)),
+                                      memory_total_bytes=g.memory_total_bytes)
+                         for g in info.gpus)
+            views.append(core.NodeView(node_id=info.node_id, address=info.address,
+                                       total_cpu_units=total_cpu,
+                                       free_cpu_units=max(0, total_cpu - cpu_used.get(info.node_id, 0)),
+                                       gpus=gpus))
+        return core.Snapshot(tuple(views))
+
+    def _place(self, group: common_pb2.PlacementGroup, snapshot: core.Snapshot):
+        return core.place(core.PlacementRequest(self._specs[group.id], Strategy(group.strategy)),
+                          snapshot)
+
+    def _apply_placement(self, group: common_pb2.PlacementGroup, placement) -> None:
+        del group.placements[:]
+        for a in placement.assignments:
+            info = self.nodes[a.node_id].info
+            uuids = {g.index: g.uuid for g in info.gpus}
+            group.placements.add(bundle_index=a.bundle_index, node_id=a.node_id,
+                                 node_address=info.address, gpu_indices=list(a.gpu_indices),
+                                 gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices])
+        group.state = common_pb2.PG_CREATED
+        group.reason = ""
+        self._touch(groups=[group.id])
+
+    def _promote_pending(self) -> list[str]:
+        """Retry pending groups in creation order; ids of those now CREATED."""
+        pending = [g for g in self.groups.values() if g.state == common_pb2.PG_PENDING]
+        if not pending:
+            return []
+        created = []
+        snapshot = self.snapshot()
+        for group in pending:
+            if not snapshot.nodes:
+                reason = "no alive nodes"
+            else:
+                result = self._place(group, snapshot)
+                if isinstance(result, core.Placement):
+                    self._apply_placement(group, result)
+                    created.append(group.id)
+                    snapshot = self.snapshot()
+                    continue
+                reason = _reason_text(result)
+            if group.reason != reason:
+                group.reason = reason
+                self._touch(groups=[group.id])
+        return created
+
+    def create_placement_group(self, name: str, bundles: Sequence[dict], strategy: int,
+                               detached: bool, owner: str, now: float, *,
+                               specs: tuple[BundleSpec, ...] | None = None,
+                               placed: tuple[core.Snapshot, object] | None = None
+                               ) -> common_pb2.PlacementGroup:
+        """Create a group: CREATED when it fits now, PENDING when it fits the cluster
+        only once capacity frees; InfeasibleError (with per-node reasons) when no
+        set of alive nodes can ever hold it. With no alive node at all it is PENDING.
+
+        ``specs`` (``validate_bundles(bundles)``) and ``placed`` (a snapshot and
+        ``core.place``'s answer on it) let the service do that costly, pure work on a
+        thread; ``placed`` is used only while the capacity still equals its snapshot.
+        """
+        if not name:
+            raise errors.InvalidArgumentError("placement group name is required")
+        check_count(len(bundles), MAX_BUNDLES, f"placement group {name!r}: bundles")
+        specs = validate_bundles(bundles) if specs is None else specs
+        strat = Strategy.parse(strategy)
+        if detached:
+            owner = ""
+        elif owner:
+            self.session(owner)
+        if any(g.name == name and g.state != common_pb2.PG_REMOVED for g in self.groups.values()):
+            raise errors.AlreadyExistsError(f"placement group name {name!r} is already taken")
+        group = common_pb2.PlacementGroup(id=self._new_id("pg"), name=name, strategy=int(strat),
+                                          state=common_pb2.PG_PENDING, detached=detached,
+                                          owner=owner, created_at=now)
+        for spec in specs:
+            group.bundles.add(resources=spec.to_resources())
+        snapshot = self.snapshot()
+        if not snapshot.nodes:
+            result = None
+        else:
+            if placed is not None and placed[0] == snapshot:
+                result = placed[1]
+            else:
+                result = core.place(core.PlacementRequest(specs, strat), snapshot)
+            if isinstance(result, core.Infeasible):
+                raise errors.InfeasibleError(
+                    f"placement group {name!r} can never fit: {result.message}",
+                    node_reasons=dict(result.node_reasons))
+        self.groups[group.id] = group
+        self._specs[group.id] = specs
+        self._touch(groups=[group.id])
+        if isinstance(result, core.Placement):
+            self._apply_placement(group, result)
+        else:
+            group.reason = "no alive nodes" if result is None else _reason_text(result)
+        return group
+
+    def remove_placement_group(self, group_id: str, now: float) -> tuple[int, Effects]:
+        """Remove a group and stop its workers; (workers stopped, effects).
+
+        Removing an already removed group is a no-op (0 workers).
+        """
+        group = self.group(group_id)
+        if group.state == common_pb2.PG_REMOVED:
+            return 0, Effects()
+        count, effects = self._remove_group(group, "removed by request", now)
+        self._promote_pending()
+        return count, effects
+
+    def _remove_group(self, group: common_pb2.PlacementGroup, reason: str,
+                      now: float) -> tuple[int, Effects]:
+        group.state = common_pb2.PG_REMOVED
+        group.reason = reason
+        self._touch(groups=[group.id])
+        effects = Effects()
+        count = 0
+        for worker in self.workers.values():
+            if worker.spec.placement_group_id == group.id and worker.state in LIVE_WORKER_STATES:
+                self._stop_worker(worker, reason, effects)
+                count += 1
+        return count, effects
+
+    def pending_text(self, group: common_pb2.PlacementGroup) -> str:
+        """Why a group is still pending, for a DeadlineExceeded message."""
+        return group.reason or "waiting for capacity"
+
+
+def _reason_text(result) -> str:
+    reasons = "; ".join(f"{node}: {why}" for node, why in sorted(result.node_reasons.items()))
+    return f"{result.message} ({reasons})" if reasons else result.message
