@@ -56,9 +56,10 @@ class DeathWatch:
         #: The same workers' liveness: ranks that stop answering (podium.controller.liveness).
         self.liveness = Liveness(runtime)
 
-    def watch(self, worker_id: str, client: Any) -> None:
-        """Watch one worker (call on the runtime's loop)."""
-        self.liveness.watch(worker_id, client)
+    def watch(self, worker_id: str, client: Any, *, liveness: bool = True) -> None:
+        """Watch one worker (call on the runtime's loop); ``liveness``: its pings too."""
+        if liveness:
+            self.liveness.watch(worker_id, client)
         self._clients[worker_id] = client
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())

@@ -78,7 +78,7 @@ class GroupBuild(GroupState):
             progress.phase(f"{n}/{n} workers running; connecting")
             if self._rt.log_to_driver is not None:
                 await self._rt.log_to_driver.watch(sched, infos, _class_name(cia.cls))
-            await self._connect(infos)
+            await self._connect(infos, liveness=False)
             with by_value(cia):
                 payload = prepare(tuple(cia.construct_payload()))
             built = 0
@@ -94,6 +94,10 @@ class GroupBuild(GroupState):
             for w, result in zip(self._workers, results):
                 if isinstance(result, BaseException):
                     raise await self._convert(w, result, "the constructor")
+            # Pings only from now on: decoding the constructor's payload imports the class's
+            # module on the worker's loop thread, which answers no ping meanwhile.
+            for w in self._workers:
+                self._rt.deathwatch.liveness.watch(w.worker_id, w.client)
             ok = True
         finally:
             if waiting is not None:
@@ -111,7 +115,7 @@ class GroupBuild(GroupState):
             for spec in specs:
                 spec.group = f"{self.name_prefix}{cls_name}"
 
-    async def _connect(self, infos: list) -> None:
+    async def _connect(self, infos: list, liveness: bool = True) -> None:
         from podium.worker.client import WorkerClient
         infos = sorted(infos, key=lambda i: i.spec.rank)
         handles = [WorkerHandle(info, WorkerClient(f"{info.node_address}:{info.port}", self._rt.token,
@@ -122,7 +126,7 @@ class GroupBuild(GroupState):
         await asyncio.gather(*(h.client.start() for h in handles))
         watch = self._rt.deathwatch
         for h in handles:
-            watch.watch(h.worker_id, h.client)
+            watch.watch(h.worker_id, h.client, liveness=liveness)
         self._worker_names = [h.name for h in handles]
         self._world_size = len(handles)
         if handles:

@@ -24,6 +24,7 @@ import os
 import weakref
 from typing import Any
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from podium import rpc
@@ -52,6 +53,8 @@ class Liveness:
         #: worker id -> loop time of its last answer (or of when it became busy).
         self._heard: dict[str, float] = {}
         self._pinging: dict[str, asyncio.Task] = {}
+        #: worker id -> why its last ping got no answer (for the error message).
+        self._last_error: dict[str, str] = {}
         self._task: asyncio.Task | None = None
         #: How many silent ranks it failed (tests and stats).
         self.found = 0
@@ -75,6 +78,7 @@ class Liveness:
 
     def _drop(self, worker_id: str) -> None:
         self._heard.pop(worker_id, None)
+        self._last_error.pop(worker_id, None)
         task = self._pinging.pop(worker_id, None)
         if task is not None:
             task.cancel()
@@ -114,8 +118,15 @@ class Liveness:
             if held is None:
                 channel = rpc.make_channel(client.address, self._runtime.token, self._runtime.tls)
                 held = self._channels[worker_id] = (channel, health_pb2_grpc.HealthStub(channel))
-            with contextlib.suppress(Exception):
-                await held[1].Check(health_pb2.HealthCheckRequest(), timeout=max(interval, 1.0))
+            try:
+                # A late answer still proves the process alive: each ping may take the whole bound.
+                await held[1].Check(health_pb2.HealthCheckRequest(), timeout=max(self.silence, 1.0))
+            except grpc.RpcError as exc:  # no answer: the silence goes on
+                self._last_error[worker_id] = f"{exc.code().name}: {exc.details()}"
+            except Exception as exc:  # noqa: BLE001 - likewise
+                self._last_error[worker_id] = f"{type(exc).__name__}: {exc}"
+            else:
+                self._last_error.pop(worker_id, None)
                 if worker_id in self._heard:
                     self._heard[worker_id] = asyncio.get_running_loop().time()
         finally:
@@ -133,7 +144,9 @@ class Liveness:
             info = infos.get(worker_id)
             where = (f"{info.spec.name} on node {info.node_id} ({info.node_address}), pid {info.pid}"
                      if info is not None else f"at {client.address}")
-            parts.append(f"rank {client.rank} ({where}) silent for {quiet:.1f} s")
+            last = self._last_error.get(worker_id, "")
+            parts.append(f"rank {client.rank} ({where}) silent for {quiet:.1f} s"
+                         + (f" (last ping: {last[:200]})" if last else ""))
         ranks = [client.rank for _, client, _ in silent]
         err = UnresponsiveError(
             f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} stopped answering "
