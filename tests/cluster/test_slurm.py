@@ -1,0 +1,110 @@
+"""`podium slurm` under a real (one-machine) Slurm: sbatch the shipped script, then scancel one.
+
+The cluster is slurmctld + slurmd + munged started by this test (slurmkit.py) on
+127.0.0.1. The job is deploy/slurm/podium.sbatch running slurm_controller.py; the node
+fakes 4 GPUs and the job is given CUDA_VISIBLE_DEVICES=1,3, as Slurm's gres plugin
+would, so the two workers must get GPU 1 and GPU 3. Skipped, naming what is missing,
+without root or the slurm-wlm/munge packages. Adds about 40 s.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import slurmkit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.cluster, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "deploy" / "slurm" / "podium.sbatch"
+CONTROLLER = Path(__file__).with_name("slurm_controller.py")
+JOB_TIMEOUT = 240.0
+GONE_TIMEOUT = 90.0
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = slurmkit.missing()
+    if why:
+        pytest.skip(why)
+    cluster = slurmkit.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _submit(slurm, tmp_path: Path, *controller_args: str) -> tuple[str, Path, Path]:
+    job_dir, out = tmp_path / "job", tmp_path / "job.out"
+    env = {"PODIUM": f"{sys.executable} -m podium.cli", "CUDA_VISIBLE_DEVICES": "1,3",
+           "PODIUM_SLURM_ARGS": f"--job-dir {job_dir} --fake-gpus 4 --register-timeout 120"}
+    reply = slurm.run(["sbatch", "--parsable", f"--output={out}", "--chdir", str(tmp_path), str(SBATCH),
+                       sys.executable, str(CONTROLLER), *controller_args], env=env)
+    return reply.stdout.strip().split(";")[0], job_dir, out
+
+
+def _until(check, what: str, timeout: float, explain) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{explain()}")
+        time.sleep(0.25)
+
+
+def _explain(slurm, out: Path, job_dir: Path):
+    def explain() -> str:
+        parts = [f"--- job output\n{out.read_text(errors='replace') if out.exists() else '(none)'}"]
+        for log in sorted((job_dir / "logs").glob("*.log")) if job_dir.exists() else []:
+            parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts) + "\n" + slurm.logs()
+    return explain
+
+
+def test_sbatch_runs_a_workergroup_and_leaves_nothing(slurm, tmp_path):
+    job, job_dir, out = _submit(slurm, tmp_path)
+    explain = _explain(slurm, out, job_dir)
+    _until(lambda: slurm.job_state(job) == "", f"job {job} to finish", JOB_TIMEOUT, explain)
+    text = out.read_text()
+    assert "controller: workergroup ok" in text, explain()
+    ranks = re.findall(r"controller: rank (\d) pid \d+ gpus (\S+) job (\d+) node (\S+)", text)
+    # The two workers got the job's GPUs (1 and 3 of the node's 4), one each, and run in the job.
+    assert sorted(ranks) == [("0", "1", job, "127.0.0.1"), ("1", "3", job, "127.0.0.1")], explain()
+    assert "exited with code 0" in text, explain()
+    info = slurm.run(["scontrol", "show", "job", job], check=False).stdout
+    assert "ExitCode=0:0" in info or info == "", info
+    _until(lambda: not slurmkit.job_processes(job), "the job's processes to end", GONE_TIMEOUT,
+           lambda: "\n".join(slurmkit.job_processes(job)) + explain())
+    assert not (job_dir / "token").exists(), "the per-job token outlived the job"
+    agents = (job_dir / "logs" / "agents.log").read_text()
+    assert "with 2 GPUs" in agents, agents  # the node offered only the job's GPUs
+    assert "shutting down" in agents and "stopped" in agents, agents  # stopped, not killed
+
+
+def test_scancel_mid_run_leaves_no_podium_process(slurm, tmp_path):
+    job, job_dir, out = _submit(slurm, tmp_path, "600")
+    explain = _explain(slurm, out, job_dir)
+    _until(lambda: out.exists() and "controller: sleeping" in out.read_text(), "the controller to sleep",
+           JOB_TIMEOUT, explain)
+    token = job_dir / "token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+    running = slurmkit.job_processes(job)
+    # launcher, scheduler, srun, the node agent and two workers (at least) run in the job.
+    assert sum("podium" in line for line in running) >= 4, running
+    assert any("slurmnode" in line for line in running), running
+    slurm.run(["scancel", job])
+    _until(lambda: slurm.job_state(job) == "", f"job {job} to leave the queue", GONE_TIMEOUT, explain)
+    _until(lambda: not slurmkit.job_processes(job), "no process of the job left", GONE_TIMEOUT,
+           lambda: "\n".join(slurmkit.job_processes(job)) + explain())
+    text = out.read_text()
+    assert "got SIGTERM: stopping" in text, explain()
+    assert not token.exists(), "the per-job token outlived the cancelled job"
+    agents = (job_dir / "logs" / "agents.log").read_text()
+    assert "stopped 2 workers" in agents or "WORKER_EXITED" in agents, agents
