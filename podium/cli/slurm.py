@@ -200,7 +200,8 @@ class Launcher:
                  "--log-dir", str(self.dir / "workers"), "--stop-grace", str(min(self.args.stop_grace, 30.0))]
         if self.args.fake_gpus is not None:
             agent += ["--fake-gpus", str(self.args.fake_gpus)]
-        agent += ["--cpus", str(self.args.cpus_per_node or self._default_cpus())]
+        if self.args.cpus_per_node is not None:
+            agent += ["--cpus", str(self.args.cpus_per_node)]
         self._spawn("node agents (srun)", ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}",
                                            "--ntasks-per-node=1", "--kill-on-bad-exit=1",
                                            f"--job-name=podium-agents-{self.job.job_id}",
@@ -218,14 +219,6 @@ class Launcher:
         self._wait(f"{self.job.nodes} node agents to register", deadline, registered)
         _say(f"{self.job.nodes} nodes registered; running {' '.join(self.command)}")
         return address
-
-    def _default_cpus(self) -> float:
-        # Bundle CPUs are colocation slots (verl asks max_colocate_count per bundle), not
-        # cores: offer at least 16 per GPU, like `podium up`.
-        cores = os.environ.get("SLURM_CPUS_ON_NODE", "")
-        cores_n = int(cores) if cores.isdigit() else (os.cpu_count() or 1)
-        gpus = self.args.fake_gpus if self.args.fake_gpus is not None else 8
-        return float(max(cores_n, 16 * max(gpus, 1)))
 
     def run(self, address: str) -> int:
         """Run the controller command; its exit status (Cancelled on a signal)."""

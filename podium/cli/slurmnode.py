@@ -30,7 +30,7 @@ import sys
 
 from podium import errors, rpc
 
-__all__ = ["main", "route_address", "agent_argv"]
+__all__ = ["main", "route_address", "agent_argv", "default_cpus"]
 
 log = logging.getLogger("podium.slurm.node")
 
@@ -70,6 +70,15 @@ def agent_argv(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     return argv
 
 
+def default_cpus(gpus: int, env: dict[str, str]) -> float:
+    """CPU slots to offer: the step's CPUs, and at least 16 per GPU. Bundle CPUs are
+    colocation slots (verl asks ``max_colocate_count`` per bundle), not cores, as in
+    ``podium up``."""
+    cores = env.get("SLURM_CPUS_ON_NODE", "")
+    count = int(cores) if cores.isdigit() else (os.cpu_count() or 1)
+    return float(max(count, 16 * max(gpus, 1)))
+
+
 async def _serve(config) -> int:
     from podium.worker.agent.service import run_agent
 
@@ -92,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Run a node agent inside a Slurm job step.")
     p.add_argument("--scheduler", required=True, help="scheduler HOST:PORT")
     p.add_argument("--log-dir", required=True, help="worker logs go to LOG_DIR/<node name>/")
-    p.add_argument("--cpus", type=float, default=None, help="CPU slots offered (default: all)")
+    p.add_argument("--cpus", type=float, default=None,
+                   help="CPU slots offered (default: the step's CPUs, at least 16 per GPU)")
     p.add_argument("--fake-gpus", type=int, default=None, help="pretend to have N GPUs")
     p.add_argument("--stop-grace", type=float, default=5.0, help="SIGTERM -> SIGKILL for workers (5 s)")
     p.add_argument("--log-level", default="INFO")
@@ -114,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
         provider = VisibleGpus(detect(config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory,
                                       node_id=config.node_id), visible)
-        config = dataclasses.replace(config, provider=provider)
+        config = dataclasses.replace(config, provider=provider,
+                                     cpus=config.cpus or default_cpus(len(provider.gpus()), os.environ))
         rpc.use_uvloop()
         return asyncio.run(_serve(config))
     except errors.PodiumError as exc:

@@ -87,3 +87,9 @@ def test_node_step_arguments_are_podium_node_flags():
     assert "slurm_job_id=9" in parsed.label
     with pytest.raises(errors.InvalidArgumentError):
         slurmnode.split_address("nohost")
+
+
+def test_default_cpu_slots():
+    assert slurmnode.default_cpus(8, {"SLURM_CPUS_ON_NODE": "96"}) == 128.0
+    assert slurmnode.default_cpus(0, {"SLURM_CPUS_ON_NODE": "96"}) == 96.0
+    assert slurmnode.default_cpus(2, {"SLURM_CPUS_ON_NODE": "4"}) == 32.0
