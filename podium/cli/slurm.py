@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU slots each node offers (default: max(Slurm's CPUs, 16 per GPU))")
     p.add_argument("--fake-gpus", type=int, default=None,
                    help="pretend each node has N GPUs (CPU-only clusters, trying it out)")
+    p.add_argument("--all-gpus", action="store_true",
+                   help="offer every GPU of each node when Slurm names none (clusters without "
+                        "gres/gpu that give whole nodes; default: only the job's GPUs)")
     p.add_argument("--register-timeout", type=float, default=180.0,
                    help="seconds to wait for every node to register (180)")
     p.add_argument("--stop-grace", type=float, default=10.0,
@@ -200,6 +203,8 @@ class Launcher:
                  "--log-dir", str(self.dir / "workers"), "--stop-grace", str(min(self.args.stop_grace, 30.0))]
         if self.args.fake_gpus is not None:
             agent += ["--fake-gpus", str(self.args.fake_gpus)]
+        if self.args.all_gpus:
+            agent.append("--all-gpus")
         if self.args.cpus_per_node is not None:
             agent += ["--cpus", str(self.args.cpus_per_node)]
         self._spawn("node agents (srun)", ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}",

@@ -7,8 +7,8 @@ It is ``podium node`` with its settings taken from the allocation:
 - the address it serves on and registers is the one this node routes to the scheduler
   from (so it works whatever the node's host name resolves to);
 - the node id is Slurm's node name (``SLURMD_NODENAME``), labels name the job;
-- the GPUs are those of the allocation: ``CUDA_VISIBLE_DEVICES`` as Slurm sets it for
-  the step (see :mod:`podium.worker.gpufilter`), also with ``--fake-gpus``;
+- the GPUs are those of the allocation (:func:`job_gpus`, :mod:`podium.worker.gpufilter`):
+  ``CUDA_VISIBLE_DEVICES`` as Slurm sets it for the step, also with ``--fake-gpus``;
 - the cluster token comes from ``PODIUM_TOKEN`` (srun passes the launcher's environment).
 
 It runs until SIGUSR2, SIGTERM or SIGINT, then stops its workers (SIGTERM, SIGKILL after
@@ -30,7 +30,7 @@ import sys
 
 from podium import errors, rpc
 
-__all__ = ["main", "route_address", "agent_argv", "default_cpus"]
+__all__ = ["main", "route_address", "agent_argv", "default_cpus", "job_gpus"]
 
 log = logging.getLogger("podium.slurm.node")
 
@@ -70,6 +70,21 @@ def agent_argv(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     return argv
 
 
+def job_gpus(env: dict[str, str], every_gpu: bool = False) -> tuple[str, ...] | None:
+    """The GPUs this step may use (None: every GPU NVML finds).
+
+    ``CUDA_VISIBLE_DEVICES`` as Slurm's gres plugin sets it for the step, else
+    ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` (the allocation's GPU indices). With none of
+    them the job was given no GPU, and a shared node's GPUs belong to other jobs: offer
+    none, unless ``every_gpu`` (nodes without gres/gpu, given whole; fake GPUs)."""
+    from podium.worker.gpufilter import parse_visible_devices
+
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if name in env:
+            return parse_visible_devices(env[name])
+    return None if every_gpu else ()
+
+
 def default_cpus(gpus: int, env: dict[str, str]) -> float:
     """CPU slots to offer: the step's CPUs, and at least 16 per GPU. Bundle CPUs are
     colocation slots (verl asks ``max_colocate_count`` per bundle), not cores, as in
@@ -105,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU slots offered (default: the step's CPUs, at least 16 per GPU)")
     p.add_argument("--fake-gpus", type=int, default=None, help="pretend to have N GPUs")
     p.add_argument("--stop-grace", type=float, default=5.0, help="SIGTERM -> SIGKILL for workers (5 s)")
+    p.add_argument("--all-gpus", action="store_true",
+                   help="offer every GPU NVML finds when Slurm names none (no gres/gpu configured)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -112,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run this node's agent until SIGUSR2/SIGTERM/SIGINT; returns the exit status."""
     from podium.worker.agent.service import build_parser as node_parser, config_from_args
-    from podium.worker.gpufilter import VisibleGpus, parse_visible_devices
+    from podium.worker.gpufilter import VisibleGpus
     from podium.worker.gpus import detect
 
     args = build_parser().parse_args(argv)
@@ -121,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         node_args = node_parser().parse_args(agent_argv(args, dict(os.environ)))
         config = config_from_args(node_args)
-        visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        visible = job_gpus(dict(os.environ), every_gpu=args.all_gpus or config.fake_gpus is not None)
         provider = VisibleGpus(detect(config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory,
                                       node_id=config.node_id), visible)
         config = dataclasses.replace(config, provider=provider,

@@ -93,3 +93,13 @@ def test_default_cpu_slots():
     assert slurmnode.default_cpus(8, {"SLURM_CPUS_ON_NODE": "96"}) == 128.0
     assert slurmnode.default_cpus(0, {"SLURM_CPUS_ON_NODE": "96"}) == 96.0
     assert slurmnode.default_cpus(2, {"SLURM_CPUS_ON_NODE": "4"}) == 32.0
+
+
+def test_job_gpus_come_from_the_allocation():
+    assert slurmnode.job_gpus({"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_JOB_GPUS": "0,1"}) == ("2", "3")
+    assert slurmnode.job_gpus({"SLURM_STEP_GPUS": "4,5"}) == ("4", "5")
+    assert slurmnode.job_gpus({"SLURM_JOB_GPUS": "6"}) == ("6",)
+    # No GPU named: a shared node's GPUs are other jobs'; only --all-gpus (or fakes) take all.
+    assert slurmnode.job_gpus({}) == ()
+    assert slurmnode.job_gpus({}, every_gpu=True) is None
+    assert slurmnode.job_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, every_gpu=True) == ()
