@@ -49,7 +49,7 @@ MAX_GRACE = 300.0
 
 
 class Cancelled(Exception):
-    """SIGTERM/SIGINT arrived: tear down and exit."""
+    """SIGTERM/SIGINT arrived: tear down and exit (128 + the signal, as a shell reports it)."""
 
 
 class SlurmJob:
@@ -132,6 +132,8 @@ class Launcher:
     def __init__(self, args: argparse.Namespace, job: SlurmJob, command: list[str]) -> None:
         self.args, self.job, self.command = args, job, command
         self.cancel = threading.Event()
+        #: The signal that set ``cancel``.
+        self.signal = signal.SIGTERM
         self.dir = pathlib.Path(args.job_dir or f"~/.podium/slurm/{job.job_id}").expanduser().resolve()
         self.token = secrets.token_urlsafe(32)
         self.token_file = self.dir / "token"
@@ -177,7 +179,12 @@ class Launcher:
             handle.write(self.token + "\n")
         env = {k: v for k, v in os.environ.items() if k != "PODIUM_TOKEN_FILE"}
         env.update(PODIUM_TOKEN=self.token, PYTHONUNBUFFERED="1")
-        host = self.args.scheduler_host or socket.gethostbyname(socket.gethostname())
+        try:
+            host = self.args.scheduler_host or socket.gethostbyname(socket.gethostname())
+        except OSError as exc:
+            raise errors.FailedPreconditionError(
+                f"cannot resolve this host's name {socket.gethostname()!r} ({exc}): "
+                f"give --scheduler-host ADDRESS") from None
         if host.startswith("127.") and self.job.nodes > 1:
             raise errors.FailedPreconditionError(
                 f"this host's name resolves to {host}, which other nodes cannot reach: "
@@ -229,13 +236,18 @@ class Launcher:
         """Run the controller command; its exit status (Cancelled on a signal)."""
         env = dict(os.environ, PODIUM_ADDRESS=address, PODIUM_TOKEN=self.token,
                    PODIUM_TOKEN_FILE=str(self.token_file), PODIUM_SLURM_JOB_DIR=str(self.dir))
-        self._spawn("controller", self.command, env, None)
+        try:
+            self._spawn("controller", self.command, env, None)
+        except OSError as exc:
+            raise errors.InvalidArgumentError(f"cannot run {self.command[0]!r}: {exc.strerror or exc}") from None
         proc = self.procs["controller"]
         while True:
             if self.cancel.is_set():
                 raise Cancelled()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = proc.wait(0.2)
+                if self.cancel.is_set():  # scancel signals the controller too: it may end first
+                    raise Cancelled()
                 return 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell says
 
     def stop(self) -> None:
@@ -281,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     launcher = Launcher(args, job, command)
 
     def on_signal(signum, _frame):
-        _say(f"got {signal.Signals(signum).name}: stopping")
+        # No printing here: a handler that writes can interrupt a write to the same stream.
+        launcher.signal = signum
         launcher.cancel.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -291,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         status = launcher.run(launcher.start())
         _say(f"{' '.join(command)} exited with code {status}")
     except Cancelled:
-        status = 128 + signal.SIGTERM
+        _say(f"got {signal.Signals(launcher.signal).name}: stopping")
+        status = 128 + launcher.signal
     except errors.PodiumError as exc:
         _say(str(exc))
     finally:

@@ -1,6 +1,6 @@
 """The controller script test_slurm.py submits: a WorkerGroup of two workers on the Slurm-run cluster.
 
-    python slurm_controller.py [SECONDS]     # SECONDS: then sleep that long (to be cancelled)
+    python slurm_controller.py [SECONDS [STATUS]]   # then sleep SECONDS (to be cancelled), exit STATUS
 
 Every worker reports where it runs; the script prints one "controller:" line per rank,
 then "controller: workergroup ok".
@@ -41,7 +41,7 @@ def main() -> int:
             time.sleep(float(sys.argv[1]))
     finally:
         shutdown()
-    return 0
+    return int(sys.argv[2]) if len(sys.argv) > 2 else 0
 
 
 if __name__ == "__main__":
