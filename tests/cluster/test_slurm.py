@@ -108,7 +108,6 @@ def test_scancel_mid_run_leaves_no_podium_process(slurm, tmp_path):
     # scancel signals every process of the job at once: the launcher sees its SIGTERM, or
     # (a rare race) first sees the controller end from its own SIGTERM; 143 either way.
     assert "got SIGTERM: stopping" in text or "exited with code 143" in text, explain()
-    assert "stopping node agents" in text, explain()
     assert not token.exists(), "the per-job token outlived the cancelled job"
     agents = (job_dir / "logs" / "agents.log").read_text()
     assert "stopped 2 workers" in agents or "WORKER_EXITED" in agents, agents
