@@ -185,7 +185,7 @@ class Launcher:
             raise errors.FailedPreconditionError(
                 f"cannot resolve this host's name {socket.gethostname()!r} ({exc}): "
                 f"give --scheduler-host ADDRESS") from None
-        if host.startswith("127.") and self.job.nodes > 1:
+        if not self.args.scheduler_host and host.startswith("127.") and self.job.nodes > 1:
             raise errors.FailedPreconditionError(
                 f"this host's name resolves to {host}, which other nodes cannot reach: "
                 f"give --scheduler-host ADDRESS (this node's address on the cluster network)")

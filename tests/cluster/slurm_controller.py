@@ -2,7 +2,7 @@
 
     python slurm_controller.py [SECONDS [STATUS]]   # then sleep SECONDS (to be cancelled), exit STATUS
 
-Every worker reports where it runs; the script prints one "controller:" line per rank,
+``PODIUM_TEST_PROCESS_ON_NODES`` (default "2") sizes the pool. Every worker reports where it runs; the script prints one "controller:" line per rank,
 then "controller: workergroup ok".
 """
 
@@ -23,14 +23,15 @@ class Where(Worker):
     def where(self) -> dict:
         """This rank's placement."""
         return {"rank": self.rank, "pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "job": os.environ.get("SLURM_JOB_ID"), "node": os.environ.get("PODIUM_NODE_ADDRESS")}
+                "job": os.environ.get("SLURM_JOB_ID"), "node": os.environ.get("SLURMD_NODENAME")}
 
 
 def main() -> int:
     """Run the group; sleep afterwards when asked."""
     init(address=os.environ["PODIUM_ADDRESS"])
     try:
-        pool = ResourcePool(process_on_nodes=[2], use_gpu=True, max_colocate_count=1)
+        counts = [int(n) for n in os.environ.get("PODIUM_TEST_PROCESS_ON_NODES", "2").split(",")]
+        pool = ResourcePool(process_on_nodes=counts, use_gpu=True, max_colocate_count=1)
         group = WorkerGroup(resource_pool=pool, ray_cls_with_init=ClassWithInitArgs(Where))
         for info in group.where():
             print(f"controller: rank {info['rank']} pid {info['pid']} gpus {info['gpus']} "

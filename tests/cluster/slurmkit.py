@@ -1,15 +1,19 @@
-"""A one-machine Slurm cluster for tests: munged, slurmctld and slurmd as our own processes.
+"""A one-machine Slurm cluster for tests: munged, slurmctld and two slurmd as our own processes.
 
 Everything lives in one temporary directory (config, munge key and socket, state, spool,
 logs); the daemons run in the foreground as children of the test, on free ports, and
-:meth:`SlurmCluster.stop` ends exactly those pids. Needs root (SlurmUser=root, and
+:meth:`SlurmCluster.stop` ends exactly those pids. The two Slurm nodes, n1 and n2, are
+two slurmd on this machine (``slurmd -N``, each on its own port; NodeHostname is this
+host's name, NodeAddr 127.0.0.1), so jobs span two nodes as on a real cluster. Needs root (SlurmUser=root, and
 slurmd starts job steps as the submitting user) and the Debian packages ``slurm-wlm``
 and ``munge``; :func:`missing` says what is absent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,8 +25,10 @@ from pathlib import Path
 PROGRAMS = {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
             "sbatch": "slurm-wlm", "scancel": "slurm-wlm", "sinfo": "slurm-wlm",
             "squeue": "slurm-wlm"}
-#: CPUs the one node offers: more than the machine has is fine (config_overrides).
+#: CPUs each node offers: more than the machine has is fine (config_overrides).
 NODE_CPUS = 4
+#: The Slurm node names.
+NODES = ("n1", "n2")
 START_TIMEOUT = 60.0
 
 
@@ -43,13 +49,16 @@ def _free_port() -> int:
 
 
 class SlurmCluster:
-    """munged + slurmctld + slurmd on 127.0.0.1, one node named after this host."""
+    """munged + slurmctld + one slurmd per node of :data:`NODES`, all on 127.0.0.1."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
         self.procs: list[subprocess.Popen] = []
         self.conf = root / "slurm.conf"
+        # A name of its own: processes are matched to this cluster's jobs by it (job ids
+        # start at 1 in every cluster).
+        self.name = f"podium{secrets.token_hex(4)}"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
 
     def _write_config(self) -> None:
@@ -59,22 +68,23 @@ class SlurmCluster:
         key = root / "munge" / "munge.key"
         key.write_bytes(os.urandom(128))
         key.chmod(0o600)
+        nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={_free_port()} "
+                          f"CPUs={NODE_CPUS} State=UNKNOWN" for n in NODES)
         self.conf.write_text(f"""\
-ClusterName=podiumtest
-SlurmctldHost={self.node}(127.0.0.1)
+ClusterName={self.name}
+SlurmctldHost={self.host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 AuthType=auth/munge
 AuthInfo=socket={root}/munge/munge.socket
 CredType=cred/munge
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -86,7 +96,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=30
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} State=UNKNOWN
+{nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
 
@@ -97,7 +107,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         log.close()
 
     def start(self) -> "SlurmCluster":
-        """Start the three daemons and wait (deadline) until the node is idle."""
+        """Start the daemons and wait (deadline) until every node is idle."""
         self._write_config()
         m = self.root / "munge"
         self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={m}/munge.key",
@@ -105,10 +115,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                                f"--seed-file={m}/munged.seed", f"--log-file={m}/munged.log"])
         self._until(lambda: (m / "munge.socket").exists(), "munged to create its socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf)])
-        self._until(lambda: self.run(["sinfo", "-h", "-N", "-o", "%t"], check=False).stdout.strip()
-                    in ("idle", "mix", "alloc"), "the node to be idle")
+        for node in NODES:
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-f", str(self.conf), "-N", node])
+        self._until(self._all_idle, "the nodes to be idle")
         return self
+
+    def _all_idle(self) -> bool:
+        states = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout.split("\n")
+        idle = {line.split()[0] for line in states if line.strip().endswith(" idle")}
+        return idle == set(NODES)
 
     def _until(self, ready, what: str, timeout: float = START_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
@@ -138,7 +153,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return "\n".join(out)
 
     def stop(self) -> None:
-        """SIGTERM the daemons we started (slurmd first), SIGKILL what is left after 15 s."""
+        """Cancel every job (a job's slurmstepd outlives slurmd), wait until their processes
+        are gone, then SIGTERM the daemons we started (slurmd first), SIGKILL after 15 s."""
+        if self.procs and self.procs[1:2] and self.procs[1].poll() is None:  # slurmctld runs
+            self.run(["scancel", "--quiet", f"--user={os.geteuid()}"], check=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (
+                    self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip()
+                    or job_processes(self.name)):
+                time.sleep(0.5)
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -148,11 +171,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        # Last resort when the daemons could not cancel them: the jobs' processes are ours.
+        for line in job_processes(self.name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
 
 
-def job_processes(job_id: str) -> list[str]:
-    """"pid cmdline" of every process whose environment says it belongs to Slurm job ``job_id``."""
-    marker = f"SLURM_JOB_ID={job_id}".encode()
+def job_processes(cluster: str, job_id: str | None = None) -> list[str]:
+    """"pid cmdline" of every process whose environment says it belongs to Slurm job
+    ``job_id`` (any job when None) of the cluster named ``cluster``."""
+    markers = [f"SLURM_CLUSTER_NAME={cluster}".encode()]
+    if job_id is not None:
+        markers.append(f"SLURM_JOB_ID={job_id}".encode())
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -162,6 +192,6 @@ def job_processes(job_id: str) -> list[str]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if marker in environ:
+        if all(marker in environ for marker in markers):
             found.append(f"{entry.name} {cmdline[:160]}")
     return found
