@@ -11,7 +11,8 @@ On the job's first node (where the batch script runs) it
    state in memory: the cluster lives as long as the job);
 3. starts one node agent per node with ``srun --overlap --ntasks-per-node=1``
    (:mod:`podium.cli.slurmnode`): each offers the GPUs Slurm gave the job on its node
-   (``CUDA_VISIBLE_DEVICES``), the token reaches it in srun's environment, never argv;
+   (``CUDA_VISIBLE_DEVICES``; none if it has none, unless ``--all-gpus``), the token
+   reaches it in srun's environment, never argv;
 4. waits (``--register-timeout``) until every node has registered;
 5. runs the command with ``PODIUM_ADDRESS``, ``PODIUM_TOKEN`` and ``PODIUM_TOKEN_FILE`` set;
 6. when the command ends, or on SIGTERM/SIGINT (``scancel``, the time limit), stops the
