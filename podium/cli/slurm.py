@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled:
         _say(f"got {signal.Signals(launcher.signal).name}: stopping")
         status = 128 + launcher.signal
-    except errors.PodiumError as exc:
+    except (errors.PodiumError, OSError) as exc:  # OSError: the job directory, a log file
         _say(str(exc))
     finally:
         launcher.stop()
