@@ -28,7 +28,7 @@ import kustomizekit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
-KUSTOMIZATIONS = ["base", "overlays/cpu", "job"]
+KUSTOMIZATIONS = ["base", "overlays/cpu", "job", "overlays/tls", "overlays/tls-job"]
 #: The oldest Kubernetes still commonly run, and the newest the package knows.
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 TOKEN_SECRET = ("podium-token", "token")
@@ -65,7 +65,10 @@ def test_manifests_validate_against_the_api_schemas(rendered, name, version):
 def test_every_yaml_file_is_rendered_somewhere(rendered):
     """A manifest no kustomization lists would be neither applied nor checked."""
     listed = set()
-    for folder in [K8S / n for n in KUSTOMIZATIONS]:
+    folders = [K8S / n for n in KUSTOMIZATIONS]
+    for folder in list(folders):
+        folders += [(folder / c).resolve() for c in kustomizekit._kustomization(folder).get("components", [])]
+    for folder in folders:
         spec = kustomizekit._kustomization(folder)
         listed |= {(folder / r).resolve() for r in spec.get("resources", []) if not (folder / r).is_dir()}
         listed |= {(folder / p["path"]).resolve() for p in spec.get("patches", []) if "path" in p}
@@ -298,3 +301,36 @@ def test_the_loader_refuses_what_it_cannot_render(tmp_path):
     (tmp_path.parent / "outside.yaml").write_text("kind: ConfigMap\n")
     with pytest.raises(AssertionError, match="outside the kustomization"):
         kustomizekit.render(tmp_path)
+
+
+def _secret_file(pod: dict, container: dict, path: str) -> tuple[str, str]:
+    """(Secret name, key) that the file at ``path`` in ``container`` comes from."""
+    mounts = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{container['name']}: {path} is on no (or several) mounts"
+    volume = {v["name"]: v for v in pod["volumes"]}[mounts[0]["name"]]
+    assert "secret" in volume, f"{path} is not from a Secret"
+    return volume["secret"]["secretName"], path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+
+
+def test_tls_overlay(rendered):
+    """TLS files from the podium-tls Secret, flags and PODIUM_TLS_* agree, one server name
+    everywhere, and the scheduler's probes no longer use the (client-certificate) HTTP port."""
+    names = set()
+    workloads = [_one(rendered["overlays/tls"], "StatefulSet"), _one(rendered["overlays/tls"], "DaemonSet"),
+                 _one(rendered["overlays/tls-job"], "Job")]
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        files = {key: env[f"PODIUM_TLS_{key.upper()}"] for key in ("cert", "key", "ca")}
+        assert {k: _secret_file(pod, container, v) for k, v in files.items()} == {
+            "cert": ("podium-tls", "tls.crt"), "key": ("podium-tls", "tls.key"), "ca": ("podium-tls", "ca.crt")}
+        assert pod["securityContext"]["fsGroup"] == 10001  # the 0440 files are readable by the pod's user
+        names.add(env["PODIUM_TLS_SERVER_NAME"])
+        if workload["kind"] != "Job":
+            _, flags = parse_podium_args(container)
+            assert (flags.tls_cert, flags.tls_key, flags.tls_ca) == (files["cert"], files["key"], files["ca"])
+            for probe in ("livenessProbe", "readinessProbe"):
+                assert container[probe]["exec"]["command"] == [
+                    "python", "-m", "podium.cli.healthprobe", "grpc", f"127.0.0.1:{flags.port}"]
+    assert names == {"podium"}
