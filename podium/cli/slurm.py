@@ -39,6 +39,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 from podium import errors
 
@@ -141,7 +143,7 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: list = []
 
-    def _wait(self, what: str, deadline: float, ready) -> object:
+    def _wait(self, what: str, deadline: float, ready: Callable[[], Any]) -> Any:
         """Poll ``ready()`` until it returns something, the deadline passes, a process we
         started exits, or a signal arrives."""
         while True:

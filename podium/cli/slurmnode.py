@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 
 from podium import errors, rpc
 
@@ -55,7 +56,7 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def agent_argv(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
+def agent_argv(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
     """The ``podium node`` arguments for this node of the allocation."""
     host, port = split_address(args.scheduler)
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
@@ -70,7 +71,7 @@ def agent_argv(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     return argv
 
 
-def job_gpus(env: dict[str, str], every_gpu: bool = False) -> tuple[str, ...] | None:
+def job_gpus(env: Mapping[str, str], every_gpu: bool = False) -> tuple[str, ...] | None:
     """The GPUs this step may use (None: every GPU NVML finds).
 
     ``CUDA_VISIBLE_DEVICES`` as Slurm's gres plugin sets it for the step, else
@@ -85,7 +86,7 @@ def job_gpus(env: dict[str, str], every_gpu: bool = False) -> tuple[str, ...] | 
     return None if every_gpu else ()
 
 
-def default_cpus(gpus: int, env: dict[str, str]) -> float:
+def default_cpus(gpus: int, env: Mapping[str, str]) -> float:
     """CPU slots to offer: the step's CPUs, and at least 16 per GPU. Bundle CPUs are
     colocation slots (verl asks ``max_colocate_count`` per bundle), not cores, as in
     ``podium up``."""

@@ -1,7 +1,7 @@
 """`podium slurm` under a real Slurm: sbatch the shipped script over two nodes, then scancel one.
 
 The cluster is munged, slurmctld and two slurmd (nodes n1 and n2) started by this test
-(slurmkit.py) on 127.0.0.1. The job is deploy/slurm/podium.sbatch running
+(tests/support/slurmkit.py) on 127.0.0.1. The job is deploy/slurm/podium.sbatch running
 slurm_controller.py on both nodes: each node fakes 4 GPUs and the job is given
 CUDA_VISIBLE_DEVICES=1,3, as Slurm's gres plugin would, so on each node the two workers
 must get GPU 1 and GPU 3. Skipped, naming what is missing, without root or the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import slurmkit
+from tests.support import slurmkit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.cluster, pytest.mark.timeout(600)]
 

@@ -15,14 +15,14 @@ import time
 import pytest
 import torch
 
-from certs import make_tls
+from tests.support.certs import make_tls
 from podium import controller
 from podium.auth import TlsConfig
 from podium.cli import healthprobe
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import two_node_processes
+from tests.support.clusters import two_node_processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

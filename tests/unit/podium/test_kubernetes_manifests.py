@@ -3,7 +3,7 @@ the rendered objects say what Podium needs: the token only from the Secret, prob
 right paths and ports, the state volume where --state points, every command a real CLI
 command with real flags (a flag that does not exist fails here), the image's ENTRYPOINT.
 
-Rendering is kustomizekit.render (kubectl apply -k for the features used); validation is
+Rendering is tests.support.kustomizekit.render (kubectl apply -k for the features used); validation is
 the kubernetes-validate package, which ships the schemas. Adds about 10 s.
 """
 
@@ -24,9 +24,9 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kuberne
                                           "(the test extra has it)")
 pytest.importorskip("jsonpatch", reason="jsonpatch not installed (the test extra has it)")
 
-import kustomizekit  # noqa: E402
+from tests.support import kustomizekit  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "kubernetes"
 KUSTOMIZATIONS = ["base", "overlays/cpu", "job", "overlays/tls", "overlays/tls-job"]
 #: The oldest Kubernetes still commonly run, and the newest the package knows.
