@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, init, shutdown
+from podium import init, shutdown
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.worker import Dispatch, Worker, register
 
 

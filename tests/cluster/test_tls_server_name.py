@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.support.certs import make_tls
-from podium import controller
+import podium
 from podium.auth import TlsConfig
 from podium.cli import healthprobe
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
@@ -57,7 +57,7 @@ def test_one_name_for_every_address(tmp_path, monkeypatch):
     with two_node_processes(tmp_path, gpus_per_node=1, cpus=8, flags=flags) as procs:
         client_tls = TlsConfig.from_paths(tls.cert, tls.key, tls.ca)
         assert client_tls.server_name == NAME
-        rt = controller.init(address=procs.address, token=procs.token, tls=client_tls)
+        rt = podium.init(address=procs.address, token=procs.token, tls=client_tls)
         try:
             deadline = time.monotonic() + 60
             while len(rt.run(rt.cluster_state()).nodes) < 2:  # the agents reached the scheduler
@@ -68,7 +68,7 @@ def test_one_name_for_every_address(tmp_path, monkeypatch):
             out = second.add(first.double(DataProto.from_dict(tensors={"a": torch.arange(4)})))
             assert out.batch["a"].tolist() == [1, 3, 5, 7]
         finally:
-            controller.shutdown()
+            podium.shutdown()
 
         monkeypatch.setenv("PODIUM_TLS_CERT", tls.cert)
         monkeypatch.setenv("PODIUM_TLS_KEY", tls.key)
