@@ -36,6 +36,8 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="podium" \
       org.opencontainers.image.description="Podium scheduler, node agent and controller runtime"
 COPY --from=build /opt/podium /opt/podium
+# The examples, for the Kubernetes example Job (deploy/kubernetes/job) and quick tries.
+COPY --from=build /src/examples /opt/podium/examples
 # A fixed uid so volumes keep working across rebuilds; state and logs live on volumes.
 RUN useradd --uid 10001 --create-home --home-dir /home/podium --shell /usr/sbin/nologin podium \
  && mkdir -p /var/lib/podium /var/log/podium \

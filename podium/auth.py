@@ -103,12 +103,15 @@ class TlsConfig:
     def from_paths(cls, cert: str | None, key: str | None, ca: str | None,
                    server_name: str | None = None) -> "TlsConfig | None":
         """Build from CLI flags (or PODIUM_TLS_* variables); all three or none must be
-        given, and they must load (see :meth:`check`)."""
+        given, and they must load (see :meth:`check`). ``server_name`` defaults to
+        ``$PODIUM_TLS_SERVER_NAME``: one name every certificate carries, for clusters whose
+        addresses no certificate can list (pods on Kubernetes)."""
         given = [cert, key, ca]
         if not any(given):
             return None
         if not all(given):
             raise InvalidArgumentError("--tls-cert, --tls-key and --tls-ca go together: give all three")
+        server_name = server_name or os.environ.get("PODIUM_TLS_SERVER_NAME") or None
         return cls(cert=str(cert), key=str(key), ca=str(ca), server_name=server_name).check()
 
     def check(self) -> "TlsConfig":

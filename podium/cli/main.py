@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("podium.cli.operator:main_status", "show nodes, GPUs, placement groups and workers"),
     "logs": ("podium.cli.operator:main_logs", "print (or --follow) a worker's output"),
     "down": ("podium.cli.operator:main_down", "stop the local cluster started by `podium up`"),
+    "slurm": ("podium.cli.slurm:main", "inside a Slurm allocation: start a cluster, run a controller, stop all"),
 }
 
 

@@ -8,4 +8,6 @@
   services and fakes for integration tests.
 - :mod:`.faultkit`, :mod:`.dockerkit`, :mod:`.proctable`, :mod:`.proto_strategies`: fault
   injection, Docker, the process table, hypothesis strategies for protobuf messages.
+- :mod:`.slurmkit`: a one-machine Slurm cluster (munged, slurmctld, two slurmd) for the Slurm test.
+- :mod:`.kustomizekit`: renders deploy/kubernetes the way ``kubectl apply -k`` does.
 """

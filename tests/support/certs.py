@@ -32,9 +32,11 @@ def _write_key(path: pathlib.Path, key) -> None:
     path.chmod(0o600)
 
 
-def make_tls(directory: str | pathlib.Path, prefix: str = "") -> TlsConfig:
+def make_tls(directory: str | pathlib.Path, prefix: str = "",
+             names: tuple[str, ...] = LOOPBACK_NAMES) -> TlsConfig:
     """Write ``{prefix}ca.pem``, ``{prefix}node.pem`` and ``{prefix}node.key`` under
-    ``directory``; return the TlsConfig naming them."""
+    ``directory`` (the certificate's SANs: ``names``, IPs or DNS names); return the
+    TlsConfig naming them."""
     out = pathlib.Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -53,8 +55,8 @@ def make_tls(directory: str | pathlib.Path, prefix: str = "") -> TlsConfig:
           .sign(ca_key, hashes.SHA256()))
 
     key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.DNSName(n) if n == "localhost" else x509.IPAddress(ipaddress.ip_address(n))
-            for n in LOOPBACK_NAMES]
+    sans = [x509.DNSName(n) if not n[0].isdigit() else x509.IPAddress(ipaddress.ip_address(n))
+            for n in names]
     cert = (x509.CertificateBuilder().subject_name(_name("podium-test-node")).issuer_name(ca_name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(start).not_valid_after(end)
