@@ -250,8 +250,12 @@ class VLLMRollout(Worker):
                 raise InvalidArgumentError(f"weights must be a dict of name -> tensor, got {type(weights).__name__}")
             items = check_weights(weights.items(), self._expected)
         else:
+            from podium.refs import ObjectRef
+
             start = time.monotonic()
-            value = bucket.get(timeout=_FETCH_TIMEOUT_S) if hasattr(bucket, "get") else bucket
+            # The worker host resolves a top-level ref before the call (fetched from its owner);
+            # a ref nested elsewhere is fetched here.
+            value = bucket.get(timeout=_FETCH_TIMEOUT_S) if isinstance(bucket, ObjectRef) else bucket
             fetch_s = time.monotonic() - start
             if not isinstance(value, Mapping):
                 raise InvalidArgumentError(f"a weight bucket must hold a dict of name -> tensor, "
