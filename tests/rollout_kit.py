@@ -21,7 +21,7 @@ def forcing_state_dict(model_dir: str, token_id: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    state = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).state_dict()
+    state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     forced = {}
     for name, tensor in state.items():
         t = tensor.clone()
@@ -41,7 +41,7 @@ def original_state_dict(model_dir: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).state_dict()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
 
 
 def prompt_batch(rows: list[list[int]], index: bool = True):
@@ -81,7 +81,7 @@ def make_sync_actor_cls():
             import torch
             from transformers import AutoModelForCausalLM
 
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, torch_dtype=torch.float32)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
             return sum(p.numel() for p in self.model.parameters())
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -78,7 +78,7 @@ def _load_model(model_path: str) -> Any:
 
     if not os.path.isdir(model_path):
         raise InvalidArgumentError(f"model directory {model_path!r} does not exist")
-    return AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
 
 
 class GRPOActor(Worker, WeightSource):

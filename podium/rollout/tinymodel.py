@@ -76,7 +76,7 @@ def build_tiny_llama(path: str | os.PathLike, *, words: Sequence[str] | None = N
                          num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                          num_key_value_heads=num_key_value_heads or num_attention_heads,
                          max_position_embeddings=max_position_embeddings, pad_token_id=0, bos_token_id=1,
-                         eos_token_id=2, tie_word_embeddings=tie_word_embeddings, torch_dtype="float32")
+                         eos_token_id=2, tie_word_embeddings=tie_word_embeddings, dtype="float32")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     os.makedirs(path, exist_ok=True)

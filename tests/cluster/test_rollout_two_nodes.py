@@ -27,6 +27,7 @@ def test_weights_cross_two_nodes_in_buckets(tmp_path):
     model_dir = build_tiny_llama(tmp_path / "tiny", seed=4)
     cfg = dict(model_path=model_dir, n=2, max_tokens=4, max_model_len=32, kv_cache_memory_bytes=4 << 20)
     # One fake GPU per node and one GPU per group: the two groups land on different nodes.
+    (tmp_path / "cluster").mkdir()
     with controller_cluster("two_nodes", tmp_path / "cluster", gpus_per_node=1):
         actor = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1),
                             ClassWithInitArgs(make_sync_actor_cls(), model_dir), name_prefix="actor")

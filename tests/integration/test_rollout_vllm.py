@@ -62,7 +62,7 @@ def _hf_log_probs(model_dir, out):
 
     from podium.rollout.grpo import response_log_probs
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return response_log_probs(model, out)
 
