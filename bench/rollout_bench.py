@@ -5,7 +5,8 @@
 Prints (numbers, never asserted):
 
 1. generation tokens/s through a 1-rank Podium ``VLLMRollout`` group vs the same engine
-   (same config) called in this process with no Podium around it, and their ratio;
+   (same config) called in a plain child process with no Podium around it, calls
+   alternating between the two (the machine may be shared), and their ratio;
 2. in-process weight sync (colocated actor -> rollout, ``update_weights(source="actor")``
    as the controller sees it, and the engine's load inside it) for the tiny model and a
    ~100M-parameter random Llama, vs copying that state dict once (``clone`` of every tensor);
@@ -59,42 +60,70 @@ def _gen_config(model_dir: str) -> dict:
                 kv_cache_memory_bytes=32 << 20, seed=0)
 
 
+def _direct_engine_child(model_dir: str, conn) -> None:
+    """In a child process: the same engine, no Podium; one timed generate per request."""
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")):
+        os.environ.setdefault(key, value)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from podium.rollout.vllm import VLLMRollout
+
+    cfg = _gen_config(model_dir)
+    local = VLLMRollout(cfg)
+    # Built and called on one non-main thread, as a Podium worker's execution thread does:
+    # on this machine vLLM's in-process engine generates ~10x slower from the main thread.
+    thread = ThreadPoolExecutor(1)
+    thread.submit(local.init_model).result()
+    llm, params = local.llm, local._sampling_params(cfg["n"])
+    requests = [{"prompt_token_ids": row.tolist()} for row in _prompts(16).batch["input_ids"]]
+
+    def timed() -> float:
+        start = time.monotonic()
+        llm.generate(requests, sampling_params=params, use_tqdm=False)
+        return time.monotonic() - start
+
+    conn.send("ready")
+    while conn.recv() == "go":
+        conn.send(thread.submit(timed).result())
+
+
 def bench_generation(model_dir: str, repeat: int) -> dict:
-    """Tokens/s through Podium (1 rank) and in-process; same prompts, same engine config."""
+    """Tokens/s through Podium (1 rank) and of the same engine in a plain process, calls
+    alternating so both see the same load on a shared machine."""
+    import multiprocessing
+
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from podium.rollout.vllm import VLLMRollout
 
     prompts = _prompts(16)
     cfg = _gen_config(model_dir)
     tokens = len(prompts) * cfg["n"] * cfg["max_tokens"]
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    proc = multiprocessing.get_context("spawn").Process(target=_direct_engine_child, args=(model_dir, child))
+    proc.start()
     wg = WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1),
                      ClassWithInitArgs(VLLMRollout, cfg), name_prefix="bench-rollout")
+    podium_s, direct_s = [], []
     try:
         wg.init_model()
-        wg.generate_sequences(prompts)  # warm-up
-        podium_s = []
-        for _ in range(repeat):
+        if not parent.poll(300):
+            raise TimeoutError("the in-process engine did not start within 300 s")
+        parent.recv()
+        wg.generate_sequences(prompts)  # warm-up, both sides
+        parent.send("go")
+        parent.recv()
+        for _ in range(repeat * 2):
             start = time.monotonic()
             wg.generate_sequences(prompts)
             podium_s.append(time.monotonic() - start)
+            parent.send("go")
+            if not parent.poll(300):
+                raise TimeoutError("the in-process engine did not answer within 300 s")
+            direct_s.append(parent.recv())
     finally:
         wg.shutdown()
-    # The same engine here, no Podium: built and called as VLLMRollout does.
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    local = VLLMRollout(cfg)
-    local.init_model()
-    llm, params = local.llm, local._sampling_params(cfg["n"])
-    requests = [{"prompt_token_ids": row.tolist()} for row in prompts.batch["input_ids"]]
-    llm.generate(requests, sampling_params=params, use_tqdm=False)
-    direct_s = []
-    for _ in range(repeat):
-        start = time.monotonic()
-        llm.generate(requests, sampling_params=params, use_tqdm=False)
-        direct_s.append(time.monotonic() - start)
-    del llm, local
+        parent.send("stop")
+        proc.join(30)
     p, d = statistics.median(podium_s), statistics.median(direct_s)
     return {"tokens": tokens, "podium_tok_s": tokens / p, "direct_tok_s": tokens / d, "ratio": d / p}
 

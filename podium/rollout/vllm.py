@@ -241,6 +241,8 @@ class VLLMRollout(Worker):
         if sum(given) != 1:
             raise InvalidArgumentError("update_weights takes exactly one of source=, weights=, bucket=")
         fetch_s = 0.0
+        if bucket is None:
+            self._staged = []  # a whole-model update drops a half-done bucketed one
         if source is not None:
             if not isinstance(source, str):
                 raise InvalidArgumentError(f"source must be a role name, got {type(source).__name__}")
@@ -257,10 +259,16 @@ class VLLMRollout(Worker):
             # a ref nested elsewhere is fetched here.
             value = bucket.get(timeout=_FETCH_TIMEOUT_S) if isinstance(bucket, ObjectRef) else bucket
             fetch_s = time.monotonic() - start
-            if not isinstance(value, Mapping):
-                raise InvalidArgumentError(f"a weight bucket must hold a dict of name -> tensor, "
-                                           f"got {type(value).__name__}")
-            self._staged.extend(check_weights(value.items(), self._expected))
+            try:
+                if not isinstance(value, Mapping):
+                    raise InvalidArgumentError(f"a weight bucket must hold a dict of name -> tensor, "
+                                               f"got {type(value).__name__}")
+                self._staged.extend(check_weights(value.items(), self._expected, complete=False))
+                if finish:  # the staged buckets together must be the whole model
+                    check_weights(self._staged, self._expected)
+            except BaseException:
+                self._staged = []  # a bad bucket spoils the sync: the next one starts afresh
+                raise
             if not finish:
                 return {"tensors": len(self._staged), "bytes": 0, "load_s": 0.0, "fetch_s": fetch_s,
                         "staged": True}

@@ -49,9 +49,12 @@ def sibling_state_dict(worker: Any, role: str) -> Mapping[str, Any]:
     return state_dict_of(siblings[role])
 
 
-def check_weights(weights: Iterable[tuple[str, Any]], expected: Mapping[str, tuple[int, ...]]) -> list[tuple[str, Any]]:
+def check_weights(weights: Iterable[tuple[str, Any]], expected: Mapping[str, tuple[int, ...]],
+                  complete: bool = True) -> list[tuple[str, Any]]:
     """``weights`` as a list of ``(name, detached tensor)``, after checking each name is in
-    ``expected`` and has its shape; InvalidArgumentError names what does not match."""
+    ``expected`` and has its shape, and (``complete``) that none of ``expected`` is missing:
+    vLLM reloads layer by layer, so a partial update would leave layers half loaded.
+    InvalidArgumentError names what does not match."""
     import torch
 
     items, unknown, wrong = [], [], []
@@ -65,13 +68,16 @@ def check_weights(weights: Iterable[tuple[str, Any]], expected: Mapping[str, tup
         elif tuple(tensor.shape) != tuple(shape):
             wrong.append(f"{name}: got {tuple(tensor.shape)}, model has {tuple(shape)}")
         items.append((name, tensor.detach()))
-    if unknown or wrong:
+    missing = sorted(set(expected) - {name for name, _ in items}) if complete and items else []
+    if unknown or wrong or missing:
         parts = []
         if unknown:
             parts.append(f"{len(unknown)} name(s) the model does not have: {unknown[:_SHOWN]}"
                          f" (model names look like {sorted(expected)[:3]})")
         if wrong:
             parts.append(f"{len(wrong)} shape mismatch(es): {wrong[:_SHOWN]}")
+        if missing:
+            parts.append(f"{len(missing)} name(s) missing (a full state dict is needed): {missing[:_SHOWN]}")
         raise InvalidArgumentError("weights do not match the engine's model: " + "; ".join(parts))
     if not items:
         raise InvalidArgumentError("no weights given")

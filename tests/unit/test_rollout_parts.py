@@ -37,12 +37,15 @@ def test_config_needs_the_kv_budget_and_known_fields():
 
 def test_check_weights_names_unknown_and_misshapen():
     expected = {"a.weight": (2, 3), "b.bias": (3,)}
-    items = check_weights({"a.weight": torch.ones(2, 3, requires_grad=True)}.items(), expected)
+    items = check_weights({"a.weight": torch.ones(2, 3, requires_grad=True)}.items(), expected, complete=False)
     assert items[0][0] == "a.weight" and not items[0][1].requires_grad
     with pytest.raises(InvalidArgumentError, match=r"does not have: \['c'\]"):
-        check_weights({"c": torch.ones(1)}.items(), expected)
+        check_weights({"c": torch.ones(1)}.items(), expected, complete=False)
     with pytest.raises(InvalidArgumentError, match=r"b.bias: got \(4,\), model has \(3,\)"):
-        check_weights({"b.bias": torch.ones(4)}.items(), expected)
+        check_weights({"b.bias": torch.ones(4)}.items(), expected, complete=False)
+    with pytest.raises(InvalidArgumentError, match=r"1 name\(s\) missing.*b.bias"):
+        check_weights({"a.weight": torch.ones(2, 3)}.items(), expected)
+    assert len(check_weights({"a.weight": torch.ones(2, 3), "b.bias": torch.ones(3)}.items(), expected)) == 2
     with pytest.raises(InvalidArgumentError, match="no weights"):
         check_weights({}.items(), expected)
     with pytest.raises(InvalidArgumentError, match="pairs"):
