@@ -4,9 +4,10 @@
 
 Prints (numbers, never asserted):
 
-1. generation tokens/s through a 1-rank Podium ``VLLMRollout`` group vs the same engine
-   (same config) called in a plain child process with no Podium around it, calls
-   alternating between the two (the machine may be shared), and their ratio;
+1. generation tokens/s of ``generate_sequences`` through a 1-rank Podium group (as the
+   controller sees it: dispatch, DataProto in and out, padding) vs the same engine's bare
+   ``llm.generate`` timed inside that worker process (no Podium around it), calls
+   alternating (the machine may be shared), and their ratio;
 2. in-process weight sync (colocated actor -> rollout, ``update_weights(source="actor")``
    as the controller sees it, and the engine's load inside it) for the tiny model and a
    ~100M-parameter random Llama, vs copying that state dict once (``clone`` of every tensor);
@@ -28,6 +29,7 @@ import torch
 
 from podium.dataproto import DataProto
 from podium.rollout.grpo import GRPOActor
+from podium.rollout.vllm import VLLMRollout
 from podium.worker import Dispatch, register
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -60,70 +62,42 @@ def _gen_config(model_dir: str) -> dict:
                 kv_cache_memory_bytes=32 << 20, seed=0)
 
 
-def _direct_engine_child(model_dir: str, conn) -> None:
-    """In a child process: the same engine, no Podium; one timed generate per request."""
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")):
-        os.environ.setdefault(key, value)
-    from concurrent.futures import ThreadPoolExecutor
+class BenchRollout(VLLMRollout):
+    """The rollout role plus a method that times the engine alone, in the same process."""
 
-    from podium.rollout.vllm import VLLMRollout
-
-    cfg = _gen_config(model_dir)
-    local = VLLMRollout(cfg)
-    # Built and called on one non-main thread, as a Podium worker's execution thread does:
-    # on this machine vLLM's in-process engine generates ~10x slower from the main thread.
-    thread = ThreadPoolExecutor(1)
-    thread.submit(local.init_model).result()
-    llm, params = local.llm, local._sampling_params(cfg["n"])
-    requests = [{"prompt_token_ids": row.tolist()} for row in _prompts(16).batch["input_ids"]]
-
-    def timed() -> float:
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def raw_generate_s(self, token_lists: list) -> float:
+        """Seconds of one bare ``llm.generate`` of ``token_lists`` (no DataProto, no padding)."""
         start = time.monotonic()
-        llm.generate(requests, sampling_params=params, use_tqdm=False)
+        self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists],
+                          sampling_params=self._sampling_params(self.config.n), use_tqdm=False)
         return time.monotonic() - start
-
-    conn.send("ready")
-    while conn.recv() == "go":
-        conn.send(thread.submit(timed).result())
 
 
 def bench_generation(model_dir: str, repeat: int) -> dict:
-    """Tokens/s through Podium (1 rank) and of the same engine in a plain process, calls
-    alternating so both see the same load on a shared machine."""
-    import multiprocessing
-
+    """Tokens/s of ``generate_sequences`` through Podium (1 rank, as the controller sees it)
+    vs the same engine's bare ``generate`` timed inside that worker (no Podium around it);
+    calls alternate, so both see the same load on a shared machine."""
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-    from podium.rollout.vllm import VLLMRollout
 
     prompts = _prompts(16)
+    token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     cfg = _gen_config(model_dir)
     tokens = len(prompts) * cfg["n"] * cfg["max_tokens"]
-    parent, child = multiprocessing.get_context("spawn").Pipe()
-    proc = multiprocessing.get_context("spawn").Process(target=_direct_engine_child, args=(model_dir, child))
-    proc.start()
     wg = WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1),
-                     ClassWithInitArgs(VLLMRollout, cfg), name_prefix="bench-rollout")
+                     ClassWithInitArgs(BenchRollout, cfg), name_prefix="bench-rollout")
     podium_s, direct_s = [], []
     try:
         wg.init_model()
-        if not parent.poll(300):
-            raise TimeoutError("the in-process engine did not start within 300 s")
-        parent.recv()
-        wg.generate_sequences(prompts)  # warm-up, both sides
-        parent.send("go")
-        parent.recv()
+        wg.generate_sequences(prompts)  # warm-up, both paths
+        wg.raw_generate_s(token_lists)
         for _ in range(repeat * 2):
             start = time.monotonic()
             wg.generate_sequences(prompts)
             podium_s.append(time.monotonic() - start)
-            parent.send("go")
-            if not parent.poll(300):
-                raise TimeoutError("the in-process engine did not answer within 300 s")
-            direct_s.append(parent.recv())
+            direct_s.append(wg.raw_generate_s(token_lists)[0])
     finally:
         wg.shutdown()
-        parent.send("stop")
-        proc.join(30)
     p, d = statistics.median(podium_s), statistics.median(direct_s)
     return {"tokens": tokens, "podium_tok_s": tokens / p, "direct_tok_s": tokens / d, "ratio": d / p}
 
@@ -193,16 +167,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, choices=range(1, 51), metavar="1..50")
     parser.add_argument("--grpo-steps", type=int, default=10, choices=range(2, 201), metavar="2..200")
     parser.add_argument("--skip-100m", action="store_true", help="leave out the ~100M-parameter model")
+    parser.add_argument("--only", choices=("gen", "sync", "grpo"), help="run one part only")
     args = parser.parse_args()
     init()
     try:
         with tempfile.TemporaryDirectory(prefix="podium-rollout-bench-") as tmp:
             tiny = build_tiny_llama(os.path.join(tmp, "tiny"), seed=0)
-            gen = bench_generation(tiny, args.repeat)
-            print(f"generation: {gen['tokens']} tokens/call; Podium {gen['podium_tok_s']:.0f} tok/s, "
-                  f"in-process {gen['direct_tok_s']:.0f} tok/s, ratio {gen['ratio']:.3f}", flush=True)
-            sizes = [("tiny", tiny)]
-            if not args.skip_100m:
+            parts = {args.only} if args.only else {"gen", "sync", "grpo"}
+            gen = bench_generation(tiny, args.repeat) if "gen" in parts else None
+            gen and print(f"generation: {gen['tokens']} tokens/call; Podium {gen['podium_tok_s']:.0f} tok/s, "
+                  f"engine alone {gen['direct_tok_s']:.0f} tok/s, ratio {gen['ratio']:.3f}", flush=True)
+            sizes = [("tiny", tiny)] if "sync" in parts else []
+            if sizes and not args.skip_100m:
                 sizes.append(("100M", build_tiny_llama(os.path.join(tmp, "100m"), seed=0, **LLAMA_100M)))
             for label, path in sizes:
                 s = bench_sync(path, args.repeat, cross=True)
@@ -211,6 +187,8 @@ def main() -> None:
                       f"{s['copy_s'] * 1e3:.1f} ms, ratio {s['sync_over_copy']:.2f}; cross-process "
                       f"{s['cross_s'] * 1e3:.1f} ms in {s['cross_buckets']} bucket(s), {s['cross_MBps']:.0f} MB/s",
                       flush=True)
+            if "grpo" not in parts:
+                return
             g = bench_grpo(os.path.join(tmp, "grpo"), args.grpo_steps)
             step = g["gen_s"] + g["train_s"] + g["sync_s"]
             print(f"GRPO step (2 ranks, 8 prompts x 8 samples x 8 tokens): {step * 1e3:.0f} ms = generation "
