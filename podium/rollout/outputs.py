@@ -82,23 +82,25 @@ def build_output(prompts: DataProto, token_lists: list[list[int]], outputs: list
     if prompts.batch is not None and "input_ids" in prompts.batch.keys():
         width = max(width, prompts.batch["input_ids"].shape[1])
     prompt_ids, prompt_mask = _left_padded(token_lists, width, pad_id)
-    responses = torch.full((rows, max_tokens), pad_id, dtype=torch.int64)
-    response_mask = torch.zeros((rows, max_tokens), dtype=torch.int64)
-    log_probs = torch.zeros((rows, max_tokens), dtype=torch.float32)
+    # Padded Python rows first, then one tensor each: a tensor per sample costs more than
+    # the engine's whole decode for small models.
+    ids_rows: list[list[int]] = []
+    lp_rows: list[list[float]] = []
+    lengths: list[int] = []
     for i, request in enumerate(outputs):
         if len(request.outputs) != n:
             raise InvalidArgumentError(f"the engine returned {len(request.outputs)} samples for prompt {i}, "
                                        f"expected {n}")
-        for j, sample in enumerate(request.outputs):
-            row = i * n + j
+        for sample in request.outputs:
             ids = list(sample.token_ids)[:max_tokens]
-            length = len(ids)
-            if length:
-                responses[row, :length] = torch.tensor(ids, dtype=torch.int64)
-                response_mask[row, :length] = 1
-                lps = sample.logprobs or []
-                log_probs[row, :length] = torch.tensor(
-                    [lps[k][tok].logprob for k, tok in enumerate(ids)], dtype=torch.float32)
+            lps = sample.logprobs or []
+            pad = max_tokens - len(ids)
+            lengths.append(len(ids))
+            lp_rows.append([lps[k][tok].logprob for k, tok in enumerate(ids)] + [0.0] * pad)
+            ids_rows.append(ids + [pad_id] * pad)
+    responses = torch.tensor(ids_rows, dtype=torch.int64).view(rows, max_tokens)
+    log_probs = torch.tensor(lp_rows, dtype=torch.float32).view(rows, max_tokens)
+    response_mask = (torch.arange(max_tokens).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).to(torch.int64)
     repeat = torch.arange(len(token_lists)).repeat_interleave(n)
     prompts_rep = prompt_ids[repeat]
     mask_rep = prompt_mask[repeat]

@@ -228,15 +228,18 @@ class VLLMRollout(Worker):
         * ``source="actor"``: the state dict of the role ``actor`` colocated in this process
           (taken by reference, no copy through the controller or disk);
         * ``weights={name: tensor}``: tensors sent with the call (small models, tests);
-        * ``bucket=ObjectRef``: one bucket held by an actor worker in another process, fetched
-          from it over Podium's data path (see :func:`podium.rollout.sync.push_weights`);
-          buckets are staged until a call with ``finish=True`` loads them all.
+        * ``bucket=ObjectRef``: one bucket (``{name: tensor}``) held by an actor worker in
+          another process; the worker host fetches it from its owner over Podium's data
+          path before this runs (see :func:`podium.rollout.sync.push_weights`). Buckets are
+          staged until a call with ``finish=True`` loads them all; a bad one drops the stage.
 
-        Names and shapes must match the model (InvalidArgumentError names the first that
-        do not). The prefix cache is reset. Returns ``{"tensors", "bytes", "load_s",
-        "fetch_s"}``.
+        Names and shapes must match the model, and the update must cover all of it
+        (InvalidArgumentError names the first that do not). The prefix cache is reset.
+        Returns ``{"tensors", "bytes", "load_s", "fetch_s", "staged"}``.
         """
         llm = self._engine()
+        if self._asleep:
+            raise FailedPreconditionError("the rollout engine is asleep: call wake_up before update_weights")
         given = [x is not None for x in (source, weights, bucket)]
         if sum(given) != 1:
             raise InvalidArgumentError("update_weights takes exactly one of source=, weights=, bucket=")
@@ -263,6 +266,10 @@ class VLLMRollout(Worker):
                 if not isinstance(value, Mapping):
                     raise InvalidArgumentError(f"a weight bucket must hold a dict of name -> tensor, "
                                                f"got {type(value).__name__}")
+                staged = {name for name, _ in self._staged}
+                twice = sorted(staged.intersection(value))
+                if twice:
+                    raise InvalidArgumentError(f"weights {twice[:5]} came in two buckets of one sync")
                 self._staged.extend(check_weights(value.items(), self._expected, complete=False))
                 if finish:  # the staged buckets together must be the whole model
                     check_weights(self._staged, self._expected)
