@@ -80,3 +80,30 @@ def test_group_advantages_and_target_reward():
     batch = DataProto.from_dict(tensors={"responses": torch.tensor([[7, 7, 0], [7, 3, 3]]),
                                          "response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])})
     assert target_token_reward(batch, 7).tolist() == pytest.approx([1.0, 1 / 3])
+
+
+def test_colocated_roles_see_their_siblings(monkeypatch):
+    """A WorkerDict gives every role the shared role dict: the rollout finds the actor."""
+    from podium.worker import Worker
+    from podium.worker.colocate import create_colocated_worker_cls
+    from podium.worker.factory import ClassWithInitArgs
+
+    # Worker.__init__ writes these back to os.environ: monkeypatch restores them all after.
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "REDIS_STORE_SERVER_HOST"):
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")):
+        monkeypatch.setenv(key, value)
+
+    class Actor(Worker):
+        def rollout_state_dict(self):
+            return {"w": torch.ones(2)}
+
+    class Rollout(Worker):
+        pass
+
+    obj = create_colocated_worker_cls({"actor": ClassWithInitArgs(Actor),
+                                       "rollout": ClassWithInitArgs(Rollout)}).cls()
+    rollout = obj.worker_dict["rollout"]
+    assert rollout.get_fused_worker_by_name("actor") is obj.worker_dict["actor"]
+    assert sibling_state_dict(rollout, "actor")["w"].tolist() == [1.0, 1.0]
