@@ -160,7 +160,7 @@ def bench_grpo(model_dir: str, steps: int) -> dict:
 
 
 def main() -> None:
-    from podium.controller import init, shutdown
+    from podium import init, shutdown
     from podium.rollout.tinymodel import LLAMA_100M, build_tiny_llama
 
     parser = argparse.ArgumentParser(description="vLLM rollout bench")

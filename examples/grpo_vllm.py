@@ -27,7 +27,8 @@ import time
 
 import torch
 
-from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls, init, shutdown
+from podium import init, shutdown
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls
 from podium.dataproto import DataProto
 from podium.rollout.grpo import GRPOActor, GRPOReference, group_advantages, target_token_reward
 from podium.rollout.tinymodel import SPECIAL_TOKENS, build_tiny_llama, default_words

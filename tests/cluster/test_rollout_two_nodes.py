@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from podium_clusters import controller_cluster
-from rollout_kit import make_sync_actor_cls, prompt_batch, vllm_marks
+from tests.support.clusters import controller_cluster
+from tests.support.rollout_kit import make_sync_actor_cls, prompt_batch, vllm_marks
 
 pytestmark = [pytest.mark.cluster, *vllm_marks, pytest.mark.timeout(300)]
 

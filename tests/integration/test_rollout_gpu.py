@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rollout_kit import HAVE_VLLM, NO_VLLM, prompt_batch
+from tests.support.rollout_kit import HAVE_VLLM, NO_VLLM, prompt_batch
 
 try:
     import torch
@@ -52,7 +52,7 @@ def _settled(pid: int, want_low: bool, bound: int, deadline_s: float = 30.0) -> 
 
 
 def test_sleep_releases_and_wake_restores_gpu_memory(tmp_path):
-    from podium import controller
+    import podium
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from podium.rollout.tinymodel import LLAMA_100M, build_tiny_llama
     from podium.rollout.vllm import VLLMRollout
@@ -60,7 +60,7 @@ def test_sleep_releases_and_wake_restores_gpu_memory(tmp_path):
     model_dir = build_tiny_llama(tmp_path / "m100", seed=0, **LLAMA_100M)
     cfg = dict(model_path=model_dir, n=2, max_tokens=8, max_model_len=256, dtype="bfloat16",
                kv_cache_memory_bytes=1 << 30)
-    controller.init()
+    podium.init()
     try:
         wg = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(VLLMRollout, cfg))
         try:
@@ -81,4 +81,4 @@ def test_sleep_releases_and_wake_restores_gpu_memory(tmp_path):
         finally:
             wg.shutdown()
     finally:
-        controller.shutdown()
+        podium.shutdown()

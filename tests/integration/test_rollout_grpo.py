@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rollout_kit import vllm_marks
+from tests.support.rollout_kit import vllm_marks
 
 pytestmark = [*vllm_marks, pytest.mark.timeout(400)]
 

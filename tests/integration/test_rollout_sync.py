@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_kit import make_sync_actor_cls, prompt_batch, vllm_marks
+from tests.support.rollout_kit import make_sync_actor_cls, prompt_batch, vllm_marks
 
 pytestmark = [*vllm_marks, pytest.mark.timeout(300)]
 
@@ -21,11 +21,11 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from podium import controller
+    import podium
 
-    controller.init()
+    podium.init()
     yield
-    controller.shutdown()
+    podium.shutdown()
 
 
 def _rollout_cfg(model_dir):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout_kit import forcing_state_dict, original_state_dict, prompt_batch, vllm_marks
+from tests.support.rollout_kit import forcing_state_dict, original_state_dict, prompt_batch, vllm_marks
 
 pytestmark = [*vllm_marks, pytest.mark.timeout(300)]
 
@@ -27,11 +27,11 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from podium import controller
+    import podium
 
-    controller.init()
+    podium.init()
     yield
-    controller.shutdown()
+    podium.shutdown()
 
 
 def _config(model_dir, **over):
