@@ -128,6 +128,9 @@ def create_colocated_worker_raw_cls_dict(class_dict: Mapping[str, Any]) -> type:
         for key, (cls, args, kwargs) in roles.items():
             # Each role's own Worker.__init__ reads the same env: same rank.
             self.worker_dict[key] = cls(*args, **kwargs)
+        # Sibling roles see each other (a rollout takes the actor's weights in-process).
+        for role in self.worker_dict.values():
+            setattr(role, Worker.fused_worker_attr_name, self.worker_dict)
 
     namespace: dict[str, Any] = {"__init__": __init__,
                                  "__doc__": f"Colocated roles {', '.join(roles)} in one process."}
@@ -160,7 +163,8 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> ClassWithInitA
     ``class_dict`` maps role names to ClassWithInitArgs. Returns a
     ClassWithInitArgs (no init args) of a ``WorkerDict`` Worker subclass whose
     ``__init__`` runs ``Worker.__init__`` and then builds each role as
-    ``self.worker_dict[role] = Cls(*args, **kwargs)``. Every registered method
+    ``self.worker_dict[role] = Cls(*args, **kwargs)``; each role's ``fused_worker_dict``
+    is that shared dict, so ``get_fused_worker_by_name`` finds its siblings. Every registered method
     ``m`` of each role (Worker built-ins included) becomes ``f"{role}_{m}"`` with
     the same registration (async stays async); a ``DIRECT_ROLLOUT_METHOD`` method
     of a role whose name contains ``"rollout"`` is bound unprefixed. A name
