@@ -26,6 +26,7 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
 from podium.auth import token_matches
+from podium.memcap import requested_cap
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
@@ -92,14 +93,18 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
                               "workers": [{"worker_id", "name", "group", "rank", "state", "pid",
                                            "port", "placement_group_id", "bundle_index",
                                            "gpu_fraction": 0.333..., "gpu_fraction_text": "1/3",
-                                           "memory_used_bytes": int}]}]}],
+                                           "memory_used_bytes": int,
+                                           "memory_cap": None | {"fraction", "bytes", "text"}}]}]}],
          "placement_groups": [{"id", "name", "state", "strategy", "detached", "owner",
                                "created_at", "reason",
                                "bundles": [{"index", "resources": {"CPU", "GPU"}, "node_id",
                                             "node_address", "gpu_indices", "gpu_uuids"}]}]}
 
     Removed groups and ended workers are left out. A worker's memory is the
-    heartbeat's ProcessMemory for its pid on that GPU (by worker id when no pid).
+    heartbeat's ProcessMemory for its pid on that GPU (by worker id when no pid). Its
+    ``memory_cap`` is the GPU memory cap its group asked for (``gpu_memory_cap=``), in bytes of
+    that GPU; None when it has none. Whether the worker could enforce it (no CUDA: not) is in
+    its Describe stats (``gpu_memory_cap_applied``).
     """
     groups = [g for g in model.groups.values() if g.state != common_pb2.PG_REMOVED]
     # (node, gpu index) -> bundles owning part or all of it
@@ -147,7 +152,8 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
                     "placement_group_id": worker.spec.placement_group_id,
                     "bundle_index": worker.spec.bundle_index,
                     "gpu_fraction": units / GPU_UNITS, "gpu_fraction_text": fraction_text(units),
-                    "memory_used_bytes": used})
+                    "memory_used_bytes": used,
+                    "memory_cap": requested_cap(worker.env or worker.spec.env, gpu.memory_total_bytes)})
             gpus.append({
                 "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
                 "memory_total_bytes": gpu.memory_total_bytes,

@@ -54,6 +54,7 @@ from podium.transport import shmpool
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.host.callstream import ActiveCall, CallStream
+from podium.worker.host import gpucap
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore, default_budget
 
@@ -177,7 +178,9 @@ def _remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return errors.RemoteError(str(exc), traceback=text, remote_type=name, rank=rank, node=node)
+    # A CUDA OOM under a Podium memory cap names the cap (not just torch's numbers).
+    message = gpucap.oom_message(exc) or str(exc)
+    return errors.RemoteError(message, traceback=text, remote_type=name, rank=rank, node=node)
 
 
 def _call_error(fn: Any, args: Any, kwargs: Any, exc: BaseException, rank: int, node: str
@@ -712,7 +715,10 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
     global _current
     token = resolve_token(token)
     config = HostConfig.from_env(env, address=address)
+    # The opt-in GPU memory cap goes on before any payload is decoded or user code runs.
+    cap = gpucap.apply_from_env(os.environ if env is None else env)
     servicer = WorkerServicer(config)
+    servicer.stats.update(cap.stats())
     server, health = rpc.make_server(token)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     bound = rpc.bind(server, address, port, tls)
