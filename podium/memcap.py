@@ -63,6 +63,11 @@ class CapReport:
                 "gpu_memory_cap_fraction": float(self.fraction), "gpu_memory_cap_bytes": float(
                     self.cap_bytes or self.bytes), "gpu_memory_cap_effective_fraction": self.effective_fraction}
 
+    def ready_fields(self) -> dict[str, Any]:
+        """The report as the fields of ``podium.v1.GpuMemoryCap`` (the ready line carries it)."""
+        return {"fraction": self.fraction, "bytes": self.bytes, "applied": self.applied,
+                "cap_bytes": self.cap_bytes, "detail": self.detail}
+
     def describe(self) -> str:
         """The cap in words, e.g. "1/3 of the GPU (26.7 GiB of 80.0 GiB)"."""
         if self.fraction:

@@ -393,6 +393,9 @@ class ClusterModel:
                 worker.port = item.port
                 worker.state = common_pb2.WORKER_RUNNING
                 changed = True
+            if item.HasField("gpu_memory_cap") and worker.gpu_memory_cap != item.gpu_memory_cap:
+                worker.gpu_memory_cap.CopyFrom(item.gpu_memory_cap)
+                changed = True
             if changed:
                 self._touch(workers=[worker.id])
         if registering:
@@ -800,6 +803,8 @@ class ClusterModel:
                 worker.port = request.port
                 if request.pid:
                     worker.pid = request.pid
+                if request.HasField("gpu_memory_cap"):
+                    worker.gpu_memory_cap.CopyFrom(request.gpu_memory_cap)
                 self._touch(workers=[worker.id])
         elif state in _TERMINAL:
             if worker.state in LIVE_WORKER_STATES:

@@ -89,8 +89,10 @@ def test_fraction_cap_is_applied_before_the_constructor_and_shown_in_placement(c
         assert len(entries) == 2
         for gpu, worker in entries:
             assert worker["gpu_fraction_text"] == "1/3" and "memory_used_bytes" in worker
+            # Asked: a third of this (fake, 80 GB) GPU; reported by the worker: not applied.
             assert worker["memory_cap"] == {"fraction": pytest.approx(1 / 3), "text": "1/3",
-                                            "bytes": gpu["memory_total_bytes"] // 3}
+                                            "bytes": gpu["memory_total_bytes"] // 3,
+                                            "applied": False, "detail": "not applied: no CUDA"}
     finally:
         group.shutdown()
 
@@ -103,6 +105,7 @@ def test_group_byte_cap_overrides_the_pool_and_an_oom_names_it(cluster):
         assert seen["env"] == {"PODIUM_GPU_MEMORY_CAP_BYTES": str(10 << 30)} and seen["bytes"] == 10 << 30
         [(_, worker)] = _workers_in_placement(_placement(cluster), group.name_prefix)
         assert worker["memory_cap"]["bytes"] == 10 << 30 and worker["memory_cap"]["text"] == "10.0 GiB"
+        assert worker["memory_cap"]["applied"] is False
         with pytest.raises(RemoteError) as info:
             group.oom()
         message = str(info.value)

@@ -745,7 +745,11 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
 
 
 def _write_ready(fd: int, port: int) -> None:
-    data = (json.dumps({"port": port}) + "\n").encode()
+    line: dict[str, Any] = {"port": port}
+    cap = gpucap.current()
+    if cap.requested:  # the agent forwards it to the scheduler (/v1/placement)
+        line["gpu_memory_cap"] = cap.ready_fields()
+    data = (json.dumps(line) + "\n").encode()
     try:
         os.write(fd, data)
     finally:
