@@ -33,9 +33,10 @@ What round-trips and how:
   its device and copied to the host once; it arrives on the receiver's ``cuda:0`` when
   the receiver has CUDA, else on the CPU (``PODIUM_CUDA_RECEIVE=cpu`` keeps it there;
   ``PODIUM_CUDA_IPC=1`` sends IPC handles instead, same host only: see
-  :mod:`podium.cudawire`). Other non-CPU tensors arrive on the CPU. Jagged nested tensors (``layout=torch.jagged``) travel as their
-  values/offsets/lengths components; other exotic layouts (sparse, quantized,
-  strided nested, meta) fall back to torch's own reduction.
+  :mod:`podium.cudawire`). Other non-CPU tensors arrive on the CPU. Jagged nested
+  tensors (``layout=torch.jagged``) travel as their values/offsets/lengths
+  components; other exotic layouts (sparse, quantized, strided nested, meta) fall
+  back to torch's own reduction.
 * ``numpy.ndarray``: protocol-5 out-of-band natively; object arrays hold Python
   objects and are pickled in-band.
 * ``tensordict.TensorDict``: a plain dict of its entries (nested TensorDicts

@@ -34,7 +34,9 @@ def test_inventory_matches_cuda():
             total = torch.cuda.get_device_properties(index).total_memory
             # CUDA's total leaves out what the driver reserves: a few percent below NVML's.
             assert 0.9 * gpu.memory_total_bytes <= total <= gpu.memory_total_bytes
-        assert isinstance(detect(None), NvmlProvider)
+        detected = detect(None)
+        assert isinstance(detected, NvmlProvider)
+        detected.close()
     finally:
         provider.close()
         provider.close()  # twice is fine
