@@ -265,13 +265,14 @@ def split_resource_pool(resource_pool: ResourcePool, split_size: int | list[int]
 
 def merge_resource_pool(rp1: ResourcePool, rp2: ResourcePool) -> ResourcePool:
     """One pool over both pools' placement groups (``store = rp1.store + rp2.store``)."""
-    for attr in ("use_gpu", "max_colocate_count", "n_gpus_per_node", "detached"):
+    for attr in ("use_gpu", "max_colocate_count", "n_gpus_per_node", "detached", "gpu_memory_cap"):
         if getattr(rp1, attr) != getattr(rp2, attr):
             raise AssertionError(f"cannot merge pools with different {attr}: "
                                  f"{getattr(rp1, attr)!r} != {getattr(rp2, attr)!r}")
     merged = ResourcePool(process_on_nodes=list(rp1.store) + list(rp2.store), use_gpu=rp1.use_gpu,
                           max_colocate_count=rp1.max_colocate_count, n_gpus_per_node=rp1.n_gpus_per_node,
-                          name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}", detached=rp1.detached)
+                          name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}", detached=rp1.detached,
+                          gpu_memory_cap=rp1.gpu_memory_cap)
     merged.pgs = list(rp1.get_placement_groups()) + list(rp2.get_placement_groups())
     merged.strategy = rp1.strategy
     return merged

@@ -6,6 +6,7 @@
 #
 #   tools/gpu-check.sh [--venv DIR]    (default DIR: .venv-gpu in the repository)
 #
+# A second run reuses DIR when torch with CUDA and podium already import there.
 # Exit status: 0 when the GPU tests passed and the benchmark ran, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +25,18 @@ if ! command -v nvidia-smi >/dev/null || ! timeout 30 nvidia-smi --query-gpu=ind
   exit 1
 fi
 
+if [ -x "$VENV/bin/python" ] && timeout 120 "$VENV/bin/python" -c "import torch, podium, pytest; assert torch.cuda.is_available()" 2>/dev/null; then
+  step "reusing $VENV (torch with CUDA and podium already import there)"
+  timeout 120 "$VENV/bin/pip" install -q --no-deps -e . > "$OUT/install.log" 2>&1 || true
+  status_install=ok
+else
 step "install into $VENV (torch's CUDA build from PyPI: plain 'pip install torch')"
 if timeout 420 bash -c "python3 -m venv '$VENV' && . '$VENV/bin/activate' && pip install -q --upgrade pip && pip install -q torch && pip install -q -e '.[test]'" > "$OUT/install.log" 2>&1; then
   status_install=ok
 else
   status_install="failed (see $OUT/install.log)"
   tail -20 "$OUT/install.log"
+fi
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate" 2>/dev/null || true

@@ -55,17 +55,20 @@ class GpuCluster:
         return [(gpu, w) for node in self.placement()["nodes"] for gpu in node["gpus"]
                 for w in gpu["workers"] if w["group"] == group]
 
-    def wait_memory(self, group: str, at_least: int, timeout: float = 30.0) -> list[tuple[dict, dict]]:
-        """Poll /v1/placement until every worker of ``group`` shows ``at_least`` bytes used
-        (NVML readings travel with the agent's heartbeat, every 2 s)."""
+    def wait_memory(self, group: str, at_least: int = 0, at_most: int | None = None,
+                    timeout: float = 30.0) -> list[tuple[dict, dict]]:
+        """Poll /v1/placement until every worker of ``group`` shows between ``at_least`` and
+        ``at_most`` bytes used (NVML readings travel with the agent's heartbeat, every 2 s).
+        A rollout's sleep/wake test waits for ``at_most`` after sleep, ``at_least`` after wake."""
         deadline = time.monotonic() + timeout
         while True:
             entries = self.workers_of(group)
-            if entries and all(w["memory_used_bytes"] >= at_least for _, w in entries):
+            if entries and all(at_least <= w["memory_used_bytes"] and (at_most is None or w["memory_used_bytes"]
+                                                                      <= at_most) for _, w in entries):
                 return entries
             if time.monotonic() > deadline:
-                raise AssertionError(f"workers of {group!r} did not show {at_least} bytes used within "
-                                     f"{timeout:g}s: {[w for _, w in entries]}")
+                raise AssertionError(f"workers of {group!r} did not show between {at_least} and {at_most} "
+                                     f"bytes used within {timeout:g}s: {[w for _, w in entries]}")
             time.sleep(0.5)
 
 

@@ -144,7 +144,8 @@ def test_nccl_across_two_workers_on_two_gpus(gpu_cluster):
 
 def test_torch_distributed_two_ranks_on_one_gpu(gpu_cluster):
     pool = ResourcePool([1], max_colocate_count=2)
-    groups = [_group(pool), _group(pool)]
+    # Rendezvous on loopback whatever the host name resolves to.
+    groups = [_group(pool, worker_env={"GLOO_SOCKET_IFNAME": "lo"}) for _ in range(2)]
     try:
         # Two ranks on ONE GPU: recent NCCL refuses duplicate GPUs ("Duplicate GPU
         # detected"); then gloo, which reduces CUDA tensors too. One port per attempt.

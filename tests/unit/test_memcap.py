@@ -89,3 +89,12 @@ def test_without_cuda_the_cap_is_recorded_and_not_applied():
     assert gpucap.oom_message(RuntimeError("CUDA out of memory")) is None  # only torch's OOM type
     assert gpucap.apply_from_env({}).stats() == {}
     assert gpucap.oom_message(torch.OutOfMemoryError("x")) is None  # no cap: torch's words only
+
+
+def test_vllm_budget_follows_the_cap():
+    gpucap.apply_from_env(memcap.cap_env("fraction", 2))
+    assert gpucap.vllm_memory_utilization(0.9) == 0.5 and gpucap.vllm_memory_utilization(0.3) == 0.3
+    with pytest.raises(InvalidArgumentError):
+        gpucap.vllm_memory_utilization(1.2)
+    gpucap.apply_from_env({})
+    assert gpucap.vllm_memory_utilization(0.9) == 0.9

@@ -10,8 +10,8 @@ carries the cap, which the worker's Describe stats show (``gpu_memory_cap_*``).
 What is covered: PyTorch's caching allocator, i.e. every tensor PyTorch allocates in this
 process. What is not: memory allocated outside it (the CUDA context itself, NCCL buffers,
 libraries calling ``cudaMalloc`` directly, a vLLM engine core running in its own process).
-A vLLM engine takes its budget from ``gpu_memory_utilization``; pass it
-``current().effective_fraction`` (or less).
+A vLLM engine takes its budget from ``gpu_memory_utilization``: pass the configured value
+through :func:`vllm_memory_utilization`, which lowers it to the cap.
 
 An allocation above the cap raises ``torch.OutOfMemoryError``; the host's error path
 (:func:`oom_message`) puts the cap at the front of the message the caller sees.
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from podium.memcap import CapReport, fraction_words, gib_text, parse_env
 
-__all__ = ["apply_from_env", "current", "oom_message"]
+__all__ = ["apply_from_env", "current", "oom_message", "vllm_memory_utilization"]
 
 log = logging.getLogger("podium.worker.host")
 
@@ -86,3 +86,15 @@ def oom_message(exc: BaseException) -> str | None:
     state = "enforced" if _current.applied else _current.detail
     return (f"CUDA out of memory under the Podium GPU memory cap of {_current.describe()} ({state}; "
             f"set with gpu_memory_cap= on the ResourcePool or WorkerGroup): {exc}")
+
+
+def vllm_memory_utilization(configured: float) -> float:
+    """The ``gpu_memory_utilization`` to give a vLLM engine in this worker: the configured
+    value, lowered to the cap's share of the GPU when a cap is asked (vLLM sizes its KV cache
+    from this fraction; torch's allocator limit alone would only make it fail later)."""
+    if not 0.0 < configured <= 1.0:
+        from podium.errors import InvalidArgumentError
+        raise InvalidArgumentError(f"gpu_memory_utilization must be in (0, 1], got {configured!r}")
+    if not _current.requested or not _current.effective_fraction:
+        return configured
+    return min(configured, _current.effective_fraction)
