@@ -86,7 +86,7 @@ def run(sizes_mib: list[int], repeat: int) -> dict:
         dev = host.cuda()
         record("plain tensor.cuda()", size, _median_seconds(lambda: host.cuda(), repeat))
         record("plain tensor.cpu()", size, _median_seconds(lambda: dev.cpu(), repeat))
-        del dev
+        dev = None  # free it before the next size
 
     controller.init(log_to_driver=False)
     cls = _worker_class()
@@ -102,7 +102,7 @@ def run(sizes_mib: list[int], repeat: int) -> dict:
                     size = mib << 20
                     x = torch.empty(size, dtype=torch.uint8, device="cuda:0").random_()
                     record(f"podium_to_worker ({mode})", size, _median_seconds(lambda: group.sink(x), repeat))
-                    del x
+                    x = None
                     record(f"podium_from_worker ({mode})", size,
                            _median_seconds(lambda: group.source(size), repeat))
             finally:
