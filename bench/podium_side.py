@@ -35,7 +35,7 @@ class PodiumAdapter(Adapter):
         """
         import inspect
 
-        from podium.controller import init
+        from podium import init
 
         options = {"num_cpus": max(max_n, 1)}
         if "log_to_driver" in inspect.signature(init).parameters:
@@ -56,13 +56,13 @@ class PodiumAdapter(Adapter):
 
     def get_all(self, group: Any, results: list) -> list:
         """podium.controller.get over every call's refs (one list per call)."""
-        from podium.controller import get
+        from podium import get
 
         return get([ref for refs in results for ref in refs])
 
     def stop(self) -> None:
         """shutdown(): ends every group and the embedded scheduler and node agent."""
-        from podium.controller import shutdown
+        from podium import shutdown
 
         shutdown()
 

@@ -34,6 +34,7 @@ import torch
 from tensordict import TensorDict
 
 from podium.dataproto import PADDING_SIZE_KEY, DataProto
+from podium.errors import RankZeroDispatchError
 from podium.refs import DataProtoFuture
 from podium.worker.decorator import Dispatch, Execute
 
@@ -374,16 +375,6 @@ DISPATCH_MODE_FN_REGISTRY: dict[Any, dict[str, Callable]] = {
     Dispatch.DIRECT_ROLLOUT_METHOD: {"dispatch_fn": dispatch_direct_rollout_fn,
                                      "collect_fn": collect_direct_rollout_fn},
 }
-
-
-class RankZeroDispatchError(ValueError, KeyError):
-    """``Dispatch.RANK_ZERO`` was used; it has no dispatch function (use Execute.RANK_ZERO).
-
-    Also a ``KeyError`` so code written against verl's behaviour still catches it.
-    """
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
 
 
 def get_predefined_dispatch_fn(dispatch_mode) -> dict[str, Callable]:

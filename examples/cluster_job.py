@@ -24,7 +24,8 @@ import sys
 
 import torch
 
-from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, init, shutdown
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from podium import init, shutdown
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls,
-                               init, shutdown)
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls
+from podium import init, shutdown
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 

@@ -1,32 +1,90 @@
 """Podium: a gRPC control plane for single-controller RL post-training.
 
-The import root of every part: ``podium`` (the shared protocol: DataProto,
-codec, errors, resources), ``podium.scheduler``, ``podium.worker`` and
-``podium.controller``. See DESIGN.md for the map.
+This package is what a training script imports::
 
-The names below are resolved lazily, so ``import podium`` stays light (the
-node agent imports it and must never import torch).
+    import podium
+    podium.init()                      # an embedded cluster; init(address="host:50051") joins one
+    out = podium.get(wg.step(batch, blocking=False))
+
+It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``), the batch container
+(``DataProto``), references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
+the TLS settings (``TlsConfig``) and every error Podium raises (one tree, rooted at
+``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
+``podium.controller`` builds resource pools and worker groups, ``podium.worker`` is what a
+worker class is written against. ``docs/architecture.md`` maps the whole system.
+
+Names that need torch or gRPC are resolved lazily, so ``import podium`` stays light (the node
+agent imports it and must never import torch).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchError, AuthenticationError,
+                           CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
+                           InfeasibleError, InternalError, InvalidArgumentError, InvalidSpecError,
+                           NotFoundError, OutOfRangeError, PayloadTooLargeError, PermissionDeniedError,
+                           PodiumError, RankZeroDispatchError, RemoteError, ResourceExhaustedError,
+                           SlotFullError, UnavailableError, UnimplementedError, UnknownMethodError,
+                           WorkerDiedError)
+
 __version__ = "0.1.0"
 
+#: name -> module that defines it, imported on first use.
 _LAZY = {
     "DataProto": "podium.dataproto",
-    "DataProtoItem": "podium.dataproto",
     "DataProtoConfig": "podium.dataproto",
+    "DataProtoItem": "podium.dataproto",
     "DataProtoFuture": "podium.refs",
     "ObjectRef": "podium.refs",
-    "init": "podium.controller",
-    "shutdown": "podium.controller",
-    "get": "podium.controller",
-    "wait": "podium.controller",
+    "TlsConfig": "podium.auth",
+    "get": "podium.controller.futures",
+    "init": "podium.controller.runtime",
+    "is_initialized": "podium.controller.runtime",
+    "shutdown": "podium.controller.runtime",
+    "wait": "podium.controller.futures",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "AbortedError",
+    "AlreadyExistsError",
+    "ArgumentMismatchError",
+    "AuthenticationError",
+    "CancelledError",
+    "DataLossError",
+    "DataProto",
+    "DataProtoConfig",
+    "DataProtoFuture",
+    "DataProtoItem",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "InfeasibleError",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidSpecError",
+    "NotFoundError",
+    "ObjectRef",
+    "OutOfRangeError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "PodiumError",
+    "RankZeroDispatchError",
+    "RemoteError",
+    "ResourceExhaustedError",
+    "SlotFullError",
+    "TlsConfig",
+    "UnavailableError",
+    "UnimplementedError",
+    "UnknownMethodError",
+    "WorkerDiedError",
+    "__version__",
+    "get",
+    "init",
+    "is_initialized",
+    "shutdown",
+    "wait",
+]
 
 
 def __getattr__(name: str):
@@ -39,4 +97,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted(set(globals()) | set(_LAZY))

@@ -13,7 +13,8 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     ├── RemoteError ............................... UNKNOWN         user code raised (rank, remote traceback)
     ├── InvalidArgumentError (ValueError) ......... INVALID_ARGUMENT
     │   ├── InvalidSpecError ...................... bad bundle / strategy / resource / env
-    │   └── ArgumentMismatchError (TypeError) ..... a call's arguments do not fit the method
+    │   ├── ArgumentMismatchError (TypeError) ..... a call's arguments do not fit the method
+    │   └── RankZeroDispatchError (KeyError) ...... Dispatch.RANK_ZERO used (use Execute.RANK_ZERO)
     ├── DeadlineExceededError (TimeoutError) ...... DEADLINE_EXCEEDED
     ├── NotFoundError (LookupError) ............... NOT_FOUND
     ├── AlreadyExistsError ........................ ALREADY_EXISTS
@@ -123,6 +124,17 @@ class InvalidSpecError(InvalidArgumentError):
 class ArgumentMismatchError(InvalidArgumentError, TypeError):
     """A call's arguments do not match the method's signature (wrong count or name);
     a TypeError too, as Ray raises at ``.remote()``. The method did not run."""
+
+
+class RankZeroDispatchError(InvalidArgumentError, KeyError):
+    """``Dispatch.RANK_ZERO`` was used; it has no dispatch function (use ``Execute.RANK_ZERO``).
+
+    Also a ``KeyError``, so code written against verl's behaviour (a bare ``KeyError`` when the
+    worker group is built) still catches it.
+    """
+
+    def __str__(self) -> str:  # KeyError.__str__ would repr() the message
+        return self.message
 
 
 class DeadlineExceededError(PodiumError, TimeoutError):

@@ -1,6 +1,6 @@
 """The Podium scheduler: one per cluster; nodes, placement groups, workers.
 
-Modules: ``core`` (pure placement), ``model`` (the in-memory state,
+Modules: ``core`` (pure placement), ``state`` (the in-memory state,
 :class:`~podium.scheduler.state.ClusterModel`), ``store`` (SQLite persistence),
 ``service`` (the gRPC Scheduler service), ``http`` (/healthz, /v1/placement,
 /metrics), ``server`` (``podium scheduler`` and :func:`~podium.scheduler.server.run_scheduler`),

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+import podium
 from podium import controller
 
 #: Node addresses of the two-node cluster, in rank order.
@@ -100,15 +101,15 @@ def two_node_processes(tmp: pathlib.Path, gpus_per_node: int = 4, *, state: str 
 def controller_cluster(kind: str, tmp: pathlib.Path, gpus_per_node: int = 4):
     """Initialise podium.controller on a cluster of ``kind`` (see the module docstring)."""
     if kind == "embedded":
-        controller.init()
+        podium.init()
         try:
             yield
         finally:
-            controller.shutdown()
+            podium.shutdown()
         return
     assert kind == "two_nodes", kind
     with two_node_processes(tmp, gpus_per_node) as cluster:
-        rt = controller.init(address=cluster.address, token=cluster.token)
+        rt = podium.init(address=cluster.address, token=cluster.token)
         try:
             deadline = time.monotonic() + 30
             while len(rt.run(rt.cluster_state()).nodes) < len(TWO_NODES):
@@ -116,4 +117,4 @@ def controller_cluster(kind: str, tmp: pathlib.Path, gpus_per_node: int = 4):
                 time.sleep(0.1)
             yield
         finally:
-            controller.shutdown()
+            podium.shutdown()

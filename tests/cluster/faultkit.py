@@ -23,6 +23,7 @@ from pathlib import Path
 from proctable import alive, descendants  # noqa: F401 - re-exported
 from test_agents_processes import AgentProcess, agents, wait_for  # noqa: F401 - re-exported (agents: a fixture)
 
+import podium
 from podium import controller
 
 #: Heartbeat interval told to the agents, and node lease (seconds): short for quick tests,
@@ -88,7 +89,7 @@ class FaultCluster:
 
     def connect(self, call_timeout: float = 60.0, session_lease: float = OWN_SESSION_LEASE):
         """``controller.init`` against this cluster (shut down by the fixture)."""
-        self.runtime = controller.init(address=self.scheduler.address, token=self.token,
+        self.runtime = podium.init(address=self.scheduler.address, token=self.token,
                                        call_timeout=call_timeout, session_lease=session_lease)
         return self.runtime
 
@@ -112,7 +113,7 @@ class FaultCluster:
 
     def close(self) -> None:
         """Shut the controller down; the fixtures stop the processes."""
-        controller.shutdown()
+        podium.shutdown()
         self.runtime = None
 
 

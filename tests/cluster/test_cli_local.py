@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 SCRIPT = textwrap.dedent('''
     import sys
-    from podium.controller import init, ResourcePool, ClassWithInitArgs, WorkerGroup
+    from podium import init
+    from podium.controller import ResourcePool, ClassWithInitArgs, WorkerGroup
     from podium.worker import Worker, register, Dispatch
 
     class HelloWorker(Worker):

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn
+from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn)
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 from podium_clusters import controller_cluster

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(240)]
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys, time
-    from podium import controller
+    import podium
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from podium.worker import Dispatch, Worker, register
 
@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent("""
         def value_of(self):
             return self.value
 
-    controller.init(address=sys.argv[1], call_timeout=60, session_lease=float(sys.argv[2]))
+    podium.init(address=sys.argv[1], call_timeout=60, session_lease=float(sys.argv[2]))
     plain = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Keeper))
     kept = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1, detached=True),
                        ClassWithInitArgs(Keeper), name_prefix="kept", detached=True)

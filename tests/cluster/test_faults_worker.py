@@ -131,7 +131,7 @@ def test_deadline_names_the_ranks_that_did_not_answer(cluster):
 
 CONTROLLER = textwrap.dedent("""
     import json, os, sys, time
-    from podium import controller
+    import podium
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from podium.worker import Dispatch, Worker, register
 
@@ -140,7 +140,7 @@ CONTROLLER = textwrap.dedent("""
         def pid(self):
             return os.getpid()
 
-    controller.init(address=sys.argv[1], call_timeout=60)
+    podium.init(address=sys.argv[1], call_timeout=60)
     first = WorkerGroup(ResourcePool([2], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Echo))
     second = WorkerGroup(ResourcePool([1, 1], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Echo))
     pids = first.pid()

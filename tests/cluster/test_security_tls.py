@@ -25,10 +25,11 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from certs import make_foreign_tls, make_tls
+import podium
 from podium import controller, errors, rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
-from podium.controller import DataProtoFuture
+from podium import DataProtoFuture
 from podium.dataproto import DataProto
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
 from podium.worker import Dispatch, Worker, register
@@ -93,7 +94,7 @@ def cluster(tmp_path_factory):
     tls = make_tls(tmp / "certs")
     flags = ("--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
     with two_node_processes(tmp, gpus_per_node=1, cpus=8, flags=flags) as procs:
-        rt = controller.init(address=procs.address, token=procs.token, tls=tls)
+        rt = podium.init(address=procs.address, token=procs.token, tls=tls)
         try:
             deadline = time.monotonic() + 30
             while len(rt.run(rt.cluster_state()).nodes) < 2:
@@ -101,7 +102,7 @@ def cluster(tmp_path_factory):
                 time.sleep(0.1)
             yield TlsCluster(tmp, procs.token, tls, procs.address, procs.http_port, procs.agent_addresses)
         finally:
-            controller.shutdown()
+            podium.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from certs import make_tls
+import podium
 from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
@@ -30,8 +31,8 @@ def test_init_takes_tls_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PODIUM_TLS_KEY", tls.key)
     monkeypatch.setenv("PODIUM_TLS_CA", tls.ca)
     monkeypatch.delenv("PODIUM_ADDRESS", raising=False)
-    controller.shutdown()
-    rt = controller.init(num_gpus=1, log_dir=str(tmp_path / "run"))
+    podium.shutdown()
+    rt = podium.init(num_gpus=1, log_dir=str(tmp_path / "run"))
     try:
         assert rt.tls == tls
         wg = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Where))
@@ -45,4 +46,4 @@ def test_init_takes_tls_from_the_environment(tmp_path, monkeypatch):
                 health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert info.value.code() is grpc.StatusCode.UNAVAILABLE
     finally:
-        controller.shutdown()
+        podium.shutdown()

@@ -22,7 +22,8 @@ import torch
 from podium import errors
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2
-from podium.worker import ClassWithInitArgs, Dispatch, Worker, create_colocated_worker_cls, register
+from podium.controller import ClassWithInitArgs, create_colocated_worker_cls
+from podium.worker import Dispatch, Worker, register
 from podium.worker.client import WorkerClient
 from podium_clusters import TWO_NODES, two_node_processes
 from proctable import alive

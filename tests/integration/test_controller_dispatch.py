@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+import podium
 from podium import controller
-from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn
+from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn)
 from podium.errors import RemoteError
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Execute, Worker, register
@@ -212,14 +213,14 @@ def test_execute_rank_zero(wg):
     assert wg.rank0_one(7) == (0, 7)  # verl sends rank 0 [7, 7, 7, 7]
     assert wg.execute_rank_zero_sync("plain", 3) == 6
     assert wg.execute_func_rank_zero(lambda a, b: a + b, 2, 3) == 5
-    assert controller.get(wg.execute_rank_zero("plain", 1)) == 2
+    assert podium.get(wg.execute_rank_zero("plain", 1)) == 2
 
 
 def test_execute_all_sync_and_async(wg):
     assert wg.execute_all_sync("plain", 1) == [2, 3, 4, 5]
     assert wg.execute_all_sync("plain", [1, 2, 3, 4]) == [2, 5, 8, 11]
     refs = wg.execute_all_async("plain", 0)
-    assert controller.get(refs) == [0, 1, 2, 3]
+    assert podium.get(refs) == [0, 1, 2, 3]
 
 
 def test_remote_error_names_rank_and_traceback(wg):
@@ -258,9 +259,9 @@ def test_torch_distributed_gloo(wg):
 
 def test_non_blocking_and_wait(wg):
     future = wg.execute_all_async("plain", 5)
-    ready, not_ready = controller.wait(future, num_returns=4, timeout=60)
+    ready, not_ready = podium.wait(future, num_returns=4, timeout=60)
     assert len(ready) == 4 and not not_ready
-    assert controller.get(ready) == [10, 11, 12, 13]
+    assert podium.get(ready) == [10, 11, 12, 13]
 
 
 def test_a_shard_several_ranks_receive_is_encoded_once(wg, monkeypatch):

@@ -12,9 +12,10 @@ import time
 import pytest
 import torch
 
+import podium
 from podium import controller
-from podium.controller import (ClassWithInitArgs, DataProtoFuture, ResourcePool, ResourcePoolManager,
-                               WorkerGroup, create_colocated_worker_cls)
+from podium.controller import (ClassWithInitArgs, ResourcePool, ResourcePoolManager, WorkerGroup, create_colocated_worker_cls)
+from podium import DataProtoFuture
 from podium.controller.runtime import get_runtime
 from podium.errors import InfeasibleError, SlotFullError, WorkerDiedError
 from podium.dataproto import DataProto
@@ -251,7 +252,7 @@ class Waiter(Worker):
 
 
 def test_non_blocking_returns_before_the_workers_finish(tmp_path):
-    from podium.controller import PendingRef
+    from podium.controller.futures import PendingRef
     wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Waiter))
     try:
         gate = tmp_path / "gate"
@@ -260,13 +261,13 @@ def test_non_blocking_returns_before_the_workers_finish(tmp_path):
         future = wg.wait_for(data)
         refs = wg.later(str(gate))
         assert isinstance(future, DataProtoFuture) and all(isinstance(r, PendingRef) for r in refs)
-        ready, not_ready = controller.wait(refs, num_returns=1, timeout=0.05)
+        ready, not_ready = podium.wait(refs, num_returns=1, timeout=0.05)
         assert ready == [] and not_ready == refs
         gate.write_text("go")
-        ready, not_ready = controller.wait(refs, num_returns=2, timeout=60)
+        ready, not_ready = podium.wait(refs, num_returns=2, timeout=60)
         assert ready == refs and not_ready == []
-        assert controller.get(refs) == [0, 1]
-        assert controller.get(future).batch["a"].tolist() == [0, 0, 1, 1]
+        assert podium.get(refs) == [0, 1]
+        assert podium.get(future).batch["a"].tolist() == [0, 0, 1, 1]
         # dropping the handles releases the results held in the workers
         rt = get_runtime()
         released = rt.stats["released"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import podium
 from podium import controller
 from podium.transport import shmpool
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
@@ -63,7 +64,7 @@ def wg(request):
     if request.param == "oneshot":
         env["PODIUM_SHM_POOL_BYTES"] = "0"
         shmpool._budget.limit = 0  # this controller's fresh pools for this group create nothing
-    controller.init()
+    podium.init()
     try:
         group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror),
                             worker_env=env)
@@ -76,7 +77,7 @@ def wg(request):
             assert all(pooled[0]) and all(pooled[1]), pooled  # the pooled path was taken
     finally:
         shmpool._budget.limit = None
-        controller.shutdown()
+        podium.shutdown()
 
 
 @pytest.fixture(params=["shm", "tcp"])
@@ -195,9 +196,9 @@ def test_held_results_fetch_bit_exact(wg, transport):
     before = shm_counters(wg)
     sent = DataProto.from_dict(tensors=tensors(), non_tensors={"objs": objects()}, meta_info={"held": True})
     future = wg.echo_later(sent)
-    check_proto(controller.get(future), sent)
+    check_proto(podium.get(future), sent)
     # and a row range that straddles both workers' results
-    part = controller.get(future.slice(ROWS // 2 - 1, ROWS // 2 + 2))
+    part = podium.get(future.slice(ROWS // 2 - 1, ROWS // 2 + 2))
     for key in sent.batch.keys():
         assert same_bits(part.batch[key], sent.batch[key][ROWS // 2 - 1:ROWS // 2 + 2]), key
     assert list(part.non_tensor_batch["objs"]) == list(sent.non_tensor_batch["objs"][ROWS // 2 - 1:ROWS // 2 + 2])

@@ -107,7 +107,7 @@ def test_wrong_token_is_rejected(token, arun):
 
 
 def test_silent_peer_is_dropped_after_the_handshake_deadline(token, arun, monkeypatch):
-    monkeypatch.setattr(rawcall, "HANDSHAKE_SECONDS", 0.2)
+    monkeypatch.setattr(callsocket, "HANDSHAKE_SECONDS", 0.2)
 
     async def scenario():
         host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+import podium
 from podium import controller
 from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
@@ -70,9 +71,9 @@ def wait_until(predicate, seconds: float = 30.0) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster():
-    controller.init()
+    podium.init()
     yield
-    controller.shutdown()
+    podium.shutdown()
 
 
 def one_worker() -> WorkerGroup:
@@ -96,10 +97,10 @@ def test_worker_killed_before_it_maps_the_argument(cluster):
         assert segments_of(os.getpid())
         os.kill(worker.pid, signal.SIGKILL)
         with pytest.raises(PodiumError) as caught:
-            controller.get(pending, timeout=60)
+            podium.get(pending, timeout=60)
         assert isinstance(caught.value, WorkerDiedError), caught.value
         with pytest.raises(PodiumError):
-            controller.get(blocker, timeout=60)
+            podium.get(blocker, timeout=60)
         assert wait_until(lambda: not segments_of(os.getpid(), worker.pid), 30), segments_of(os.getpid(), worker.pid)
     finally:
         wg.shutdown()

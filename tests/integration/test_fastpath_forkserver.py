@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import podium
 from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import WorkerDiedError
@@ -66,10 +67,10 @@ def wait_forkserver_ready(rt, seconds: float = 180.0) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    rt = controller.init(log_to_driver=False)
+    rt = podium.init(log_to_driver=False)
     wait_forkserver_ready(rt)
     yield
-    controller.shutdown()
+    podium.shutdown()
 
 
 def test_forked_workers_are_set_up_like_exec_ones(cluster):
@@ -132,9 +133,9 @@ def test_workers_die_with_the_fork_server_and_later_ones_are_execed(cluster):
 
 
 def test_exec_when_the_fork_server_is_off(monkeypatch):
-    controller.shutdown()  # the module's cluster, if any, is restarted by the next test's fixture
+    podium.shutdown()  # the module's cluster, if any, is restarted by the next test's fixture
     monkeypatch.setenv("PODIUM_FORKSERVER", "0")
-    controller.init(log_to_driver=False)
+    podium.init(log_to_driver=False)
     try:
         wg = group(2)
         try:
@@ -144,6 +145,6 @@ def test_exec_when_the_fork_server_is_off(monkeypatch):
         finally:
             wg.shutdown()
     finally:
-        controller.shutdown()
+        podium.shutdown()
     import gc
     assert gc.get_freeze_count() == 0  # init() froze the import-time heap; shutdown() gave it back

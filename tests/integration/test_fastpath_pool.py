@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+import podium
 from podium import controller
 from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
@@ -58,14 +59,14 @@ class Keeper(Worker):
 
 @pytest.fixture(scope="module")
 def wg():
-    controller.init()
+    podium.init()
     try:
         group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Keeper))
         assert all(w.client.same_host for w in group.workers)
         yield group
         group.shutdown()
     finally:
-        controller.shutdown()
+        podium.shutdown()
 
 
 def _segment_files(pids) -> list[str]:

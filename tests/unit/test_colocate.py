@@ -14,16 +14,8 @@ import cloudpickle
 import pytest
 
 from podium.errors import InvalidArgumentError
-from podium.worker import (
-    ClassWithInitArgs,
-    Dispatch,
-    Execute,
-    Worker,
-    create_colocated_worker_cls,
-    create_colocated_worker_cls_fused,
-    create_colocated_worker_raw_cls,
-    register,
-)
+from podium.controller import (ClassWithInitArgs, create_colocated_worker_cls, create_colocated_worker_cls_fused, create_colocated_worker_raw_cls)
+from podium.worker import Dispatch, Execute, Worker, register
 from podium.worker.decorator import method_table
 from podium.worker.factory import by_value
 

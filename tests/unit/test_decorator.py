@@ -17,7 +17,8 @@ import pytest
 
 from podium.errors import InvalidArgumentError
 from podium.refs import DataProtoFuture, ObjectRef, set_resolver
-from podium.worker import MAGIC_ATTR, Dispatch, DynamicEnum, Execute, Worker, register
+from podium.worker.decorator import MAGIC_ATTR
+from podium.worker import Dispatch, DynamicEnum, Execute, Worker, register
 from podium.worker.decorator import PODIUM_ATTR, get_registration, method_table
 
 VERL_DISPATCH_ORDER = ["RANK_ZERO", "ONE_TO_ALL", "ALL_TO_ALL", "DP_COMPUTE", "DP_COMPUTE_PROTO",

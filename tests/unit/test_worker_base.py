@@ -12,7 +12,8 @@ import pytest
 
 from podium import codec
 from podium.errors import InvalidArgumentError, NotFoundError
-from podium.worker import ClassWithInitArgs, Dispatch, Execute, RayClassWithInitArgs, Worker, register
+from podium.controller import ClassWithInitArgs, RayClassWithInitArgs
+from podium.worker import Dispatch, Execute, Worker, register
 from podium.worker.base import WorkerHelper
 from podium.worker.decorator import get_registration
 from podium.worker.factory import by_value, needs_by_value, resolve_class

@@ -1,0 +1,76 @@
+"""The three public facades: each name has one home, each ``__all__`` is sorted and pinned.
+
+A facade that gains or loses a name fails here on purpose: change the list below in the
+same commit, and say why in its message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import podium.errors
+
+FACADES = {
+    "podium": [
+        "AbortedError", "AlreadyExistsError", "ArgumentMismatchError", "AuthenticationError",
+        "CancelledError", "DataLossError", "DataProto", "DataProtoConfig", "DataProtoFuture",
+        "DataProtoItem", "DeadlineExceededError", "FailedPreconditionError", "InfeasibleError",
+        "InternalError", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectRef",
+        "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
+        "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
+        "UnavailableError", "UnimplementedError", "UnknownMethodError", "WorkerDiedError", "__version__",
+        "get", "init", "is_initialized", "shutdown", "wait",
+    ],
+    "podium.controller": [
+        "ClassWithInitArgs", "RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "ResourcePool",
+        "ResourcePoolManager", "SubRayResourcePool", "WorkerGroup", "WorkerHandle",
+        "create_colocated_worker_cls", "create_colocated_worker_cls_fused", "create_colocated_worker_raw_cls",
+        "make_nd_compute_dataproto_dispatch_fn", "merge_resource_pool", "register_dispatch_mode",
+        "split_resource_pool", "update_dispatch_mode",
+    ],
+    "podium.worker": ["Dispatch", "DynamicEnum", "Execute", "Worker", "WorkerHelper", "register"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACADES))
+def test_exports_are_pinned_and_sorted(name):
+    module = importlib.import_module(name)
+    assert list(module.__all__) == sorted(module.__all__), f"{name}.__all__ is not sorted"
+    assert list(module.__all__) == FACADES[name]
+    for export in module.__all__:
+        value = getattr(module, export)
+        if export != "__version__":
+            assert getattr(value, "__doc__", None), f"{name}.{export} has no docstring"
+
+
+def test_no_name_has_two_homes():
+    seen: dict[str, str] = {}
+    for facade, names in FACADES.items():
+        for export in names:
+            assert export not in seen, f"{export} is exported by both {seen[export]} and {facade}"
+            seen[export] = facade
+
+
+def test_every_public_exception_is_in_the_one_tree():
+    # Every exception class defined in a Podium module derives from PodiumError and is
+    # exported by the top-level facade.
+    import podium
+    for mod_name in ("podium.errors", "podium.controller.dispatch", "podium.controller.group",
+                     "podium.worker.decorator", "podium.dataproto", "podium.refs"):
+        module = importlib.import_module(mod_name)
+        for attr in dir(module):
+            value = getattr(module, attr)
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("podium"):
+                assert issubclass(value, podium.errors.PodiumError), f"{mod_name}.{attr} is outside the tree"
+                assert attr in podium.__all__, f"{attr} is not exported by podium"
+
+
+def test_import_podium_stays_light():
+    # The node agent imports podium; it must never pay for torch (or gRPC) to do so.
+    code = "import podium, sys; bad = [m for m in ('torch', 'grpc') if m in sys.modules]; assert not bad, bad"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
