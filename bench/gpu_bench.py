@@ -68,7 +68,8 @@ def _worker_class():
 
 def run(sizes_mib: list[int], repeat: int) -> dict:
     """Every measure of the module docstring; returns the summary document."""
-    from podium import controller, cudawire
+    import podium
+    from podium import cudawire
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from podium.dataproto import DataProto
 
@@ -88,7 +89,7 @@ def run(sizes_mib: list[int], repeat: int) -> dict:
         record("plain tensor.cpu()", size, _median_seconds(lambda: dev.cpu(), repeat))
         dev = None  # free it before the next size
 
-    controller.init(log_to_driver=False)
+    podium.init(log_to_driver=False)
     cls = _worker_class()
     try:
         for mode, env in (("shm", {}), ("tcp", {"PODIUM_DISABLE_SHM": "1"}), ("ipc", {cudawire.IPC_ENV: "1"})):
@@ -121,7 +122,7 @@ def run(sizes_mib: list[int], repeat: int) -> dict:
         finally:
             group.shutdown()
     finally:
-        controller.shutdown()
+        podium.shutdown()
     return results
 
 

@@ -74,10 +74,10 @@ class GpuCluster:
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    """``podium.controller.init()`` on this machine's GPUs (module scope; shut down after)."""
-    from podium import controller
+    """``podium.init()`` on this machine's GPUs (module scope; shut down after)."""
+    import podium
 
-    rt = controller.init()
+    rt = podium.init()
     try:
         ports = json.loads((pathlib.Path(rt.log_dir) / "scheduler.port.json").read_text())
         state = rt.run(rt.cluster_state())
@@ -87,4 +87,4 @@ def gpu_cluster():
                 f"the node agent found {gpus} GPUs through NVML, torch sees {torch.cuda.device_count()}")
         yield GpuCluster(http_port=ports["http_port"], token=rt.token, gpus=gpus)
     finally:
-        controller.shutdown()
+        podium.shutdown()

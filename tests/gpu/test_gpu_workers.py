@@ -13,7 +13,8 @@ import socket
 import pytest
 import torch
 
-from podium import controller, cudawire
+import podium
+from podium import cudawire
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
@@ -136,7 +137,7 @@ def test_nccl_across_two_workers_on_two_gpus(gpu_cluster):
     group = _group(ResourcePool([2], max_colocate_count=1))
     try:
         # The scheduler reserved MASTER_PORT on rank 0's node: env:// rendezvous.
-        outs = controller.get(group.allreduce([("nccl", "env://")]), timeout=240)
+        outs = podium.get(group.allreduce([("nccl", "env://")]), timeout=240)
         assert [(o["backend"], o["value"]) for o in outs] == [("nccl", 3.0)] * 2, outs
     finally:
         group.shutdown()
@@ -151,7 +152,7 @@ def test_torch_distributed_two_ranks_on_one_gpu(gpu_cluster):
         # detected"); then gloo, which reduces CUDA tensors too. One port per attempt.
         methods = [("nccl", f"tcp://127.0.0.1:{_free_port()}"), ("gloo", f"tcp://127.0.0.1:{_free_port()}")]
         refs = [g.allreduce(methods, rank, 2) for rank, g in enumerate(groups)]
-        outs = [controller.get(r, timeout=240)[0] for r in refs]
+        outs = [podium.get(r, timeout=240)[0] for r in refs]
         assert outs[0]["backend"] == outs[1]["backend"], outs
         assert all(o["value"] == 3.0 and o["device"] == "cuda:0" for o in outs), outs
         print(f"two ranks on one GPU ran {outs[0]['backend']}; refused first: {outs[0]['tried']}")

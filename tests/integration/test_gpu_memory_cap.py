@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import torch
 
-from podium import controller
+import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
 from podium.errors import InvalidArgumentError, RemoteError, WorkerDiedError
@@ -49,7 +49,7 @@ class CapProbe(Worker):
 def cluster(tmp_path_factory):
     """A scheduler and 2 node agents (4 fake 80 GB GPUs each) as processes; the controller joined."""
     with two_node_processes(tmp_path_factory.mktemp("cap"), gpus_per_node=4) as procs:
-        rt = controller.init(address=procs.address, token=procs.token)
+        rt = podium.init(address=procs.address, token=procs.token)
         try:
             deadline = time.monotonic() + 30
             while len(rt.run(rt.cluster_state()).nodes) < 2:
@@ -57,7 +57,7 @@ def cluster(tmp_path_factory):
                 time.sleep(0.1)
             yield procs
         finally:
-            controller.shutdown()
+            podium.shutdown()
 
 
 def _placement(procs) -> dict:
