@@ -8,8 +8,8 @@ execute step slices, see :func:`slice_for_ranks`); a *collect function*
 value. ``DISPATCH_MODE_FN_REGISTRY`` maps every predefined :class:`~podium.worker.Dispatch`
 member to its pair; custom modes are added with :func:`register_dispatch_mode`.
 
-Where Podium deliberately differs from verl (each fixes a sharp edge of
-VERL_REFERENCE.md section 3):
+Where Podium deliberately differs from verl (each fixes one of verl's sharp edges; see
+docs/dispatch.md):
 
 * ``Dispatch.RANK_ZERO`` has no dispatch function in verl either, but verl only fails with
   a bare ``KeyError`` while binding. :func:`get_predefined_dispatch_fn` raises a

@@ -7,7 +7,7 @@ role, rank and node::
 
     (ScoreWorker rank=1, node=127.0.0.2) hello
 
-Podium's own INFO/DEBUG log lines from the worker host (``... rank1 INFO podium.worker.host.servicer:
+Podium's own INFO/DEBUG log lines from the worker host (``... rank1 INFO podium.worker.host:
 serving on ...``) are left out; warnings and errors, and everything user code prints,
 come through. Off with ``init(log_to_driver=False)`` or ``PODIUM_LOG_TO_DRIVER=0``.
 

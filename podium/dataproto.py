@@ -1,5 +1,5 @@
 """DataProto: the batch container of verl's single controller, compatible with
-``verl.protocol`` (names, arguments and behaviour; see VERL_REFERENCE.md §1.5).
+``verl.protocol`` (names, arguments and behaviour).
 
 A :class:`DataProto` holds ``batch`` (a TensorDict with one batch dimension),
 ``non_tensor_batch`` (numpy arrays, usually ``dtype=object``, with the same

@@ -352,7 +352,7 @@ def error_from_fields(type_name: str, message: str, *, traceback: str = "", rank
     exc = cls.__new__(cls)
     PodiumError.__init__(exc, message, node=node, rank=rank, details=details)
     if traceback or cls is RemoteError or issubclass(cls, RemoteError):
-        exc.traceback = traceback
+        exc.traceback = traceback  # type: ignore[attr-defined]  # RemoteError's field
     return exc
 
 

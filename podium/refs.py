@@ -71,6 +71,7 @@ def inline_value(ref: ObjectRef, rows: tuple[int, int] | None = None) -> Any:
     as a fetch gives. Only for refs whose ``inline`` is set."""
     from podium import codec
 
+    assert ref.inline is not None, "inline_value needs a ref that carries its value"
     value = codec.decode(bytearray(ref.inline))
     return value if rows is None else slice_rows(value, int(rows[0]), int(rows[1]))
 

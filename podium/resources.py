@@ -273,7 +273,7 @@ def check_user_env(env: Mapping[str, str] | None) -> None:
 def system_env(*, rank: int, world_size: int, master_addr: str, master_port: int,
                gpu_indices: Sequence[int], group: str, local_world_size: int,
                worker_id: str, node_address: str) -> dict[str, str]:
-    """The environment Podium sets for one worker process (DESIGN.md section 3).
+    """The environment Podium sets for one worker process (docs/architecture.md, "Worker environment").
 
     Each worker sees only its bundle's GPUs (``CUDA_VISIBLE_DEVICES``, empty for a
     CPU-only worker), so as in verl ``LOCAL_RANK=0`` and ``LOCAL_WORLD_SIZE=1``; the

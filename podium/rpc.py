@@ -15,6 +15,7 @@ import asyncio
 import functools
 import inspect
 import logging
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,7 +33,7 @@ ERROR_METADATA_KEY = "podium-error-bin"
 #: the limit only bounds what a misbehaving peer can make us buffer.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-_CHANNEL_OPTIONS = [
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Detect a dead peer on an idle long-lived stream within seconds, not hours.

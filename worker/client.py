@@ -22,7 +22,6 @@ workers.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 from typing import Any
@@ -30,170 +29,36 @@ from typing import Any
 import grpc
 
 from podium import codec, errors, rpc
-from podium.transport import frames
-from podium.transport import chunks
-from podium.transport import shm
-from podium.transport import shmpool
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
-from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.transport import chunks, frames, shm
+from podium.transport.connection import CallConnection
+from podium.transport.payload import Payload, prepare, shares_shm
+from podium.v1 import worker_pb2
+from podium.worker.channel import MAX_REPLY_BYTES, WorkerChannel
+from podium.worker.pendingcalls import PendingCall, PendingCalls
 
 __all__ = ["WorkerClient", "Payload", "prepare"]
 
 log = logging.getLogger("podium.worker.client")
 
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
-_DEFAULT_SHM_THRESHOLD = 1 << 20
-#: The largest reply a client assembles (a bound against a misbehaving peer).
-MAX_REPLY_BYTES = 1 << 40
 
 
-class Payload:
-    """An encoded call payload, prepared once and sendable to many workers.
-
-    With ``reusable`` (what :func:`prepare` makes) the chunk ``bytes`` are made
-    on first use and kept for every later worker, so a shard several ranks
-    receive is encoded and copied once. A one-shot payload streams its chunks
-    instead, so a huge argument is never held twice.
-    """
-
-    __slots__ = ("encoded", "nbytes", "reusable", "_chunks", "_tails")
-
-    def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
-        self.encoded = encoded
-        self.nbytes = encoded.nbytes
-        self.reusable = reusable
-        self._chunks: list[bytes] | None = None
-        self._tails: dict | None = None
-
-    def frame_tail(self, method: str, hold: bool, timeout: float, reply_in_shm: bool) -> bytes:
-        """The serialized one-frame CALL of this payload minus its call id (see
-        :mod:`podium.transport.frames`); kept for the next call with the same options."""
-        key = (method, hold, timeout, reply_in_shm)
-        tails = self._tails
-        if tails is not None:
-            tail = tails.get(key)
-            if tail is not None:
-                return tail
-        tail = frames.call_frame_tail(_CALL, method, self.iter_chunks()[0], hold=hold, timeout=timeout,
-                                          reply_in_shm=reply_in_shm)
-        if self.reusable and self.nbytes <= frames.TAIL_MAX_BYTES:
-            if tails is None:
-                tails = self._tails = {}
-            if len(tails) < frames.MAX_TAILS:
-                tails[key] = tail
-        return tail
-
-    def iter_chunks(self):
-        """The wire form as chunk-sized ``bytes`` (at least one, the last one marked by the caller)."""
-        if self._chunks is not None:
-            return self._chunks
-        segments = self.encoded.to_segments()
-        if self.nbytes <= chunks.CHUNK_SIZE:
-            self._chunks = [b"".join(segments)]
-            return self._chunks
-        if self.reusable:
-            self._chunks = [bytes(chunk) for chunk in chunks.iter_chunks(segments)]
-            return self._chunks
-        return (bytes(chunk) for chunk in chunks.iter_chunks(segments))
-
-    def segments(self) -> list[memoryview]:
-        """The wire form as zero-copy segments (for shared memory)."""
-        return self.encoded.to_segments()
-
-
-def _shares_shm(info: worker_pb2.DescribeResponse) -> bool:
-    """Whether the described worker sees this process's /dev/shm (see shm.domain)."""
-    mine = shm.domain()
-    return bool(mine) and info.shm_domain == mine
-
-
-def prepare(value: Any) -> Payload:
-    """Encode ``value`` once into a :class:`Payload` (for :meth:`WorkerClient.call_encoded`)."""
-    return Payload(codec.encode(value))
-
-
-class _Pending:
-    """One call waiting for its reply: an asyncio future, or a sink (see submit_into)."""
-
-    __slots__ = ("future", "sink", "on_error", "method", "assembler", "deadline", "timeout", "shm_name",
-                 "shm_pooled", "decode")
-
-    def __init__(self, future: asyncio.Future | None, method: str) -> None:
-        self.future = future
-        #: With ``future`` None: settled by ``sink._set_result(value)`` or ``on_error(sink, exc)``.
-        self.sink: Any = None
-        self.on_error: Any = None
-        self.method = method
-        self.assembler: chunks.Assembler | None = None
-        #: loop.time() by which the call must have answered (0: none); see _sweep.
-        self.deadline = 0.0
-        self.timeout: float | None = None
-        #: The call's argument segment: unlinked by the worker when it maps it, by us
-        #: when the call ends otherwise (a worker that died never maps it).
-        self.shm_name = ""
-        #: shm_name is a segment of the client's pool (podium.transport.shmpool), not a one-shot one.
-        self.shm_pooled = False
-        #: Resolve with the decoded value (submit) rather than the raw reply.
-        self.decode = False
-
-    def done(self) -> bool:
-        """Whether the outcome has been delivered (or the awaiting caller went away)."""
-        return self.future.done() if self.future is not None else self.sink.done()
-
-    def resolve(self, value: Any, exc: BaseException | None) -> None:
-        """Deliver the outcome (once; later ones are dropped)."""
-        future = self.future
-        if future is not None:
-            if future.done():
-                return
-            if exc is None:
-                future.set_result(value)
-            else:
-                future.set_exception(exc)
-        elif exc is None:
-            self.sink._set_result(value)
-        else:
-            self.on_error(self.sink, exc)
-
-
-class WorkerClient:
-    """Client of one worker: calls over a shared stream, plus Describe/Fetch/Release/Shutdown."""
+class WorkerClient(WorkerChannel):
+    """Client of one worker: calls over one call connection, plus Describe/Fetch/Release/Shutdown
+    (:class:`~podium.worker.channel.WorkerChannel`)."""
 
     def __init__(self, address: str, token: str, *, rank: int = -1, worker_id: str = "",
                  tls: TlsConfig | None = None, shm_threshold: int | None = None) -> None:
-        self.address = address
-        self.rank = rank
-        self.worker_id = worker_id
-        if shm_threshold is None:  # the same variable sets the worker's reply threshold
-            shm_threshold = int(os.environ.get("PODIUM_SHM_THRESHOLD_BYTES") or _DEFAULT_SHM_THRESHOLD)
-        self.shm_threshold = shm_threshold
-        #: Whether the worker shares this host (None until known).
-        self.same_host: bool | None = False if os.environ.get("PODIUM_DISABLE_SHM") else None
-        #: Bytes the last fetch moved (for counters).
-        self.last_fetch_bytes = 0
-        #: Payloads that went through shared memory, each way (tests check the path taken).
-        self.stats = {"shm_sent": 0, "shm_received": 0}
-        self._token = token
-        self._tls = tls
-        self._metadata = rpc.token_metadata(token)
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: worker_pb2_grpc.WorkerStub | None = None
-        self._stream = None
+        super().__init__(address, token, rank=rank, worker_id=worker_id, tls=tls, shm_threshold=shm_threshold)
+        #: The gRPC ``Calls`` stream and its reader task, when the calls take it.
+        self._stream: Any = None
         self._reader: asyncio.Task | None = None
-        #: The raw call connection (podium.transport.callsocket) when the worker offers one; else the
-        #: calls take the gRPC stream above.
-        self._raw = None
-        self._pending: dict[int, _Pending] = {}
-        self._ids = itertools.count(1)
-        self._lock: asyncio.Lock | None = None
+        #: The call connection (raw socket or the stream above), made by start().
+        self._conn: CallConnection | None = None
+        self._pending = PendingCalls(self._expire)
         self._broken: errors.PodiumError | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        #: Reused shared-memory segments, both ways (made in start() for a same-host worker).
-        self._shm: shmpool.SharedSegments | None = None
-        # One timer for every pending call's deadline, armed at the earliest (see _sweep).
-        self._deadline_timer: asyncio.TimerHandle | None = None
-        self._deadline_at = 0.0
 
     @property
     def broken(self) -> errors.PodiumError | None:
@@ -205,20 +70,21 @@ class WorkerClient:
         """Calls sent and not yet answered."""
         return len(self._pending)
 
-    def _who(self) -> str:
-        return f"worker rank {self.rank} at {self.address}" if self.rank >= 0 else f"worker at {self.address}"
+    @property
+    def transport(self) -> str:
+        """Which carrier the calls take: ``"socket"`` (the raw call socket), ``"grpc"`` (the
+        ``Calls`` stream, what TLS uses), or ``""`` before :meth:`start`."""
+        if self._conn is None:
+            return ""
+        return "socket" if self._conn.writes_nowait else "grpc"
+
+    @property
+    def segments(self) -> Any:
+        """The connection's reused shared-memory segments (``pool``: what this side wrote,
+        ``cache``: what the worker wrote), or None for a worker on another host."""
+        return self._conn.segments if self._conn is not None else None
 
     # ---------------------------------------------------------------- lifecycle
-
-    def connect(self) -> None:
-        """Open the channel (no RPC); enough for describe/fetch/release/shutdown."""
-        if self._channel is not None:
-            return
-        self._loop = asyncio.get_running_loop()
-        # The token goes in per-call metadata rather than through a client
-        # interceptor: intercepted streams add a queue and a task per message.
-        self._channel = rpc.make_channel(self.address, "", self._tls, add_token=False)
-        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def start(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
         """Connect, learn whether the worker shares this host, open the call stream.
@@ -227,41 +93,36 @@ class WorkerClient:
         """
         self.connect()
         info = await self.describe(timeout=timeout)
-        if self._stream is not None or self._raw is not None:  # already started: just the fresh Describe
+        if self._conn is not None:  # already started: just the fresh Describe
             return info
         if self.same_host is None:
-            self.same_host = _shares_shm(info)
-        if self.same_host:
-            self._shm = shmpool.SharedSegments(self._loop, worker_pb2.CallFrame, self._send_quietly)
+            self.same_host = shares_shm(info)
         if self.rank < 0:
             self.rank = info.rank
         self.worker_id = self.worker_id or info.worker_id
-        self._lock = asyncio.Lock()
+        carrier: Any = None
         if info.call_port and self._tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
             from podium.transport import callsocket
 
             host = self.address.rsplit(":", 1)[0]
             try:
-                self._raw = await callsocket.connect(host, info.call_port, self._token,
-                                                  worker_pb2.ReplyFrame.FromString, self._on_raw_frame,
-                                                  self._on_raw_lost, timeout=timeout)
+                carrier = await callsocket.connect(host, info.call_port, self._token,
+                                                   worker_pb2.ReplyFrame.FromString, self._on_frame,
+                                                   self._on_raw_lost, timeout=timeout)
             except errors.AuthenticationError:
                 raise
             except (OSError, asyncio.TimeoutError, errors.PodiumError) as exc:
                 # Unreachable raw port (a firewall between nodes): the gRPC stream works too.
                 log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
-                self._raw = None
-            if self._raw is not None:
-                return info
-        self._stream = self._stub.Calls(metadata=self._metadata)
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        if carrier is None:
+            carrier = self._stream = self._stub.Calls(metadata=self._metadata)
+        self._conn = CallConnection(carrier, worker_pb2.CallFrame, shared_memory=bool(self.same_host))
+        if self._stream is not None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         return info
 
-    def _on_raw_frame(self, frame: worker_pb2.ReplyFrame) -> None:
-        self._on_frame(frame)
-
     def _on_raw_lost(self, exc: BaseException | None) -> None:
-        if self._raw is None:  # lost while connecting: start() reports it (or uses gRPC)
+        if self._conn is None:  # lost while connecting: start() reports it (or uses gRPC)
             return
         if isinstance(exc, errors.PodiumError) and not isinstance(exc, errors.DataLossError):
             self._fail_all(exc)
@@ -272,13 +133,9 @@ class WorkerClient:
     async def close(self) -> None:
         """Fail pending calls, close the stream and the channel."""
         self._fail_all(errors.UnavailableError(f"client of {self._who()} closed", rank=self.rank))
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-            self._deadline_timer = None
-        if self._raw is not None:
-            self._raw.close()
-        if self._stream is not None:
-            self._stream.cancel()
+        self._pending.stop()
+        if self._conn is not None:
+            self._conn.close()
         if self._reader is not None:
             self._reader.cancel()
             try:
@@ -287,21 +144,16 @@ class WorkerClient:
                 pass
         if self._channel is not None:
             await self._channel.close()
-        if self._shm is not None:
-            self._shm.close()
-        self._channel = self._stub = self._stream = self._reader = self._raw = None
+        self._channel = self._stub = self._stream = self._reader = self._conn = None
 
     # ---------------------------------------------------------------- reader
 
     async def _read_loop(self) -> None:
-        stream = self._stream
+        assert self._conn is not None
         try:
-            while True:
-                frame = await stream.read()
-                if frame is grpc.aio.EOF:
-                    raise errors.UnavailableError(f"{self._who()} ended the call stream",
-                                                  rank=self.rank)
+            async for frame in self._conn.frames():
                 self._on_frame(frame)
+            raise errors.UnavailableError(f"{self._who()} ended the call stream", rank=self.rank)
         except asyncio.CancelledError:
             raise
         except errors.PodiumError as exc:
@@ -328,18 +180,19 @@ class WorkerClient:
     def _fail_all(self, exc: errors.PodiumError) -> None:
         if self._broken is None:
             self._broken = exc
-        pending, self._pending = self._pending, {}
-        for p in pending.values():
+        for p in self._pending.take_all():
             self._drop_segment(p)
             p.resolve(None, exc)
 
     def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
-        if self._shm is not None and (frame.shm_released or frame.shm_forget):
-            self._shm.on_frame(frame)
+        conn = self._conn
+        assert conn is not None  # frames arrive only on a started client
+        conn.on_bookkeeping(frame)
         p = self._pending.get(frame.call_id)
         if p is None:  # a call that already timed out or was cancelled (or call id 0)
             if frame.HasField("header") and frame.header.shm_name:
-                self._discard_reply(_ShmReply.of(frame.header))
+                h = frame.header
+                conn.discard_segment(h.shm_name, h.shm_pooled, h.payload_size)
             return
         if frame.HasField("header"):
             header = frame.header
@@ -374,14 +227,14 @@ class WorkerClient:
         except errors.PodiumError as exc:
             self._finish(frame.call_id, p, exc=exc)
 
-    def _finish(self, call_id: int, p: _Pending, value: Any = None, exc: BaseException | None = None) -> None:
+    def _finish(self, call_id: int, p: PendingCall, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
         # A pooled argument comes back in shm_released instead.
         if p.shm_name and (exc is not None or not p.shm_pooled):
             self._drop_segment(p)
         if p.done():
-            if isinstance(value, _ShmReply):
-                self._discard_reply(value)
+            if isinstance(value, _ShmReply) and self._conn is not None:
+                self._conn.discard_segment(value.name, value.pooled, value.nbytes)
             return
         if exc is None and p.decode:
             try:
@@ -389,36 +242,6 @@ class WorkerClient:
             except Exception as error:  # noqa: BLE001 - a reply that does not decode fails its call
                 exc = error
         p.resolve(value, exc)
-
-    def _watch_deadline(self, p: _Pending, timeout: float) -> None:
-        """Give ``p`` a deadline ``timeout`` seconds from now.
-
-        One timer per client, armed at the earliest deadline, replaces a timer per call: a
-        burst's calls share a timeout, so arming happens for the first call only.
-        """
-        deadline = p.deadline = self._loop.time() + timeout
-        p.timeout = timeout
-        if self._deadline_timer is None or deadline < self._deadline_at:
-            if self._deadline_timer is not None:
-                self._deadline_timer.cancel()
-            self._deadline_at = deadline
-            self._deadline_timer = self._loop.call_at(deadline, self._sweep)
-
-    def _sweep(self) -> None:
-        """Expire every call past its deadline; re-arm for the earliest one left."""
-        self._deadline_timer = None
-        now = self._loop.time()
-        earliest = 0.0
-        for call_id, p in list(self._pending.items()):
-            if not p.deadline:
-                continue
-            if p.deadline <= now:
-                self._expire(call_id)
-            elif not earliest or p.deadline < earliest:
-                earliest = p.deadline
-        if earliest:
-            self._deadline_at = earliest
-            self._deadline_timer = self._loop.call_at(earliest, self._sweep)
 
     def _expire(self, call_id: int) -> None:
         p = self._pending.pop(call_id, None)
@@ -441,27 +264,19 @@ class WorkerClient:
     # ---------------------------------------------------------------- calls
 
     async def _write(self, frame: worker_pb2.CallFrame) -> None:
-        raw = self._raw
-        if raw is not None:  # buffered by the transport, in call order; wait only when it is full
-            raw.write_nowait(frame)
-            if raw.must_drain:
-                await raw.drain()
-            return
-        async with self._lock:
-            await self._stream.write(frame)
+        assert self._conn is not None
+        await self._conn.write(frame)
 
     async def _roundtrip(self, kind: int, method: str, payload: Payload, hold: bool,
                          timeout: float | None) -> Any:
         if self._broken is not None:
             raise self._broken
-        if self._stream is None and self._raw is None:
+        conn = self._conn
+        if conn is None:
             raise errors.FailedPreconditionError(f"client of {self._who()} is not started")
-        call_id = next(self._ids)
         future = self._loop.create_future()
-        p = _Pending(future, method)
-        self._pending[call_id] = p
-        if timeout is not None:
-            self._watch_deadline(p, timeout)
+        p = PendingCall(future, method)
+        call_id = self._pending.add(p, timeout)
         same_host = self.same_host is True
         header = worker_pb2.CallHeader(kind=kind, method=method, payload_size=payload.nbytes,
                                        hold_result=hold, timeout_seconds=timeout or 0.0,
@@ -469,7 +284,8 @@ class WorkerClient:
         try:
             name = ""
             if same_host and payload.nbytes >= self.shm_threshold:
-                copy = asyncio.ensure_future(asyncio.to_thread(self._write_shm, payload))
+                copy = asyncio.ensure_future(asyncio.to_thread(conn.write_segment, payload.segments(),
+                                                               payload.nbytes))
                 try:
                     name, p.shm_pooled = await asyncio.shield(copy)
                 except asyncio.CancelledError:  # the copy finishes anyway: drop what it wrote
@@ -480,19 +296,9 @@ class WorkerClient:
                 header.shm_pooled = p.shm_pooled
                 p.shm_name = name
                 self.stats["shm_sent"] += 1
-                await self._write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
-            else:
-                chunks = iter(payload.iter_chunks())
-                chunk = next(chunks)
-                first = header
-                for following in chunks:
-                    if future.done():
-                        break  # timed out or failed while sending
-                    await self._write(worker_pb2.CallFrame(call_id=call_id, header=first, data=chunk))
-                    first, chunk = None, following
-                else:
-                    await self._write(worker_pb2.CallFrame(call_id=call_id, header=first, data=chunk,
-                                                           last=True))
+                await conn.write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
+            else:  # stops early once the call timed out or failed while sending
+                await conn.send_chunks(call_id, header, payload.iter_chunks(), stop=future.done)
         except (asyncio.CancelledError, errors.PodiumError):
             self._pending.pop(call_id, None)
             self._drop_segment(p)
@@ -522,76 +328,26 @@ class WorkerClient:
             return reply
         if isinstance(reply, _ShmReply):
             self.stats["shm_received"] += 1
-            return codec.decode(self._read_shm(reply))
+            assert self._conn is not None
+            return codec.decode(self._conn.read_segment(reply.name, reply.pooled, reply.nbytes, MAX_REPLY_BYTES))
         return codec.decode(reply)
 
     # ---------------------------------------------------------------- shared memory
 
-    def _write_shm(self, payload: Payload) -> tuple[str, bool]:
-        """(segment name, pooled) holding ``payload``, or ("", False) to send it over TCP.
-
-        Runs on a worker thread: the copy does not hold the loop."""
-        try:
-            if self._shm is not None:
-                name = self._shm.pool.write(payload.segments(), payload.nbytes)
-                if name:
-                    return name, True
-            return shm.write_segments(payload.segments())[0], False
-        except OSError:  # /dev/shm full or missing: send over TCP instead
-            return "", False
-
-    def _read_shm(self, reply: "_ShmReply") -> memoryview:
-        if reply.pooled:
-            if self._shm is None:
-                raise errors.DataLossError(f"{self._who()} sent a pooled segment to a client without shm")
-            return self._shm.cache.read(reply.name, reply.nbytes, MAX_REPLY_BYTES)
-        return shm.read_segment(reply.name, max_size=MAX_REPLY_BYTES)
-
-    def _discard_reply(self, reply: "_ShmReply") -> None:
-        # A reply nobody waits for: a one-shot segment is removed; a pooled one is mapped
-        # and let go at once, which gives it back to the worker's pool.
-        if not reply.pooled:
-            shm.remove_segment(reply.name)
-            return
-        try:
-            self._read_shm(reply)
-        except errors.PodiumError:
-            pass
-
-    def _drop_written(self, copy: asyncio.Future, p: _Pending) -> None:
+    def _drop_written(self, copy: asyncio.Future, p: PendingCall) -> None:
         if not copy.cancelled() and copy.exception() is None:
             p.shm_name, p.shm_pooled = copy.result()
             self._drop_segment(p)
 
-    def _drop_segment(self, p: _Pending) -> None:
-        # A one-shot argument is unlinked by the worker when it maps it, so this is a
-        # no-op after a normal call; after a failed one it keeps a dead worker's input
-        # from leaking. A pooled argument of a failed call is never written again.
+    def _drop_segment(self, p: PendingCall) -> None:
+        # The argument segment of a call that ended without the worker taking it.
         if not p.shm_name:
             return
-        if p.shm_pooled and self._shm is not None:
-            self._shm.pool.abandon(p.shm_name)
+        if self._conn is not None:
+            self._conn.drop_segment(p.shm_name, p.shm_pooled)
         else:
             shm.remove_segment(p.shm_name)
         p.shm_name = ""
-
-    def _send_quietly(self, frame: worker_pb2.CallFrame) -> None:
-        # Segment bookkeeping (on the loop): lost with a broken connection, as its pool is.
-        if self._broken is not None:
-            return
-        if self._raw is not None:
-            try:
-                self._raw.write_nowait(frame)
-            except errors.PodiumError:
-                pass
-        elif self._stream is not None:
-            self._loop.create_task(self._write_quietly(frame))
-
-    async def _write_quietly(self, frame: worker_pb2.CallFrame) -> None:
-        try:
-            await self._write(frame)
-        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
-            pass
 
     def submit(self, method: str, payload: Payload, *, hold: bool = False,
                timeout: float | None = None) -> asyncio.Future:
@@ -604,7 +360,7 @@ class WorkerClient:
         if not self._fast_path_for(payload):
             return self._loop.create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
         future = self._loop.create_future()
-        self._send_one_frame(_Pending(future, method), method, payload, hold, timeout)
+        self._send_one_frame(PendingCall(future, method), method, payload, hold, timeout)
         return future
 
     def submit_into(self, method: str, payload: Payload, sink: Any, on_error: Any, *, hold: bool = False,
@@ -629,33 +385,34 @@ class WorkerClient:
 
             task.add_done_callback(settle)
             return
-        p = _Pending(None, method)
+        p = PendingCall(None, method)
         p.sink = sink
         p.on_error = on_error
         self._send_one_frame(p, method, payload, hold, timeout)
 
     def _fast_path_for(self, payload: Payload) -> bool:
         """Whether a call with ``payload`` goes out as one raw frame written at once."""
-        return (self._raw is not None and self._broken is None and payload.nbytes <= chunks.CHUNK_SIZE
+        conn = self._conn
+        return (conn is not None and conn.writes_nowait and self._broken is None
+                and payload.nbytes <= chunks.CHUNK_SIZE
                 and not (self.same_host is True and payload.nbytes >= self.shm_threshold))
 
-    def _send_one_frame(self, p: _Pending, method: str, payload: Payload, hold: bool,
+    def _send_one_frame(self, p: PendingCall, method: str, payload: Payload, hold: bool,
                         timeout: float | None) -> None:
-        call_id = next(self._ids)
+        conn = self._conn
+        assert conn is not None  # _fast_path_for said so
         p.decode = True
-        if timeout is not None:
-            self._watch_deadline(p, timeout)
-        self._pending[call_id] = p
+        call_id = self._pending.add(p, timeout)
         try:
             if payload.nbytes <= frames.TAIL_MAX_BYTES:
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
-                self._raw.write_serialized_nowait(frames.frame_with_call_id(call_id, tail))
+                conn.write_serialized_nowait(frames.frame_with_call_id(call_id, tail))
             else:  # one serialization: prefixing a large tail would copy its data again
                 header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
                                                reply_in_shm=self.same_host is True)
-                self._raw.write_nowait(worker_pb2.CallFrame(call_id=call_id, header=header,
-                                                            data=payload.iter_chunks()[0], last=True))
+                conn.write_nowait(worker_pb2.CallFrame(call_id=call_id, header=header,
+                                                       data=payload.iter_chunks()[0], last=True))
         except errors.PodiumError as exc:
             self._pending.pop(call_id, None)
             p.resolve(None, exc)
@@ -690,75 +447,6 @@ class WorkerClient:
         if not isinstance(payload, Payload):
             payload = Payload(payload, reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
-
-    # ---------------------------------------------------------------- unary RPCs
-
-    def _rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> errors.PodiumError:
-        err = rpc.error_from_rpc(exc, what=f"{what} on {self._who()}")
-        if type(err) is errors.UnavailableError:
-            err = errors.UnavailableError(f"{what}: cannot reach {self._who()}: {exc.details()}",
-                                          rank=self.rank)
-        elif type(err) is errors.DeadlineExceededError and not exc.trailing_metadata():
-            err = errors.DeadlineExceededError(f"{what} on {self._who()} timed out", rank=self.rank)
-        return err
-
-    async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
-        """The worker's identity, state and method table."""
-        self.connect()
-        try:
-            return await self._stub.Describe(worker_pb2.DescribeRequest(), timeout=timeout,
-                                             metadata=self._metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(exc, "Describe") from None
-
-    async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
-                    timeout: float | None = None) -> Any:
-        """The value ``ref`` names (or only rows ``[rows[0], rows[1])`` of it), from its owner."""
-        self.connect()
-        if self.same_host is None and ref.size_bytes >= self.shm_threshold:
-            self.same_host = _shares_shm(await self.describe(timeout=timeout or 30.0))
-        request = worker_pb2.FetchRequest(object_id=ref.object_id,
-                                          reply_in_shm=bool(self.same_host) and ref.size_bytes >= self.shm_threshold)
-        if rows is not None:
-            request.has_rows = True
-            request.row_start, request.row_stop = int(rows[0]), int(rows[1])
-        assembler = None
-        try:
-            async for chunk in self._stub.Fetch(request, timeout=timeout, metadata=self._metadata):
-                if assembler is None:
-                    if chunk.shm_name:
-                        self.last_fetch_bytes = chunk.total_size
-                        self.stats["shm_received"] += 1
-                        return codec.decode(shm.read_segment(chunk.shm_name, max_size=MAX_REPLY_BYTES))
-                    assembler = chunks.Assembler(chunk.total_size, MAX_REPLY_BYTES)
-                assembler.add(chunk.data)
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(exc, f"Fetch of {ref.object_id}") from None
-        if assembler is None:
-            raise errors.DataLossError(f"Fetch of {ref.object_id} from {self._who()} returned nothing")
-        self.last_fetch_bytes = assembler.total_size
-        return codec.decode(assembler.result())
-
-    async def release(self, object_ids, *, timeout: float | None = 30.0) -> int:
-        """Drop held results in the worker; returns how many were held."""
-        self.connect()
-        ids = [r.object_id if isinstance(r, ObjectRef) else r for r in object_ids]
-        try:
-            reply = await self._stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
-                                             timeout=timeout, metadata=self._metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(exc, "Release") from None
-        return reply.released
-
-    async def shutdown(self, reason: str = "", *, timeout: float | None = 10.0) -> None:
-        """Ask the worker process to exit (it answers first)."""
-        self.connect()
-        try:
-            await self._stub.Shutdown(worker_pb2.ShutdownRequest(reason=reason), timeout=timeout,
-                                      metadata=self._metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise self._rpc_error(exc, "Shutdown") from None
-
 
 class _ShmReply:
     __slots__ = ("name", "pooled", "nbytes")

@@ -157,7 +157,7 @@ def _member_by_name(enum_cls: DynamicEnumMeta, name: str) -> DynamicEnum:
 class Dispatch(DynamicEnum):
     """How a WorkerGroup call splits its arguments over ranks and joins results.
 
-    See VERL_REFERENCE.md §1.1 for what each rank receives. Extend it with
+    ``docs/dispatch.md`` says what each rank receives and what the caller gets back. Extend it with
     ``podium.controller.dispatch.register_dispatch_mode``.
     """
 

@@ -115,16 +115,17 @@ def _spawn(argv: list[str], log_path: pathlib.Path, env: dict) -> subprocess.Pop
 
 def _wait_file(path: pathlib.Path, proc: subprocess.Popen, log_path: pathlib.Path,
                deadline: float) -> dict:
+    argv = [str(a) for a in proc.args]  # type: ignore[union-attr]  # always a list here
     while True:
         if path.exists():
             with contextlib.suppress(ValueError):
                 return json.loads(path.read_text())
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
-            raise UnavailableError(f"{' '.join(proc.args[3:5])} exited with code "
+            raise UnavailableError(f"{' '.join(argv[3:5])} exited with code "
                                    f"{proc.returncode}; its log ({log_path}) ends:\n{tail}")
         if time.monotonic() > deadline:
-            raise DeadlineExceededError(f"{proc.args[3]} did not start in time (log: {log_path})")
+            raise DeadlineExceededError(f"{argv[3]} did not start in time (log: {log_path})")
         time.sleep(0.05)
 
 

@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("podium.scheduler.server:main", "run the cluster scheduler service"),
     "node": ("podium.worker.agent.service:main", "run a node agent on this machine"),
-    "worker": ("podium.worker.host.servicer:main", "run one worker process (started by a node agent)"),
+    "worker": ("podium.worker.host.process:main", "run one worker process (started by a node agent)"),
     "up": ("podium.cli.operator:main_up", "start a local multi-node cluster (loopback addresses)"),
     "status": ("podium.cli.operator:main_status", "show nodes, GPUs, placement groups and workers"),
     "logs": ("podium.cli.operator:main_logs", "print (or --follow) a worker's output"),

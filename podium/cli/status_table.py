@@ -6,6 +6,7 @@ workers. Pure (no I/O), so it is tested without a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
 
 from podium.v1 import common_pb2, scheduler_pb2
@@ -25,7 +26,7 @@ def human_bytes(n: int) -> str:
     return f"{n}B"  # pragma: no cover
 
 
-def table(headers: list[str], rows: list[list[object]]) -> str:
+def table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces; '(none)' under the header when empty."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]

@@ -81,7 +81,8 @@ class FrameConnection(asyncio.Protocol):
         self._on_lost = on_lost
         self._buffer = bytearray()
         self._handshaken = False
-        self._transport: asyncio.Transport | None = None
+        # Set by connection_made, before any other method can run.
+        self._transport: Any = None
         self._frames: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._drained: asyncio.Future | None = None
@@ -97,7 +98,7 @@ class FrameConnection(asyncio.Protocol):
     # ---------------------------------------------------------------- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport
         if self._server:  # a peer that never says hello must not hold a socket forever
             asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
         else:

@@ -35,7 +35,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def call_frame_tail(kind: int, method: str, data: bytes, *, hold: bool, timeout: float,
+def call_frame_tail(kind: worker_pb2.CallKind.ValueType, method: str, data: bytes, *, hold: bool, timeout: float,
                     reply_in_shm: bool) -> bytes:
     """A one-frame call's CallFrame without its call id, serialized (header, data, last)."""
     header = worker_pb2.CallHeader(kind=kind, method=method, payload_size=len(data), hold_result=hold,

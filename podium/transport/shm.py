@@ -143,7 +143,7 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     process dies too; processes in another pid namespace sharing this
     ``/dev/shm`` are not told apart (use one prefix per namespace there).
     """
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
@@ -169,7 +169,7 @@ def remove_segments_of(pid: int, prefix: str = PREFIX) -> list[str]:
     ends): whatever that process wrote and no reader mapped is garbage now.
     """
     start = f"{prefix}{int(pid)}-"
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:

@@ -147,6 +147,12 @@ class SegmentPool:
         with self._lock:
             return len(self._free) + len(self._busy)
 
+    @property
+    def busy(self) -> int:
+        """Segments in the peer's hands now (written, not yet given back)."""
+        with self._lock:
+            return len(self._busy)
+
     def write(self, segments: Sequence[Any], nbytes: int) -> str | None:
         """Copy a payload of ``nbytes`` (the concatenation of ``segments``) into a pooled
         segment and return its name; the segment belongs to the peer until it is released.

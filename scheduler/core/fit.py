@@ -1,6 +1,6 @@
 """Filling one node with bundles: which concrete GPUs each bundle owns.
 
-The rules (DESIGN.md section 5):
+The rules (see docs/architecture.md, "The scheduler's state"):
 
 * CPU is a node-level pool.
 * A fractional bundle takes units from ONE GPU: the best fit, i.e. the GPU with the

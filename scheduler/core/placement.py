@@ -105,10 +105,10 @@ def _changed(snapshot: Snapshot, placement: Placement, request: PlacementRequest
     changes: dict[int, NodeView] = {}
     for rank, free_cpu in cpu.items():
         view = ix.views[rank]
-        state = gpus.get(rank)
-        new_gpus = view.gpus if not state else tuple(
-            g if g.index not in state else
-            GpuView(g.index, g.uuid, state[g.index], g.total_units, g.memory_total_bytes)
+        node_state = gpus.get(rank)
+        new_gpus = view.gpus if not node_state else tuple(
+            g if g.index not in node_state else
+            GpuView(g.index, g.uuid, node_state[g.index], g.total_units, g.memory_total_bytes)
             for g in view.gpus)
         changes[rank] = NodeView(view.node_id, view.address, view.total_cpu_units,
                                  free_cpu, new_gpus)

@@ -17,7 +17,7 @@ answer into a Placement.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from podium.resources import GPU_UNITS, BundleSpec, Strategy
@@ -173,7 +173,7 @@ def place_strict_spread(ix: CapacityIndex, bundles: Sequence[BundleSpec]) -> Ans
     summaries = ix.summaries
     used: set[int] = set()
     answer: list = [None] * len(bundles)
-    candidates = None
+    candidates: Iterable[int] = ()
     previous: BundleSpec | None = None
     for i in order:
         b = bundles[i]

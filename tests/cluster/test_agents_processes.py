@@ -21,70 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from podium import rpc
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
-from proctable import alive, members_of_groups  # noqa: F401 - alive is re-exported (faultkit)
+from tests.support.processes import FAKE_WORKER, wait_for
+from tests.support.proctable import alive, members_of_groups
 
 pytestmark = pytest.mark.cluster
 
-FAKE_WORKER = pathlib.Path(__file__).resolve().parents[1] / "integration" / "agent_fake_worker.py"
 DEADLINE = 30.0
-
-
-def wait_for(predicate, what: str, timeout: float = DEADLINE):
-    """Poll until ``predicate()`` is truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-class AgentProcess:
-    """One ``podium node`` subprocess, its address and port read from its --port-file."""
-
-    def __init__(self, workdir: pathlib.Path, scheduler: str, host: str, token: str, *extra: str) -> None:
-        self.host = host
-        self.port_file = workdir / f"agent-{host}.json"
-        self.log_dir = workdir / f"logs-{host}"
-        self.output = open(workdir / f"agent-{host}.log", "ab")
-        env = dict(os.environ, PODIUM_TOKEN=token)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "podium.cli", "node", "--scheduler", scheduler, "--host", host,
-             "--fake-gpus", "2", "--cpus", "4", "--log-dir", str(self.log_dir),
-             "--port-file", str(self.port_file), "--stop-grace", "1", *extra],
-            env=env, stdout=self.output, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.port_file.exists() or self.proc.poll() is not None, f"agent {host} to serve")
-        assert self.proc.poll() is None, (workdir / f"agent-{host}.log").read_text()[-3000:]
-        info = json.loads(self.port_file.read_text())
-        assert info["pid"] == self.proc.pid and info["address"] == host
-        self.port, self.node_id = info["port"], info["node_id"]
-
-    def signal(self, sig: int) -> int:
-        """Send ``sig`` and reap (with a deadline); returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=DEADLINE)
-        finally:
-            self.output.close()
-
-
-@pytest.fixture
-def agents(tmp_path, token):
-    """Factory ``agents(scheduler_address, host, *flags)``; every agent is killed at teardown."""
-    started: list[AgentProcess] = []
-
-    def start(scheduler: str, host: str, *extra: str) -> AgentProcess:
-        agent = AgentProcess(tmp_path, scheduler, host, token, *extra)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        if agent.proc.poll() is None:
-            agent.signal(signal.SIGKILL)
 
 
 @pytest.fixture
@@ -141,7 +83,7 @@ def test_two_agents_register_and_run_real_workers_then_sigterm_cleans_up(
         assert info["node_id"] == agent.node_id and info["agent_port"] == agent.port
         assert len(info["gpus"]) == 2 and nodes[agent.host]["state"] == "NODE_ALIVE"
 
-    # The default worker command: the real podium.worker.host.servicer, bootstrapped over the ready fd.
+    # The default worker command: the real podium.worker.host.process, bootstrapped over the ready fd.
     workers = arun(place_workers(scheduler.address, token, 2, "STRICT_SPREAD"), timeout=90)
     leftovers.update(w.pid for w in workers)
     assert sorted(w.node_address for w in workers) == ["127.0.0.2", "127.0.0.3"]

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from proctable import alive
+from tests.support.proctable import alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

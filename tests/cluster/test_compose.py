@@ -25,7 +25,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="pyyaml not installed (the test extra has it)")
 
-from dockerkit import (REPO, DockerDaemon, DockerUnavailable, build_context, build_podium_image,  # noqa: E402
+from tests.support.dockerkit import (REPO, DockerDaemon, DockerUnavailable, build_context, build_podium_image,  # noqa: E402
                        compose_command, import_base_image, missing_tools, run)
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1200)]

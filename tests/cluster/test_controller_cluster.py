@@ -14,7 +14,7 @@ import torch
 from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn)
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import controller_cluster
+from tests.support.clusters import controller_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

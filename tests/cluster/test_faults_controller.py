@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from faultkit import (SESSION_LEASE, FaultCluster, agents, alive, elapsed, report,  # noqa: F401 - agents: fixture
+from tests.support.faultkit import (SESSION_LEASE, FaultCluster, alive, elapsed, report,
                       wait_for)
 from podium.controller import ClassWithInitArgs, WorkerGroup
 from podium.worker import Dispatch, Worker, register

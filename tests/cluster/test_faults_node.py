@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from faultkit import (NODE_LEASE, FaultCluster, agents, alive, elapsed, report,  # noqa: F401 - agents: fixture
+from tests.support.faultkit import (NODE_LEASE, FaultCluster, alive, elapsed, report,
                       wait_for)
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import WorkerDiedError

@@ -14,7 +14,7 @@ import time
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from faultkit import SCHEDULER_FLAGS, FaultCluster, agents, elapsed, report, wait_for  # noqa: F401 - agents: fixture
+from tests.support.faultkit import SCHEDULER_FLAGS, FaultCluster, elapsed, report, wait_for
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import UnavailableError
 from podium.worker import Dispatch, Worker, register

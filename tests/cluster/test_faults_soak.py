@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from faultkit import (FaultCluster, agents, alive, descendants, report,  # noqa: F401 - agents: fixture
+from tests.support.faultkit import (FaultCluster, alive, descendants, report,
                       shm_segments, wait_for)
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import RemoteError, WorkerDiedError

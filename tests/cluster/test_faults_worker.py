@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from faultkit import FaultCluster, agents, alive, elapsed, report, stop_and_cont, wait_for  # noqa: F401 - agents: fixture
+from tests.support.faultkit import FaultCluster, alive, elapsed, report, stop_and_cont, wait_for
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import DeadlineExceededError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register

@@ -10,7 +10,7 @@ import pytest
 from podium import errors
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, scheduler_pb2
-from scheduler_fakes import FakeAgent
+from tests.support.scheduler_fakes import FakeAgent
 
 pytestmark = pytest.mark.cluster
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from certs import make_foreign_tls, make_tls
+from tests.support.certs import make_foreign_tls, make_tls
 import podium
 from podium import controller, errors, rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
@@ -33,7 +33,7 @@ from podium import DataProtoFuture
 from podium.dataproto import DataProto
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import TWO_NODES, two_node_processes
+from tests.support.clusters import TWO_NODES, two_node_processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(300)]
 

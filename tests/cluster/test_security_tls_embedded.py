@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from certs import make_tls
+from tests.support.certs import make_tls
 import podium
 from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup

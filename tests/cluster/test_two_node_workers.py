@@ -25,8 +25,8 @@ from podium.v1 import common_pb2
 from podium.controller import ClassWithInitArgs, create_colocated_worker_cls
 from podium.worker import Dispatch, Worker, register
 from podium.worker.client import WorkerClient
-from podium_clusters import TWO_NODES, two_node_processes
-from proctable import alive
+from tests.support.clusters import TWO_NODES, two_node_processes
+from tests.support.proctable import alive
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

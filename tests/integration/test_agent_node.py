@@ -1,7 +1,7 @@
 """The node agent against a recording scheduler: real gRPC servers on port 0, real processes.
 
 The workers are ``agent_fake_worker.py``, which follows the same bootstrap
-contract as ``podium.worker.host.servicer`` (ready fd, one JSON line) and can be told to
+contract as ``podium.worker.host.process`` (ready fd, one JSON line) and can be told to
 crash, ignore SIGTERM, or stay silent.
 """
 
@@ -26,10 +26,10 @@ from podium import errors, rpc
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from podium.worker.agent.service import AgentConfig, run_agent
 from podium.worker.gpus import FakeProvider, ProcessUsage, fake_uuid
-from proctable import alive
+from tests.support.proctable import alive
 
 TOKEN = "agent-test-token"
-FAKE_WORKER = pathlib.Path(__file__).with_name("agent_fake_worker.py")
+from tests.support.processes import FAKE_WORKER  # noqa: E402
 WAIT = 10.0  # every wait's deadline; generous for a loaded 2-core box
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from live_services import LiveServices
+from tests.support.live_services import LiveServices
 from podium import errors
 
 pytestmark = pytest.mark.faults
@@ -24,7 +24,7 @@ def live(tmp_path_factory):
 
 
 def _calls(live) -> int:
-    return live.host.servicer.stats["calls"]
+    return live.host.runtime.stats["calls"]
 
 
 @pytest.mark.parametrize("method, args, kwargs, error, text", [

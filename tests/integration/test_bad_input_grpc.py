@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from live_services import SERVICES, LiveServices, method_paths, raw_call
-from proto_strategies import filled, messages
+from tests.support.live_services import SERVICES, LiveServices, method_paths, raw_call
+from tests.support.proto_strategies import filled, messages
 from google.protobuf.message_factory import GetMessageClass
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
@@ -69,7 +69,7 @@ def test_truncated_requests_get_a_clear_answer(live):
 
 
 def test_unknown_methods_and_services_are_unimplemented(live):
-    from live_services import raw_call as call
+    from tests.support.live_services import raw_call as call
 
     class _Unary:  # shape of a MethodDescriptor for raw_call
         client_streaming = server_streaming = False

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from podium.scheduler.server import run_scheduler
-from scheduler_fakes import config
+from tests.support.scheduler_fakes import config
 
 pytestmark = pytest.mark.faults
 

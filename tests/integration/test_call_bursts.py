@@ -12,7 +12,7 @@ from podium import errors
 from podium.controller.futures import PendingRef
 from podium.refs import ObjectRef, inline_value
 from podium.worker.client import WorkerClient, prepare
-from podium.worker.host.servicer import start_host
+from podium.worker.host.process import start_host
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +64,7 @@ def test_a_burst_settles_every_sink_in_call_order(token, arun):
         host, client = await _started(token)
         failures = []
         try:
-            assert client._raw is not None
+            assert client.transport == "socket"
             no_args = prepare(((), {}))
             sinks = [PendingRef(0, "bump") for _ in range(500)]
             for sink in sinks:
@@ -145,7 +145,7 @@ def test_fast_and_general_calls_keep_call_order_and_stats(token, arun):
     async def scenario():
         host, client = await _started(token)
         try:
-            stats = host.servicer.stats
+            stats = host.runtime.stats
             calls_before = stats["calls"]
             # a result held here, passed back as an argument: that call fetches it first
             # (the general path), and every later call must still run after it

@@ -20,7 +20,7 @@ from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, mak
 from podium.errors import RemoteError
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Execute, Worker, register
-from podium_clusters import TWO_NODES, controller_cluster
+from tests.support.clusters import TWO_NODES, controller_cluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,7 +20,7 @@ from podium.controller.runtime import get_runtime
 from podium.errors import InfeasibleError, SlotFullError, WorkerDiedError
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import controller_cluster
+from tests.support.clusters import controller_cluster
 
 pytestmark = pytest.mark.timeout(300)
 

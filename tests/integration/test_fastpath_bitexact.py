@@ -50,7 +50,7 @@ class Mirror(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shm_stats(self):
-        from podium.worker.host.servicer import current_host
+        from podium.worker.host.process import current_host
 
         stats = current_host().stats
         return stats["shm_in"], stats["shm_out"]
@@ -69,7 +69,7 @@ def wg(request):
         group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror),
                             worker_env=env)
         yield group
-        pooled = [w.client._shm.pool.segments for w in group.workers], group.pooled_bytes()
+        pooled = [w.client.segments.pool.segments for w in group.workers], group.pooled_bytes()
         group.shutdown()
         if request.param == "oneshot":
             assert pooled == ([0, 0], [0, 0]), pooled

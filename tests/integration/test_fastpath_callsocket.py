@@ -18,7 +18,7 @@ import torch
 from podium import errors
 from podium.transport import callsocket
 from podium.worker.client import WorkerClient
-from podium.worker.host.servicer import start_host
+from podium.worker.host.process import start_host
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,8 +80,8 @@ async def exercise(client: WorkerClient) -> None:
 def test_raw_socket_is_used_and_correct(token, arun):
     async def scenario():
         async with host_and_client(token) as (host, client):
-            assert client._raw is not None and client._stream is None
-            assert (await client.describe()).call_port == host.servicer.call_port > 0
+            assert client.transport == "socket"
+            assert (await client.describe()).call_port == host.runtime.call_port > 0
             await exercise(client)
     arun(scenario())
 
@@ -89,7 +89,7 @@ def test_raw_socket_is_used_and_correct(token, arun):
 def test_grpc_stream_when_raw_calls_are_off(token, arun, monkeypatch):
     async def scenario():
         async with host_and_client(token, raw=False, monkeypatch=monkeypatch) as (_, client):
-            assert client._raw is None and client._stream is not None
+            assert client.transport == "grpc"
             await exercise(client)
     arun(scenario())
 
@@ -99,7 +99,7 @@ def test_wrong_token_is_rejected(token, arun):
         host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
         try:
             with pytest.raises(errors.AuthenticationError):
-                await callsocket.connect("127.0.0.1", host.servicer.call_port, "not-the-token",
+                await callsocket.connect("127.0.0.1", host.runtime.call_port, "not-the-token",
                                       bytes, lambda frame: None, lambda exc: None, timeout=10)
         finally:
             await host.stop(grace=0.2)
@@ -112,7 +112,7 @@ def test_silent_peer_is_dropped_after_the_handshake_deadline(token, arun, monkey
     async def scenario():
         host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", host.servicer.call_port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", host.runtime.call_port)
             assert await asyncio.wait_for(reader.read(10), 10) == b""  # closed by the worker
             writer.close()
         finally:
@@ -138,7 +138,7 @@ def test_stopping_the_host_ends_open_connections(token, arun):
 def test_garbage_closes_only_that_connection(token, arun):
     async def scenario():
         async with host_and_client(token) as (host, client):
-            port = host.servicer.call_port
+            port = host.runtime.call_port
             loop = asyncio.get_running_loop()
 
             def send(payload: bytes) -> bytes:
@@ -163,7 +163,7 @@ def test_worker_gone_fails_pending_calls(token, arun):
         async with host_and_client(token) as (host, client):
             pending = asyncio.ensure_future(client.call("nap", (5.0,)))
             await asyncio.sleep(0.2)
-            for conn in list(host.servicer.raw_connections):  # the worker side drops it
+            for conn in list(host.runtime.raw_connections):  # the worker side drops it
                 conn.close()
             with pytest.raises(errors.UnavailableError):
                 await asyncio.wait_for(pending, 10)

@@ -92,7 +92,7 @@ def test_results_the_controller_keeps_are_never_overwritten(wg):
 def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
     data = DataProto.from_dict(tensors={"x": torch.zeros(64, BIG // 16)})
     sent_before = [w.client.stats["shm_sent"] for w in wg.workers]
-    kept = [len(w.client._shm.pool._busy) for w in wg.workers]  # arguments the workers keep
+    kept = [w.client.segments.pool.busy for w in wg.workers]  # arguments the workers keep
     for step in range(12):
         out = wg.add_one(data)
         assert float(out.batch["x"].min()) == float(out.batch["x"].max()) == 1.0, step
@@ -103,12 +103,12 @@ def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
         # work between steps would, or the next step's arguments take a fresh segment
         # (collect() is ~1 ms with the controller's import heap frozen).
         deadline = time.monotonic() + 30
-        while ([len(w.client._shm.pool._busy) for w in wg.workers] != kept
+        while ([w.client.segments.pool.busy for w in wg.workers] != kept
                and time.monotonic() < deadline):
             time.sleep(0.002)
     assert [w.client.stats["shm_sent"] - s for w, s in zip(wg.workers, sent_before)] == [12, 12]
     for w in wg.workers:
-        assert w.client._shm.pool.segments <= 4  # not one per call
+        assert w.client.segments.pool.segments <= 4  # not one per call
     assert float(data.batch["x"].max()) == 0.0  # the controller's own batch is untouched
     pids = wg.pid() + [os.getpid()]
     assert _segment_files(pids) == []  # every segment was mapped and unlinked
@@ -126,7 +126,7 @@ def test_segments_go_back_and_forth_on_both_call_transports(raw, token, arun, mo
     """The bookkeeping frames (call id 0) travel on the raw socket and on the gRPC Calls
     stream (what TLS uses) alike: results kept by the caller stay intact, segments are reused."""
     from podium.worker.client import WorkerClient
-    from podium.worker.host.servicer import start_host
+    from podium.worker.host.process import start_host
 
     if not raw:
         monkeypatch.setenv("PODIUM_RAW_CALLS", "0")
@@ -136,7 +136,7 @@ def test_segments_go_back_and_forth_on_both_call_transports(raw, token, arun, mo
         client = WorkerClient(host.address, token)
         try:
             await client.start()
-            assert client.same_host and (client._raw is not None) == raw
+            assert client.same_host and (client.transport == "socket") == raw
             await client.construct((Adder, (), {}))
             base = torch.zeros(BIG)
             kept = [await client.call("add", (base, float(i))) for i in range(3)]
@@ -148,8 +148,8 @@ def test_segments_go_back_and_forth_on_both_call_transports(raw, token, arun, mo
                 await asyncio.sleep(0.02)  # the "released" frames cross the stream
             assert [(float(t.min()), float(t.max())) for t in kept] == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
             assert client.stats["shm_sent"] == 11 and client.stats["shm_received"] == 11
-            assert client._shm.pool.segments <= 4  # arguments: reused, not one per call
-            assert len(client._shm.cache) <= 5  # results: 3 kept + the worker's reused ones
+            assert client.segments.pool.segments <= 4  # arguments: reused, not one per call
+            assert len(client.segments.cache) <= 5  # results: 3 kept + the worker's reused ones
         finally:
             await client.close()
             await host.stop(grace=0.2)

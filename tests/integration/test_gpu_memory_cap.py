@@ -19,7 +19,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
 from podium.errors import InvalidArgumentError, RemoteError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
-from podium_clusters import two_node_processes
+from tests.support.clusters import two_node_processes
 
 pytestmark = pytest.mark.timeout(240)
 

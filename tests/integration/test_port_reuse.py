@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from podium.worker.client import WorkerClient
-from podium.worker.host.servicer import start_host
+from podium.worker.host.process import start_host
 
 
 def test_a_reused_port_reaches_the_new_worker(token, arun):

@@ -15,8 +15,8 @@ from podium.dataproto import DataProto
 from podium.refs import DataProtoFuture, ObjectRef, concat_values
 from podium.worker.client import WorkerClient
 from podium.worker.decorator import register
-from podium.worker.host.servicer import current_host, start_host
-from test_worker_host_process import spawn_worker
+from podium.worker.host.process import current_host, start_host
+from tests.support.processes import spawn_worker
 
 
 def batch(start: int, rows: int) -> DataProto:
@@ -156,11 +156,11 @@ def test_hold_fetch_rows_release(token, arun, transport):
             assert blob_ref.rows == -1 and await client.fetch(blob_ref) == b"\x01" * 10
             with pytest.raises(errors.OutOfRangeError, match="DataProto or TensorDict"):
                 await client.fetch(blob_ref, rows=(0, 1))
-            assert len(host.servicer.held) == 3
+            assert len(host.runtime.held) == 3
             assert await client.release([ref, td_ref.object_id, "o-unknown"]) == 2
             with pytest.raises(errors.NotFoundError, match=ref.object_id):
                 await client.fetch(ref)
-            assert len(host.servicer.held) == 1
+            assert len(host.runtime.held) == 1
     arun(scenario())
 
 
@@ -203,7 +203,7 @@ def test_local_refs_resolve_in_the_owner_as_copies(token, arun):
             value.batch["x"] += 100
             again = await resolver.fetch(ref)
             assert again.batch["x"].tolist() == [0, 1, 2, 3]  # the held value was not touched
-            assert host.servicer.stats["fetches_served"] == 0  # no RPC for a local ref
+            assert host.runtime.stats["fetches_served"] == 0  # no RPC for a local ref
             await consumer.close()
     arun(scenario())
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from podium import errors
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from scheduler_fakes import Cluster, node_info
+from tests.support.scheduler_fakes import Cluster, node_info
 
 ONE_GPU = {"CPU": 1, "GPU": 1}
 

@@ -6,7 +6,7 @@ from podium import errors
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from podium.v1 import common_pb2
-from scheduler_fakes import FakeAgent, config
+from tests.support.scheduler_fakes import FakeAgent, config
 
 
 def test_restart_on_the_same_state_file_keeps_sessions_groups_and_workers(token, arun, tmp_path):

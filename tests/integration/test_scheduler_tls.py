@@ -10,7 +10,7 @@ from podium import errors
 from podium.auth import TlsConfig
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
-from scheduler_fakes import config, node_info
+from tests.support.scheduler_fakes import config, node_info
 
 
 def _openssl(*args, cwd):

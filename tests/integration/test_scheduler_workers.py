@@ -7,7 +7,7 @@ import pytest
 
 from podium import errors
 from podium.v1 import common_pb2
-from scheduler_fakes import Cluster
+from tests.support.scheduler_fakes import Cluster
 
 
 def _specs(pg_id, n, group="wg", num_gpus=1.0, bundles=None, start=0, world=None, **extra):

@@ -9,7 +9,7 @@ import aiohttp
 
 from podium.scheduler.http import REDACTED, is_secret_name
 from podium.v1 import common_pb2
-from scheduler_fakes import Cluster
+from tests.support.scheduler_fakes import Cluster
 
 SECRET_ENV = {"WANDB_API_KEY": "wandb-5ecret", "HF_TOKEN": "hf-5ecret", "DB_PASSWORD": "pw-5ecret",
               "AWS_SECRET_ACCESS_KEY": "aws-5ecret"}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from certs import make_tls
+from tests.support.certs import make_tls
 from podium import errors
 from podium.auth import TlsConfig
 

@@ -17,11 +17,11 @@ import pytest
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2
 
-from live_services import SERVICES, LiveServices, method_paths, raw_call
+from tests.support.live_services import SERVICES, LiveServices, method_paths, raw_call
 from podium import codec, rpc
 from podium.auth import TOKEN_METADATA_KEY, token_matches
 from podium.v1 import worker_pb2
-from proto_strategies import filled
+from tests.support.proto_strategies import filled
 
 pytestmark = pytest.mark.faults
 
@@ -60,8 +60,8 @@ def _state(live):
     async def snapshot():
         sched = live.scheduler.service.model
         return (sorted(sched.nodes), sorted(sched.groups), sorted(sched.workers),
-                len(live.agent.spawner.workers()), live.host.servicer.stats["calls"],
-                live.host.servicer.stopping.is_set())
+                len(live.agent.spawner.workers()), live.host.runtime.stats["calls"],
+                live.host.runtime.stopping.is_set())
     return live.run(snapshot())
 
 
@@ -184,7 +184,7 @@ def _raw_socket_exchange(port: int, token: bytes, frames: list[bytes], magic: by
 
 
 def test_the_raw_call_socket_never_unpickles_for_a_wrong_token(live, tmp_path):
-    port = live.host.servicer.call_port
+    port = live.host.runtime.call_port
     assert port, "the worker host serves no raw call socket (is PODIUM_RAW_CALLS=0 set?)"
     token = live.token.encode()
     for label, offered in (("none", b""), ("wrong", token[:-1] + b"?"), ("prefix", token[:8]),

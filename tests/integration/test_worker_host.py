@@ -15,7 +15,7 @@ from podium import codec, errors
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.client import WorkerClient, prepare
 from podium.worker.decorator import Dispatch, register
-from podium.worker.host.servicer import start_host
+from podium.worker.host.process import start_host
 
 
 class Echo:

@@ -19,67 +19,7 @@ from podium import errors, rpc
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.client import WorkerClient
 
-READY_DEADLINE = 60.0
-
-
-class WorkerProcess:
-    """A worker host process and the port it announced on its ready fd."""
-
-    def __init__(self, proc: subprocess.Popen, port: int, address: str, log_path: str) -> None:
-        self.proc = proc
-        self.port = port
-        self.address = f"{address}:{port}"
-        self.log_path = log_path
-
-    def log(self) -> str:
-        """What the process wrote to stderr/stdout so far."""
-        with open(self.log_path, errors="replace") as handle:
-            return handle.read()
-
-    def stop(self) -> None:
-        """Kill it if it still runs and reap it."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
-def spawn_worker(tmp_path, token: str, *, rank: int = 0, world_size: int = 1,
-                 address: str = "127.0.0.1", extra_env: dict | None = None) -> WorkerProcess:
-    """Start ``python -m podium.worker.host --ready-fd`` as the agent does; wait for its port."""
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ)
-    env.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": address,
-                "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "", "LOCAL_RANK": "0",
-                "LOCAL_WORLD_SIZE": "1", "WG_PREFIX": "test", "WG_BACKEND": "podium",
-                "PODIUM_LOCAL_WORLD_SIZE": str(world_size), "RAY_LOCAL_WORLD_SIZE": str(world_size),
-                "PODIUM_WORKER_ID": f"w-test-{rank}", "PODIUM_NODE_ADDRESS": address,
-                "PODIUM_TOKEN": token, "PODIUM_SCHEDULER": ""})
-    env.update(extra_env or {})
-    log_path = str(tmp_path / f"worker-{rank}-{time.monotonic_ns()}.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "podium.worker.host", "--ready-fd", str(write_fd)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,))
-    os.close(write_fd)
-    try:
-        data = b""
-        deadline = time.monotonic() + READY_DEADLINE
-        while not data.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                proc.kill()
-                proc.wait(timeout=30)
-                with open(log_path, errors="replace") as handle:
-                    raise AssertionError(f"worker never became ready; log:\n{handle.read()}")
-            ready, _, _ = select.select([read_fd], [], [], min(left, 0.5))
-            if ready:
-                chunk = os.read(read_fd, 4096)
-                if not chunk:
-                    break
-                data += chunk
-    finally:
-        os.close(read_fd)
-    port = json.loads(data.decode())["port"]
-    return WorkerProcess(proc, port, address, log_path)
+from tests.support.processes import WorkerProcess, spawn_worker  # noqa: F401 - WorkerProcess: the fixture's type
 
 
 @pytest.fixture

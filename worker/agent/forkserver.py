@@ -16,7 +16,7 @@ forks a worker per request:
   log files on fd 1 and 2 and /dev/null on fd 0, replaces its whole environment with the
   worker environment the agent computed (``CUDA_VISIBLE_DEVICES`` included: nothing has
   touched CUDA yet), changes directory, reseeds numpy's global RNG (siblings would share
-  it) and runs ``podium.worker.host.servicer.main(["--ready-fd", W])``: the same ready-fd contract
+  it) and runs ``podium.worker.host.process.main(["--ready-fd", W])``: the same ready-fd contract
   as an exec'd worker, so the agent's readiness and reaping code is unchanged.
 * The helper is the workers' parent, so it reaps them (SIGCHLD, ``waitpid``) and reports
   each pid's exit code, Popen style (``-N`` for signal N), to the agent.
@@ -51,7 +51,7 @@ from typing import Any, Callable
 __all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "main"]
 
 #: Modules the helper imports before it forks anything (missing ones are skipped).
-PRELOAD = ("podium.worker.host.servicer", "podium.worker.base", "podium.dataproto", "uvloop", "numpy",
+PRELOAD = ("podium.worker.host.process", "podium.worker.base", "podium.dataproto", "uvloop", "numpy",
            "torch", "tensordict")
 
 _PR_SET_PDEATHSIG = 1
@@ -113,7 +113,7 @@ def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int],
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["PODIUM_FORKED_AT"] = repr(time.time())
-        sys.argv = list(request.get("argv") or ["podium.worker.host.servicer"])
+        sys.argv = list(request.get("argv") or ["podium.worker.host"])
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()  # from fresh entropy: siblings would share the helper's state
@@ -121,9 +121,9 @@ def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int],
         if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
             # OpenMP read OMP_NUM_THREADS when the helper imported torch, not now.
             torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-        from podium.worker.host import servicer as host_servicer
+        from podium.worker.host import process as host_process
 
-        code = host_servicer.main(["--ready-fd", str(ready_fd)])
+        code = host_process.main(["--ready-fd", str(ready_fd)])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the worker's own crash: its stderr says why

@@ -90,7 +90,7 @@ class AgentConfig:
     tls: TlsConfig | None = None
     #: Default seconds between SIGTERM and SIGKILL.
     stop_grace: float = 5.0
-    #: Command that starts a worker ("--ready-fd N" is appended); None: podium.worker.host.servicer.
+    #: Command that starts a worker ("--ready-fd N" is appended); None: python -m podium.worker.host.
     worker_command: Sequence[str] | None = None
     #: Informational labels sent with the registration.
     labels: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -1,6 +1,6 @@
 """Worker processes of one node: start them, watch them become ready, reap them, stop them.
 
-Bootstrap contract with ``podium.worker.host.servicer`` (keep both sides exactly alike):
+Bootstrap contract with ``podium.worker.host.process`` (keep both sides exactly alike):
 the agent runs ``[sys.executable, "-m", "podium.worker.host", "--ready-fd", W]``
 where ``W`` is the write end of a pipe passed with ``pass_fds``; cwd is the agent's
 cwd; env is the agent's environment (minus ``PODIUM_TOKEN_FILE``) plus
@@ -89,7 +89,7 @@ def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
     return die_with_parent_argv([*command, "--ready-fd", str(ready_fd)], signal.SIGKILL)
 
 
-#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host.servicer).
+#: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host.process).
 TLS_ENV_KEYS = ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA")
 
 

@@ -1,8 +1,12 @@
 """The worker host: the process that serves one user object's ``@register``ed methods.
 
-- :mod:`~podium.worker.host.servicer`: the Worker gRPC service, the host's state and ``main``
-  (``python -m podium.worker.host --ready-fd N``, started by the node agent).
+- :mod:`~podium.worker.host.process`: starting a host, in-process (:func:`start_host`) or as
+  ``python -m podium.worker.host --ready-fd N`` (what the node agent starts).
+- :mod:`~podium.worker.host.runtime`: the hosted object, its calls and held results (no gRPC).
+- :mod:`~podium.worker.host.servicer`: the thin ``podium.v1.Worker`` gRPC service over it.
 - :mod:`~podium.worker.host.callstream`: one client's call connection (socket or gRPC stream).
 - :mod:`~podium.worker.host.execthread`: the thread that runs user methods in call order.
 - :mod:`~podium.worker.host.heldstore`: results held for ``blocking=False`` callers.
+- :mod:`~podium.worker.host.config` and :mod:`~podium.worker.host.results`: the host's
+  settings, and what results and user errors become.
 """

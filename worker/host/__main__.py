@@ -3,7 +3,7 @@
 import sys
 
 # Run the importable module, not a __main__ copy: user code that imports
-# podium.worker.host.servicer (current_host()) must see the running host's state.
-from podium.worker.host import servicer
+# podium.worker.host.process (current_host()) must see the running host's state.
+from podium.worker.host import process
 
-sys.exit(servicer.main())
+sys.exit(process.main())

@@ -1,9 +1,10 @@
 """One client's call stream in a worker: frames in, calls run, replies out.
 
-Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.transport.callsocket``): each
-gives it a ``context`` with ``read()``/``write()``. A one-frame call of a synchronous
-method takes the fast path (:meth:`WorkerServicer.start_fast`); everything else is
-assembled here and run by :meth:`WorkerServicer.run_call` / ``run_construct`` as a task.
+Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.transport.callsocket``)
+through one :class:`~podium.transport.connection.CallConnection`, the same connection layer the
+controller's client uses. A one-frame call of a synchronous
+method takes the fast path (:meth:`HostRuntime.start_fast`); everything else is
+assembled here and run by :meth:`HostRuntime.run_call` / ``run_construct`` as a task.
 """
 
 from __future__ import annotations
@@ -13,17 +14,16 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import grpc
 
 from podium import errors, rpc
 from podium.transport import chunks
-from podium.transport import callsocket
-from podium.transport import shmpool
+from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
 from podium.worker.host.execthread import Job
 
 if TYPE_CHECKING:
-    from podium.worker.host.servicer import WorkerServicer, _Outcome
+    from podium.worker.host.results import Outcome
+    from podium.worker.host.runtime import HostRuntime
 
 __all__ = ["CallStream", "ActiveCall"]
 
@@ -62,31 +62,24 @@ class _Incoming:
 class CallStream:
     """One client's Calls stream: assembles CallFrames, runs calls, writes replies."""
 
-    def __init__(self, host: WorkerServicer, context) -> None:
+    def __init__(self, host: HostRuntime, context) -> None:
         self.host = host
         self.context = context
         self.incoming: dict[int, _Incoming] = {}
         self.active: dict[int, ActiveCall] = {}
-        self.lock = asyncio.Lock()
-        #: Reused shared-memory segments, both ways (used only by a same-host client).
-        self.shm = shmpool.SharedSegments(asyncio.get_running_loop(), worker_pb2.ReplyFrame,
-                                          self._send_quietly)
-        # Replies written without awaiting (the fast path) need the raw connection's
-        # write_nowait; on the gRPC stream every call takes the general path.
-        self.writes_nowait = isinstance(context, callsocket.FrameConnection)
+        #: The connection (its segments are used only by a same-host client). Replies written
+        #: without awaiting (the fast path) need the raw socket; on the gRPC stream every call
+        #: takes the general path.
+        self.conn = CallConnection(context, worker_pb2.ReplyFrame, shared_memory=True)
         self.fast_done = self._fast_done  # one bound method for every fast call
         self._fast_finished: asyncio.Future | None = None
 
     async def run(self) -> None:
         """Read frames until the client ends the stream, let calls in flight answer, then clean up."""
-        context = self.context
         try:
-            while True:
-                frame = await context.read()
-                if frame is grpc.aio.EOF:
-                    break
+            async for frame in self.conn.frames():
                 if isinstance(frame, rpc.MalformedMessage):  # a peer's garbage bytes
-                    await rpc.abort(context, frame.error)
+                    await rpc.abort(self.context, frame.error)
                 decoded = self.try_fast(frame)
                 if decoded is True:
                     continue
@@ -105,38 +98,27 @@ class CallStream:
         finally:
             for active in list(self.active.values()):
                 if active.job is not None:
-                    self.host._exec.cancel(active.job)
+                    self.host.exec_thread.cancel(active.job)
                 if active.task is not None and not active.task.done():
                     active.task.cancel()
-            self.shm.close()
+            self.conn.close(carrier=False)  # the socket's owner (or gRPC) closes the carrier
 
     async def write(self, frame: worker_pb2.ReplyFrame) -> None:
-        """Send one reply frame (one writer at a time)."""
-        async with self.lock:
-            await self.context.write(frame)
-
-    def _send_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
-        # Segment bookkeeping: lost with a broken stream, as the stream's pool is.
-        asyncio.get_running_loop().create_task(self._write_quietly(frame))
-
-    async def _write_quietly(self, frame: worker_pb2.ReplyFrame) -> None:
-        try:
-            await self.write(frame)
-        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
-            pass
+        """Send one reply frame, in order with the others."""
+        await self.conn.write(frame)
 
     def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
-        """Start a one-frame CALL through :meth:`WorkerServicer.start_fast` when it can
+        """Start a one-frame CALL through :meth:`HostRuntime.start_fast` when it can
         take it: True if started; otherwise the decoded payload or None, for on_frame."""
-        if not (self.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
+        if not (self.conn.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
                 or frame.shm_forget:
             return None
         header = frame.header
         host = self.host
         call_id = frame.call_id
-        if (header.kind != _CALL or header.shm_name or host._construct_state != "done"
-                or not host._gate.done() or call_id in self.active or call_id in self.incoming
-                or self.context.must_drain):
+        if (header.kind != _CALL or header.shm_name or host.construct_state != "done"
+                or not host.gate.done() or call_id in self.active or call_id in self.incoming
+                or self.conn.must_drain):
             return None
         data = frame.data
         if len(data) != header.payload_size or len(data) > host.config.max_payload_bytes:
@@ -153,11 +135,11 @@ class CallStream:
         try:
             if not ok:
                 stats["call_errors"] += 1
-                self.context.write_nowait(self._error_frame(call_id, result))
+                self.conn.write_nowait(self._error_frame(call_id, result))
             else:
                 frame = self._single_frame(call_id, result)
                 if frame is not None:
-                    self.context.write_nowait(frame)
+                    self.conn.write_nowait(frame)
                 else:  # a large result streams in chunks: that needs awaiting
                     self.spawn(active, self._reply_later(active, result))
         except errors.PodiumError:
@@ -166,7 +148,7 @@ class CallStream:
         if finished is not None and not finished.done():
             finished.set_result(None)
 
-    async def _reply_later(self, active: ActiveCall, outcome: _Outcome) -> None:
+    async def _reply_later(self, active: ActiveCall, outcome: Outcome) -> None:
         try:
             await self.send_outcome(active.call_id, outcome)
         except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
@@ -178,7 +160,7 @@ class CallStream:
         if not isinstance(exc, errors.PodiumError):
             log.exception("internal error in call %d", call_id, exc_info=exc)
             exc = errors.InternalError(f"worker host: {type(exc).__name__}: {exc}")
-        self.host._err(exc)
+        self.host.with_rank(exc)
         return worker_pb2.ReplyFrame(
             call_id=call_id, header=worker_pb2.ReplyHeader(ok=False, error=rpc.error_info_of(exc)),
             last=True)
@@ -187,7 +169,7 @@ class CallStream:
         """Answer ``call_id`` with ``exc`` (a non-Podium exception becomes InternalError)."""
         await self.write(self._error_frame(call_id, exc))
 
-    def _single_frame(self, call_id: int, outcome: _Outcome) -> worker_pb2.ReplyFrame | None:
+    def _single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
         """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
         streams in chunks."""
         if outcome.ref is not None:
@@ -206,7 +188,7 @@ class CallStream:
         self.host.stats["bytes_out"] += outcome.nbytes
         return frame
 
-    async def send_outcome(self, call_id: int, outcome: _Outcome) -> None:
+    async def send_outcome(self, call_id: int, outcome: Outcome) -> None:
         """Answer ``call_id`` with a packaged result: a ref, a segment, or chunks."""
         frame = self._single_frame(call_id, outcome)
         if frame is not None:
@@ -214,23 +196,13 @@ class CallStream:
             return
         self.host.stats["bytes_out"] += outcome.nbytes
         header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
-        pieces = chunks.iter_chunks(outcome.segments)
-        pending = bytes(next(pieces))
-        first = True
-        for chunk in pieces:
-            await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
-                                                   data=pending))
-            first = False
-            pending = bytes(chunk)
-        await self.write(worker_pb2.ReplyFrame(call_id=call_id, header=header if first else None,
-                                               data=pending, last=True))
+        await self.conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
 
     async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
         """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame
         payload try_fast already decoded, or None)."""
         call_id = frame.call_id
-        if frame.shm_released or frame.shm_forget:
-            self.shm.on_frame(frame)
+        self.conn.on_bookkeeping(frame)
         if call_id == 0 and not frame.HasField("header"):  # segment bookkeeping only
             return
         if frame.HasField("header"):
@@ -295,12 +267,12 @@ class CallStream:
         host.stats["bytes_in"] += header.payload_size
         active = ActiveCall(call_id, header, self, host.reserve_gate())
         if header.kind == _CONSTRUCT:
-            if host._construct_state in ("pending", "done"):
+            if host.construct_state in ("pending", "done"):
                 host.open_gate(*active.gates)
                 self.spawn(active, self.send_error(call_id, errors.FailedPreconditionError(
                     "this worker already has an object (CONSTRUCT runs once)")))
                 return
-            host._construct_state = "pending"
+            host.construct_state = "pending"
             body = host.run_construct(active, payload)
         else:
             body = host.run_call(active, payload, decoded)
@@ -344,4 +316,4 @@ class CallStream:
             return
         active.cancelled = True
         if active.job is not None:
-            self.host._exec.cancel(active.job)  # only succeeds when it has not started
+            self.host.exec_thread.cancel(active.job)  # only succeeds when it has not started

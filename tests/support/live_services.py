@@ -22,10 +22,10 @@ from podium.auth import TlsConfig
 from podium.scheduler.server import run_scheduler
 from podium.worker.agent.service import AgentConfig, run_agent
 from podium.worker.client import WorkerClient
-from podium.worker.host.servicer import start_host
-from scheduler_fakes import config as scheduler_config
+from podium.worker.host.process import start_host
+from tests.support.scheduler_fakes import config as scheduler_config
 
-FAKE_WORKER = pathlib.Path(__file__).with_name("agent_fake_worker.py")
+from tests.support.processes import FAKE_WORKER  # noqa: E402
 
 #: Fully qualified service names, as they appear in a method path.
 SERVICES = ("podium.v1.Scheduler", "podium.v1.NodeAgent", "podium.v1.Worker")

@@ -3,7 +3,9 @@
 import importlib.util
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.support.waiting import REPO
+
+ROOT = REPO
 
 
 def _load_generator():

@@ -1,7 +1,7 @@
 """A stand-in worker process that follows the node agent's bootstrap contract.
 
 Run as ``python agent_fake_worker.py --ready-fd N``. It listens on a TCP port,
-writes ``{"port": P}`` to fd N and closes it, like ``podium.worker.host.servicer``. What
+writes ``{"port": P}`` to fd N and closes it, like ``podium.worker.host.process``. What
 else it does is chosen by environment variables, so tests can script failures:
 
 - ``FAKE_MODE``: ``serve`` (default), ``ignore_term`` (survives SIGTERM),

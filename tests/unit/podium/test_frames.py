@@ -27,7 +27,7 @@ def test_varint_matches_protobuf():
 
 
 def test_a_payload_keeps_one_tail_per_header_and_none_when_large():
-    from podium.worker.client import Payload, prepare
+    from podium.transport.payload import Payload, prepare
 
     small = prepare(((), {}))
     first = small.frame_tail("a", True, 10.0, False)

@@ -99,7 +99,7 @@ def test_cleanup_stale_removes_only_dead_creators():
 
 def test_domain_is_shared_by_processes_that_see_the_same_shm_dir():
     from podium.v1 import worker_pb2
-    from podium.worker.client import _shares_shm
+    from podium.transport.payload import shares_shm
 
     mine = shm.domain()
     assert mine and mine.count(":") == 2
@@ -107,6 +107,6 @@ def test_domain_is_shared_by_processes_that_see_the_same_shm_dir():
                            capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     assert other == mine
     # Same host name but another /dev/shm (a container with a private one) is not shared.
-    assert _shares_shm(worker_pb2.DescribeResponse(shm_domain=mine))
-    assert not _shares_shm(worker_pb2.DescribeResponse(shm_domain=mine + "x"))
-    assert not _shares_shm(worker_pb2.DescribeResponse())
+    assert shares_shm(worker_pb2.DescribeResponse(shm_domain=mine))
+    assert not shares_shm(worker_pb2.DescribeResponse(shm_domain=mine + "x"))
+    assert not shares_shm(worker_pb2.DescribeResponse())

@@ -1,4 +1,4 @@
-"""podium.dataproto.DataProto: verl's semantics (VERL_REFERENCE.md §1.5 and §1.1.1)."""
+"""podium.dataproto.DataProto: verl's semantics (verl.protocol's names and behaviour, auto-padding)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from podium.process import die_with_parent_argv
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 
 #: What goes into the base image; its hash names the cached tarball.
 DEBOOTSTRAP_SUITE = "bookworm"

@@ -51,8 +51,8 @@ def test_table_and_bytes():
 
 
 def test_internal_lines_are_filtered_user_lines_are_not():
-    assert is_internal_line("2026-11-30 09:30:01,123 rank1 INFO podium.worker.host.servicer: worker x serving")
-    assert not is_internal_line("2026-11-30 09:30:01,123 rank1 WARNING podium.worker.host.servicer: slow")
+    assert is_internal_line("2026-11-30 09:30:01,123 rank1 INFO podium.worker.host: worker x serving")
+    assert not is_internal_line("2026-11-30 09:30:01,123 rank1 WARNING podium.worker.host: slow")
     assert not is_internal_line("hello from rank 1")
     assert not is_internal_line("2026-11-30 09:30:01,123 rank1 INFO mylib: loaded")
 

@@ -20,8 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from proctable import alive, descendants  # noqa: F401 - re-exported
-from test_agents_processes import AgentProcess, agents, wait_for  # noqa: F401 - re-exported (agents: a fixture)
+from tests.support.processes import AgentProcess, wait_for  # noqa: F401 - re-exported
+from tests.support.proctable import alive, descendants  # noqa: F401 - re-exported
 
 import podium
 from podium import controller

@@ -2,7 +2,9 @@
 
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.support.waiting import REPO
+
+ROOT = REPO
 
 
 def _indented_commands(text: str) -> list[str]:

@@ -7,7 +7,20 @@ import gc
 import pytest
 
 from podium import errors
+from podium.transport.connection import CallConnection
+from podium.v1 import worker_pb2
 from podium.worker.client import WorkerClient, prepare
+
+
+class LosingCarrier:
+    """A gRPC-stream-like carrier whose write sees the connection go (as the reader did)."""
+
+    def __init__(self, client: WorkerClient, lost: errors.PodiumError) -> None:
+        self.client, self.lost = client, lost
+
+    async def write(self, frame) -> None:
+        self.client.fail_pending(self.lost)  # the reader saw the connection go while this was sending
+        raise self.lost
 
 
 def test_connection_lost_during_send_raises_once_and_leaves_nothing_unretrieved():
@@ -16,19 +29,14 @@ def test_connection_lost_during_send_raises_once_and_leaves_nothing_unretrieved(
         unhandled = []
         loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
         client = WorkerClient("127.0.0.1:1", "token", rank=3)
-        client._loop = loop
-        client._stream = object()  # "started" on the gRPC stream path; no socket is used
         lost = errors.UnavailableError("lost the call connection to worker rank 3", rank=3)
-
-        async def write(frame):
-            client._fail_all(lost)  # the reader saw the connection go while this was sending
-            raise lost
-
-        client._write = write
+        # "Started" on the gRPC stream path with a carrier that loses the connection; no socket.
+        client._loop = loop
+        client._conn = CallConnection(LosingCarrier(client, lost), worker_pb2.CallFrame, shared_memory=False)
         with pytest.raises(errors.UnavailableError) as info:
-            await client._roundtrip(1, "m", prepare(((), {})), False, 5.0)
+            await client.call_encoded("m", prepare(((), {})), timeout=5.0)
         assert info.value is lost and client.pending == 0
-        del info, write, client  # the traceback's frames hold the call's future
+        del info, client  # the traceback's frames hold the call's future
         lost.__traceback__ = None
         gc.collect()
         await asyncio.sleep(0)

@@ -1,0 +1,197 @@
+"""One end of a call connection, the same code on both ends.
+
+A controller's client of a worker and the worker's side of that client's calls hold one
+:class:`CallConnection` each. It hides which carrier the frames take:
+
+- the raw call socket (:class:`podium.transport.callsocket.FrameConnection`): frames are
+  queued without awaiting (small ones leave together at the end of the loop turn) and a
+  writer waits only while the socket's buffer is full;
+- the gRPC ``Calls`` stream (what TLS uses): one writer at a time, under a lock.
+
+and owns what both ends do the same way: writing a payload as header + chunk frames,
+bookkeeping frames that must never fail a call ("quiet" writes), and the shared-memory
+segments of a same-host connection (:class:`podium.transport.shmpool.SharedSegments`: the
+pool this side writes, the cache of what the peer wrote, and the frames that give segments
+back). Frames are ``CallFrame`` one way and ``ReplyFrame`` the other; ``make_frame`` says
+which this end writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import grpc
+
+from podium import errors
+from podium.transport import shm, shmpool
+from podium.transport.callsocket import FrameConnection
+
+__all__ = ["CallConnection"]
+
+log = logging.getLogger("podium.transport.connection")
+
+
+class CallConnection:
+    """Frames out and in on one call connection (raw socket or gRPC stream), either end.
+
+    ``carrier`` has ``write(frame)`` and ``read()`` (``grpc.aio.EOF`` at the end): a raw
+    :class:`FrameConnection`, a client's gRPC ``Calls`` call, or a server's stream context.
+    ``shared_memory`` gives the connection its segment pool and cache (same-host peers only).
+    """
+
+    def __init__(self, carrier: Any, make_frame: Callable[..., Any], *, shared_memory: bool) -> None:
+        self.carrier = carrier
+        #: Whether frames can be queued without awaiting (the raw socket).
+        self.writes_nowait = isinstance(carrier, FrameConnection)
+        self._make_frame = make_frame
+        self._loop = asyncio.get_running_loop()
+        self._lock = asyncio.Lock()
+        #: Set once the connection is known to be gone: quiet writes stop.
+        self.closed = False
+        #: Reused shared-memory segments, both ways (None: the peer is on another host).
+        self.segments: shmpool.SharedSegments | None = (
+            shmpool.SharedSegments(self._loop, make_frame, self.send_quietly) if shared_memory else None)
+
+    # ---------------------------------------------------------------- writing
+
+    @property
+    def must_drain(self) -> bool:
+        """True while the raw socket's send buffer is full (never on the gRPC stream)."""
+        return self.writes_nowait and self.carrier.must_drain
+
+    def write_nowait(self, frame: Any) -> None:
+        """Queue ``frame`` at once (raw socket only; UnavailableError once it is closed)."""
+        self.carrier.write_nowait(frame)
+
+    def write_serialized_nowait(self, data: bytes) -> None:
+        """:meth:`write_nowait` of a frame already serialized (raw socket only)."""
+        self.carrier.write_serialized_nowait(data)
+
+    async def write(self, frame: Any) -> None:
+        """Send one frame, in order with every other write on this connection."""
+        carrier = self.carrier
+        if self.writes_nowait:  # buffered in call order; wait only when the buffer is full
+            carrier.write_nowait(frame)
+            if carrier.must_drain:
+                await carrier.drain()
+            return
+        async with self._lock:
+            await carrier.write(frame)
+
+    def send_quietly(self, frame: Any) -> None:
+        """Send a bookkeeping frame (on the loop); lost with a broken connection, as its pool is."""
+        if self.closed:
+            return
+        if self.writes_nowait:
+            try:
+                self.carrier.write_nowait(frame)
+            except errors.PodiumError:
+                pass
+        else:
+            self._loop.create_task(self._write_quietly(frame))
+
+    async def _write_quietly(self, frame: Any) -> None:
+        try:
+            await self.write(frame)
+        except Exception:  # noqa: BLE001 - the stream broke: the pool goes with it
+            pass
+
+    async def send_chunks(self, call_id: int, header: Any, pieces: Iterable[bytes],
+                          stop: Callable[[], bool] | None = None) -> bool:
+        """Send a payload as frames: ``header`` on the first, ``last`` on the final one.
+
+        ``pieces`` yields at least one chunk. Returns False when ``stop()`` said to give up
+        between two frames (the call already failed or timed out), True when all were sent.
+        """
+        make = self._make_frame
+        it = iter(pieces)
+        chunk = next(it)
+        first = header
+        for following in it:
+            if stop is not None and stop():
+                return False
+            await self.write(make(call_id=call_id, header=first, data=chunk))
+            first, chunk = None, following
+        await self.write(make(call_id=call_id, header=first, data=chunk, last=True))
+        return True
+
+    # ---------------------------------------------------------------- reading
+
+    async def frames(self) -> AsyncIterator[Any]:
+        """The frames the peer sends, until it ends the connection."""
+        read = self.carrier.read
+        while True:
+            frame = await read()
+            if frame is grpc.aio.EOF:
+                return
+            yield frame
+
+    def on_bookkeeping(self, frame: Any) -> None:
+        """Apply a received frame's segment bookkeeping (``shm_released``, ``shm_forget``)."""
+        if self.segments is not None and (frame.shm_released or frame.shm_forget):
+            self.segments.on_frame(frame)
+
+    # ---------------------------------------------------------------- shared memory
+
+    def write_segment(self, segments: list, nbytes: int) -> tuple[str, bool]:
+        """Put a payload in shared memory for the peer: ``(name, pooled)``, or ``("", False)``
+        when it must go over TCP (/dev/shm full or missing). Safe on any thread."""
+        try:
+            if self.segments is not None:
+                name = self.segments.pool.write(segments, nbytes)
+                if name:
+                    return name, True
+            return shm.write_segments(segments)[0], False
+        except OSError as exc:
+            log.warning("shared memory unavailable (%s); sending over TCP", exc)
+            return "", False
+
+    def read_segment(self, name: str, pooled: bool, nbytes: int, max_size: int) -> memoryview:
+        """The payload the peer put in segment ``name`` (mapped, not copied)."""
+        if pooled:
+            if self.segments is None:
+                raise errors.DataLossError(f"the peer sent pooled segment {name!r} on a connection "
+                                           "without shared memory")
+            return self.segments.cache.read(name, nbytes, max_size)
+        return shm.read_segment(name, max_size=max_size)
+
+    def drop_segment(self, name: str, pooled: bool) -> None:
+        """A segment this side wrote for a call that failed: never written again, never leaked.
+
+        A one-shot segment is unlinked by the peer when it maps it, so this is a no-op after a
+        normal call; after a failed one it keeps a dead peer's input from leaking."""
+        if pooled and self.segments is not None:
+            self.segments.pool.abandon(name)
+        else:
+            shm.remove_segment(name)
+
+    def discard_segment(self, name: str, pooled: bool, nbytes: int) -> None:
+        """A segment the peer wrote that nobody will read (its call went away): a one-shot one is
+        removed; a pooled one is mapped and let go at once, which gives it back to the peer."""
+        if not pooled:
+            shm.remove_segment(name)
+            return
+        try:
+            self.read_segment(name, True, nbytes, 1 << 40)
+        except errors.PodiumError:
+            pass
+
+    # ---------------------------------------------------------------- end
+
+    def close(self, *, carrier: bool = True) -> None:
+        """End the connection: drop the segments and (with ``carrier``) close the socket or
+        cancel the stream. A server leaves its stream to gRPC (``carrier=False``)."""
+        self.closed = True
+        if self.segments is not None:
+            self.segments.close()
+        if not carrier:
+            return
+        if self.writes_nowait:
+            self.carrier.close()
+        else:
+            cancel = getattr(self.carrier, "cancel", None)
+            if cancel is not None:
+                cancel()

@@ -1,0 +1,85 @@
+"""A call's encoded arguments, prepared once and sendable to many workers.
+
+The controller's fan-out sends one shard to several ranks (a ONE_TO_ALL call sends the same
+arguments to all of them): :class:`Payload` encodes it once, makes its chunk ``bytes`` once,
+and keeps the serialized one-frame CALL (minus the call id, see :mod:`podium.transport.frames`)
+for the next call with the same options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podium import codec
+from podium.transport import chunks, frames, shm
+from podium.v1 import worker_pb2
+
+__all__ = ["Payload", "prepare", "shares_shm"]
+
+_CALL = worker_pb2.CALL
+
+
+class Payload:
+    """An encoded call payload, prepared once and sendable to many workers.
+
+    With ``reusable`` (what :func:`prepare` makes) the chunk ``bytes`` are made
+    on first use and kept for every later worker, so a shard several ranks
+    receive is encoded and copied once. A one-shot payload streams its chunks
+    instead, so a huge argument is never held twice.
+    """
+
+    __slots__ = ("encoded", "nbytes", "reusable", "_chunks", "_tails")
+
+    def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
+        self.encoded = encoded
+        self.nbytes = encoded.nbytes
+        self.reusable = reusable
+        self._chunks: list[bytes] | None = None
+        self._tails: dict | None = None
+
+    def frame_tail(self, method: str, hold: bool, timeout: float, reply_in_shm: bool) -> bytes:
+        """The serialized one-frame CALL of this payload minus its call id (see
+        :mod:`podium.transport.frames`); kept for the next call with the same options."""
+        key = (method, hold, timeout, reply_in_shm)
+        tails = self._tails
+        if tails is not None:
+            tail = tails.get(key)
+            if tail is not None:
+                return tail
+        first = next(iter(self.iter_chunks()))
+        tail = frames.call_frame_tail(_CALL, method, first, hold=hold, timeout=timeout,
+                                      reply_in_shm=reply_in_shm)
+        if self.reusable and self.nbytes <= frames.TAIL_MAX_BYTES:
+            if tails is None:
+                tails = self._tails = {}
+            if len(tails) < frames.MAX_TAILS:
+                tails[key] = tail
+        return tail
+
+    def iter_chunks(self):
+        """The wire form as chunk-sized ``bytes`` (at least one, the last one marked by the caller)."""
+        if self._chunks is not None:
+            return self._chunks
+        segments = self.encoded.to_segments()
+        if self.nbytes <= chunks.CHUNK_SIZE:
+            self._chunks = [b"".join(segments)]
+            return self._chunks
+        if self.reusable:
+            self._chunks = [bytes(chunk) for chunk in chunks.iter_chunks(segments)]
+            return self._chunks
+        return (bytes(chunk) for chunk in chunks.iter_chunks(segments))
+
+    def segments(self) -> list[memoryview]:
+        """The wire form as zero-copy segments (for shared memory)."""
+        return self.encoded.to_segments()
+
+
+def prepare(value: Any) -> Payload:
+    """Encode ``value`` once into a :class:`Payload` (for ``WorkerClient.call_encoded``)."""
+    return Payload(codec.encode(value))
+
+
+def shares_shm(info: worker_pb2.DescribeResponse) -> bool:
+    """Whether the described worker sees this process's /dev/shm (see :func:`shm.domain`)."""
+    mine = shm.domain()
+    return bool(mine) and info.shm_domain == mine

@@ -1,0 +1,131 @@
+"""A worker's gRPC channel and its unary RPCs: Describe, Fetch, Release, Shutdown.
+
+:class:`WorkerChannel` is what a process needs to read a worker's results (the controller's
+ref fetches, a worker fetching its arguments from a peer); :class:`~podium.worker.client.WorkerClient`
+adds the call connection on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import grpc
+
+from podium import codec, errors, rpc
+from podium.auth import TlsConfig
+from podium.refs import ObjectRef
+from podium.transport import chunks, shm
+from podium.transport.payload import shares_shm
+from podium.v1 import worker_pb2, worker_pb2_grpc
+
+__all__ = ["WorkerChannel", "MAX_REPLY_BYTES"]
+
+_DEFAULT_SHM_THRESHOLD = 1 << 20
+#: The largest reply a client assembles (a bound against a misbehaving peer).
+MAX_REPLY_BYTES = 1 << 40
+
+
+class WorkerChannel:
+    """The channel to one worker and its unary RPCs (no call connection)."""
+
+    def __init__(self, address: str, token: str, *, rank: int = -1, worker_id: str = "",
+                 tls: TlsConfig | None = None, shm_threshold: int | None = None) -> None:
+        self.address = address
+        self.rank = rank
+        self.worker_id = worker_id
+        if shm_threshold is None:  # the same variable sets the worker's reply threshold
+            shm_threshold = int(os.environ.get("PODIUM_SHM_THRESHOLD_BYTES") or _DEFAULT_SHM_THRESHOLD)
+        self.shm_threshold = shm_threshold
+        #: Whether the worker shares this host (None until known).
+        self.same_host: bool | None = False if os.environ.get("PODIUM_DISABLE_SHM") else None
+        #: Bytes the last fetch moved (for counters).
+        self.last_fetch_bytes = 0
+        #: Payloads that went through shared memory, each way.
+        self.stats = {"shm_sent": 0, "shm_received": 0}
+        self._token = token
+        self._tls = tls
+        self._metadata = rpc.token_metadata(token)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: worker_pb2_grpc.WorkerStub | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _who(self) -> str:
+        return f"worker rank {self.rank} at {self.address}" if self.rank >= 0 else f"worker at {self.address}"
+
+    def connect(self) -> None:
+        """Open the channel (no RPC); enough for describe/fetch/release/shutdown."""
+        if self._channel is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        # The token goes in per-call metadata rather than through a client
+        # interceptor: intercepted streams add a queue and a task per message.
+        self._channel = rpc.make_channel(self.address, "", self._tls, add_token=False)
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+
+    def _rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> errors.PodiumError:
+        err = rpc.error_from_rpc(exc, what=f"{what} on {self._who()}")
+        if type(err) is errors.UnavailableError:
+            err = errors.UnavailableError(f"{what}: cannot reach {self._who()}: {exc.details()}",
+                                          rank=self.rank)
+        elif type(err) is errors.DeadlineExceededError and not exc.trailing_metadata():
+            err = errors.DeadlineExceededError(f"{what} on {self._who()} timed out", rank=self.rank)
+        return err
+
+    async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
+        """The worker's identity, state and method table."""
+        self.connect()
+        try:
+            return await self._stub.Describe(worker_pb2.DescribeRequest(), timeout=timeout,
+                                             metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Describe") from None
+
+    async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
+                    timeout: float | None = None) -> Any:
+        """The value ``ref`` names (or only rows ``[rows[0], rows[1])`` of it), from its owner."""
+        self.connect()
+        if self.same_host is None and ref.size_bytes >= self.shm_threshold:
+            self.same_host = shares_shm(await self.describe(timeout=timeout or 30.0))
+        request = worker_pb2.FetchRequest(object_id=ref.object_id,
+                                          reply_in_shm=bool(self.same_host) and ref.size_bytes >= self.shm_threshold)
+        if rows is not None:
+            request.has_rows = True
+            request.row_start, request.row_stop = int(rows[0]), int(rows[1])
+        assembler = None
+        try:
+            async for chunk in self._stub.Fetch(request, timeout=timeout, metadata=self._metadata):
+                if assembler is None:
+                    if chunk.shm_name:
+                        self.last_fetch_bytes = chunk.total_size
+                        self.stats["shm_received"] += 1
+                        return codec.decode(shm.read_segment(chunk.shm_name, max_size=MAX_REPLY_BYTES))
+                    assembler = chunks.Assembler(chunk.total_size, MAX_REPLY_BYTES)
+                assembler.add(chunk.data)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, f"Fetch of {ref.object_id}") from None
+        if assembler is None:
+            raise errors.DataLossError(f"Fetch of {ref.object_id} from {self._who()} returned nothing")
+        self.last_fetch_bytes = assembler.total_size
+        return codec.decode(assembler.result())
+
+    async def release(self, object_ids, *, timeout: float | None = 30.0) -> int:
+        """Drop held results in the worker; returns how many were held."""
+        self.connect()
+        ids = [r.object_id if isinstance(r, ObjectRef) else r for r in object_ids]
+        try:
+            reply = await self._stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
+                                             timeout=timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Release") from None
+        return reply.released
+
+    async def shutdown(self, reason: str = "", *, timeout: float | None = 10.0) -> None:
+        """Ask the worker process to exit (it answers first)."""
+        self.connect()
+        try:
+            await self._stub.Shutdown(worker_pb2.ShutdownRequest(reason=reason), timeout=timeout,
+                                      metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Shutdown") from None

@@ -1,0 +1,106 @@
+"""What a call's result becomes in the worker: a packaged :class:`Outcome` (a held ref, a
+shared-memory segment, or bytes to stream), a :class:`FrozenResult` snapshot for held
+results, and the errors user code is reported as."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import traceback
+from typing import Any
+
+from podium import codec, errors
+from podium.v1 import worker_pb2
+from podium.worker.host import gpucap
+
+__all__ = ["Outcome", "FrozenResult", "ENCODED_NONE", "IMMUTABLE_RESULTS", "remote_error", "call_error",
+           "close_names"]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A packaged result: a held ref, a shared-memory segment, or bytes to stream."""
+
+    ref: worker_pb2.ObjectRefInfo | None = None
+    shm_name: str = ""
+    #: shm_name is a segment of the stream's pool (podium.transport.shmpool), not a one-shot one.
+    shm_pooled: bool = False
+    segments: list | None = None
+    nbytes: int = 0
+
+
+class FrozenResult:
+    """A held result's wire form, copied once into one buffer.
+
+    The copy makes a held result a snapshot, as Ray's object store does: user
+    code that mutates a returned tensor afterwards cannot change what peers
+    fetch. Quacks like :class:`podium.codec.Encoded` (``nbytes``, ``to_segments``).
+    """
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, segments: list, nbytes: int) -> None:
+        self.buffer = bytearray(nbytes)
+        view = memoryview(self.buffer)
+        pos = 0
+        for segment in segments:
+            size = segment.nbytes
+            view[pos:pos + size] = segment.cast("B") if segment.ndim != 1 or segment.itemsize != 1 else segment
+            pos += size
+        view.release()
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the wire form."""
+        return len(self.buffer)
+
+    def to_segments(self) -> list[memoryview]:
+        """The wire form as one segment."""
+        return [memoryview(self.buffer)]
+
+
+#: The wire form of None, made once (its segments are immutable bytes).
+ENCODED_NONE = codec.encode(None)
+#: Results that cannot change after they are returned: a held one needs no decoded copy.
+IMMUTABLE_RESULTS = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1) -> errors.RemoteError:
+    """The RemoteError a user exception travels as, its traceback starting in user code."""
+    # Drop the host's own frames so the traceback starts in user code.
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    # A CUDA OOM under a Podium memory cap names the cap (not just torch's numbers).
+    message = gpucap.oom_message(exc) or str(exc)
+    return errors.RemoteError(message, traceback=text, remote_type=name, rank=rank, node=node)
+
+
+def call_error(fn: Any, args: Any, kwargs: Any, exc: BaseException, rank: int, node: str
+                ) -> errors.PodiumError:
+    """What a user method that raised becomes: RemoteError, unless the call itself did not
+    match the method's signature (wrong argument count or name), which is the caller's
+    ArgumentMismatchError naming the signature. Only runs once a call has failed."""
+    if isinstance(exc, TypeError):
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # builtins without a signature
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as mismatch:
+                name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "method")
+                return errors.ArgumentMismatchError(f"{name}{signature}: {mismatch}", rank=rank, node=node)
+    return remote_error(exc, rank, node)
+
+
+def close_names(name: str, obj: Any) -> list[str]:
+    """Method names of ``obj`` close to ``name`` (for "did you mean" hints)."""
+    candidates = [n for n in dir(obj) if not n.startswith("__")]
+    return difflib.get_close_matches(name, candidates, n=5, cutoff=0.5)

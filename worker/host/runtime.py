@@ -1,0 +1,401 @@
+"""The worker host's runtime: one hosted object, its calls, its held results (no gRPC here)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import cloudpickle
+
+from podium import codec, errors, refs
+from podium.transport import chunks, shm
+from podium.transport.connection import CallConnection
+from podium.v1 import worker_pb2
+from podium.worker.host.callstream import ActiveCall, CallStream
+from podium.worker.host.config import RAY_CALL, HostConfig
+from podium.worker.host.execthread import ExecutionThread
+from podium.worker.host.heldstore import HeldStore
+from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenResult, Outcome, call_error,
+                                        close_names, remote_error)
+
+__all__ = ["HostRuntime"]
+
+log = logging.getLogger("podium.worker.host")
+
+
+class HostRuntime:
+    """One hosted object and everything that runs it: construction, calls in order on the
+    execution thread (or the loop for ``async def``), held results, the counters.
+
+    It knows no gRPC: :class:`~podium.worker.host.servicer.WorkerServicer` is the thin service
+    over it, and :class:`~podium.worker.host.callstream.CallStream` feeds it the calls of one
+    connection.
+    """
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.held = HeldStore(config.hold_budget_bytes)
+        #: "host:port" peers use to reach this worker (set once bound).
+        self.address = ""
+        #: Port of the raw call socket (podium.transport.callsocket) on the same address; 0: none.
+        self.call_port = 0
+        #: Its open connections (closed when the host stops).
+        self.raw_connections: set = set()
+        #: Counters a test (or a user method, through current_host()) can read.
+        self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
+                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
+                      # The call path's counters (node agent /metrics): calls and constructs
+                      # running now, finished with an error, seconds spent, payload bytes.
+                      "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
+                      "bytes_in": 0, "bytes_out": 0}
+        self.stopping = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.exec_thread = ExecutionThread(self._loop)
+        self._obj: Any = None
+        self._class_name = ""
+        self.construct_state = "none"  # none | pending | done | failed
+        self._construct_done: asyncio.Future = self._loop.create_future()
+        self._construct_error = ""
+        # Each CALL/CONSTRUCT takes a gate future at arrival and completes it once
+        # it has been handed to the execution thread (or resolved otherwise), after
+        # its predecessor's: sync calls thus reach the thread in arrival order even
+        # when an earlier one waits for its arguments to be fetched.
+        self.gate: asyncio.Future = self._loop.create_future()
+        self.gate.set_result(None)
+        self._method_info: dict[str, tuple[bool, bool]] = {}
+        self._hostname = socket.gethostname()
+        self._shm_domain = shm.domain()
+
+    # ---------------------------------------------------------------- helpers
+
+    @property
+    def hosted(self) -> Any:
+        """The hosted object (None until constructed)."""
+        return self._obj
+
+    def with_rank(self, exc: errors.PodiumError) -> errors.PodiumError:
+        if exc.rank < 0:
+            exc.rank = self.config.rank
+        return exc
+
+    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: CallStream) -> Any:
+        if header.shm_name:
+            payload = stream.conn.read_segment(header.shm_name, header.shm_pooled, header.payload_size,
+                                               self.config.max_payload_bytes)
+            self.stats["shm_in"] += 1
+        return codec.decode(payload)
+
+    def _lookup(self, name: str) -> tuple[Any, bool, bool]:
+        """(bound method, is_async, materialize_futures) or UnknownMethodError."""
+        obj = self._obj
+        if name == RAY_CALL:
+            return self._ray_call, False, True
+        if not name or name.startswith("__"):
+            raise errors.UnknownMethodError(f"{self._class_name} has no callable method {name!r}",
+                                            details={"method": name})
+        try:
+            fn = getattr(obj, name)
+        except AttributeError:
+            fn = None
+        if fn is None or not callable(fn):
+            close = close_names(name, obj)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise errors.UnknownMethodError(
+                f"{self._class_name} has no method {name!r}{hint}",
+                details={"method": name, "close_names": ",".join(close)})
+        info = self._method_info.get(name)
+        if info is None:
+            from podium.worker.decorator import _is_async, get_registration
+
+            reg = get_registration(fn)
+            materialize = True if reg is None else bool(reg.get("materialize_futures", True))
+            info = (_is_async(fn), materialize)
+            self._method_info[name] = info
+        return fn, info[0], info[1]
+
+    def _ray_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # verl's escape hatch (actor.__ray_call__.remote(fn, ...)): fn(obj, ...) on the
+        # execution thread; a coroutine it returns runs on the loop.
+        result = fn(self._obj, *args, **kwargs)
+        if inspect.iscoroutine(result):
+            result = asyncio.run_coroutine_threadsafe(result, self._loop).result()
+        return result
+
+    def package(self, value: Any, header: worker_pb2.CallHeader,
+                conn: CallConnection | None = None) -> Outcome:
+        """Encode a result and hold it, put it in shared memory for the caller (``conn``'s
+        segments when it has room, else a one-shot segment), or ready it for streaming."""
+        encoded = ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
+        nbytes = encoded.nbytes
+        if header.hold_result:
+            rows = refs.rows_of(value)
+            self.held.check_room(nbytes)
+            frozen = FrozenResult(encoded.to_segments(), nbytes)
+            # The held value is a snapshot (decoded from the frozen copy) unless nothing can
+            # change it anyway (None, numbers, strings: most small results).
+            snapshot = value if type(value) in IMMUTABLE_RESULTS else codec.decode(frozen.buffer)
+            held = self.held.put(snapshot, frozen, nbytes, rows)
+            return Outcome(ref=worker_pb2.ObjectRefInfo(
+                object_id=held.object_id, worker_id=self.config.worker_id,
+                owner_address=self.address, owner_rank=self.config.rank,
+                size_bytes=nbytes, rows=rows,
+                # Small results ride along, so the caller's get() needs no Fetch.
+                inline_value=bytes(frozen.buffer) if nbytes <= self.config.inline_result_bytes else b""))
+        segments = encoded.to_segments()
+        if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes and conn is not None:
+            name, pooled = conn.write_segment(segments, nbytes)  # ("", False): /dev/shm full, use TCP
+            if name:
+                self.stats["shm_out"] += 1
+                return Outcome(shm_name=name, shm_pooled=pooled, nbytes=nbytes)
+        return Outcome(segments=segments, nbytes=nbytes)
+
+    def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
+                     conn: CallConnection | None) -> Outcome:
+        # Runs on the execution thread.
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
+            raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
+        return self.package(value, header, conn)
+
+    def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
+        # Runs on the execution thread: CUDA/NCCL state made here belongs to it.
+        from podium.worker.factory import resolve_class
+
+        cls = resolve_class(cls_ref)
+        self._class_name = f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            obj = cls(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - user code
+            raise remote_error(exc, self.config.rank, self.config.node_address) from None
+        self._obj = obj
+
+    # ---------------------------------------------------------------- calls
+
+    def reserve_gate(self) -> tuple[asyncio.Future, asyncio.Future]:
+        """(predecessor's gate, this call's gate); see ``__init__``."""
+        prev, mine = self.gate, self._loop.create_future()
+        self.gate = mine
+        return prev, mine
+
+    @staticmethod
+    def open_gate(prev: asyncio.Future, mine: asyncio.Future) -> None:
+        """Complete ``mine`` once ``prev`` is complete (never before it)."""
+        if mine.done():
+            return
+        if prev.done():
+            mine.set_result(None)
+        else:
+            prev.add_done_callback(lambda _: mine.done() or mine.set_result(None))
+
+    async def run_construct(self, active: ActiveCall, payload: Any) -> None:
+        """CONSTRUCT: decode (cls_ref, args, kwargs) and build the object on the execution thread."""
+        prev, mine = active.gates
+        try:
+            try:
+                value = self._decode_payload(active.header, payload, active.stream)
+                if not (isinstance(value, (tuple, list)) and len(value) == 3):
+                    raise errors.InvalidArgumentError(
+                        "a CONSTRUCT payload must decode to (class_or_import_path, args, kwargs), "
+                        f"got {type(value).__name__}")
+                cls_ref, args, kwargs = value
+                if not prev.done():
+                    await prev
+                if active.cancelled:
+                    raise errors.CancelledError("construct cancelled before it started")
+                job = self.exec_thread.submit(self._construct_sync, cls_ref, tuple(args), dict(kwargs))
+                active.job = job
+            finally:
+                self.open_gate(prev, mine)
+            await job.future
+        except BaseException as exc:
+            self.construct_state = "failed"
+            self._construct_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            if not self._construct_done.done():
+                self._construct_done.set_result(False)
+            raise
+        self.construct_state = "done"
+        self._construct_done.set_result(True)
+        log.info("constructed %s (rank %d)", self._class_name, self.config.rank)
+        await active.stream.send_outcome(active.call_id, Outcome(segments=codec.encode(None).to_segments()))
+
+    def start_fast(self, stream: CallStream, call_id: int, header: worker_pb2.CallHeader,
+                   data: bytes) -> Any:
+        """Hand a one-frame CALL of a sync method to the execution thread right now.
+
+        The common call needs none of :meth:`run_call`'s waiting: the object is built, no
+        earlier call waits for its arguments (the gate is open), no argument is a ref to
+        fetch. Then there is no task, gate or future per call; the outcome is written from
+        the loop when the thread reports it (``stream.fast_done``). Returns True if started,
+        else the decoded payload (or None) for :meth:`run_call`, which also reports every
+        error.
+        """
+        try:
+            value = codec.decode(data)
+        except Exception:  # noqa: BLE001 - run_call decodes again and reports it
+            return None
+        if type(value) is not tuple or len(value) != 2:
+            return value
+        args, kwargs = value
+        try:
+            fn, is_async, materialize = self._lookup(header.method)
+        except Exception:  # noqa: BLE001 - run_call looks up again and reports it
+            return value
+        if is_async or (materialize and (any(map(refs.is_ref, args))
+                                         or any(map(refs.is_ref, kwargs.values())))):
+            return value
+        active = ActiveCall(call_id, header, stream, None)
+        if active.deadline and time.monotonic() > active.deadline:
+            return value
+        stats = self.stats
+        stats["bytes_in"] += header.payload_size
+        stats["calls"] += 1
+        stats["calls_in_flight"] += 1
+        active.started = time.monotonic()
+        stream.active[call_id] = active
+        active.job = self.exec_thread.submit_reporting(
+            self._invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active)
+        return True
+
+    def precondition_for_call(self) -> None:
+        """FailedPreconditionError unless a constructor ran or is queued."""
+        state = self.construct_state
+        if state == "none":
+            raise errors.FailedPreconditionError(
+                "this worker has no object yet: CONSTRUCT must come before any CALL")
+        if state == "failed":
+            raise errors.FailedPreconditionError(
+                f"this worker's constructor failed ({self._construct_error}); tear it down")
+
+    async def run_call(self, active: ActiveCall, payload: Any, decoded: Any = None) -> None:
+        """CALL: decode (unless ``decoded`` is the value already), look up, materialize refs,
+        run (thread or loop), package, reply."""
+        prev, mine = active.gates
+        header = active.header
+        job = None
+        try:
+            value = (self._decode_payload(header, payload, active.stream) if decoded is None
+                     else decoded)
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise errors.InvalidArgumentError(
+                    f"a CALL payload must decode to (args, kwargs), got {type(value).__name__}")
+            args, kwargs = value
+            if self.construct_state == "pending":
+                await self._construct_done
+            self.precondition_for_call()
+            fn, is_async, materialize = self._lookup(header.method)
+            if materialize and (any(map(refs.is_ref, args)) or any(map(refs.is_ref, kwargs.values()))):
+                args, kwargs = await self._materialize(active, args, kwargs)
+            if is_async:
+                self.open_gate(prev, mine)
+            else:
+                if not prev.done():
+                    await prev
+                if active.cancelled:
+                    raise errors.CancelledError(f"call {header.method!r} cancelled before it started")
+                if active.deadline and time.monotonic() > active.deadline:
+                    raise errors.DeadlineExceededError(
+                        f"call {header.method!r} reached its deadline before it started")
+                job = self.exec_thread.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.conn)
+                active.job = job
+        finally:
+            self.open_gate(prev, mine)
+        self.stats["calls"] += 1
+        if job is not None:
+            outcome = await job.future
+        else:
+            try:
+                result = await fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
+            outcome = self.package(result, header, active.stream.conn)
+        await active.stream.send_outcome(active.call_id, outcome)
+
+    async def _materialize(self, active: ActiveCall, args: Any, kwargs: Any) -> tuple[list, dict]:
+        """Fetch top-level ref arguments from their owners, within the call's deadline."""
+        method = active.header.method
+        try:
+            if active.deadline:
+                return await asyncio.wait_for(refs.materialize(args, kwargs),
+                                              max(0.0, active.deadline - time.monotonic()))
+            return await refs.materialize(args, kwargs)
+        except asyncio.TimeoutError:
+            raise errors.DeadlineExceededError(
+                f"fetching the arguments of {method!r} did not finish within the call's deadline") from None
+        except errors.UnavailableError as exc:
+            # The owner of an argument is gone, not this worker: a distinct class, so the
+            # caller does not mistake it for this worker's death.
+            raise errors.DataLossError(
+                f"rank {self.config.rank} could not fetch an argument of {method!r} from its "
+                f"owner: {exc}", details={"cause": type(exc).__name__}) from None
+
+    # ---------------------------------------------------------------- what the unary RPCs answer
+
+    def describe(self) -> worker_pb2.DescribeResponse:
+        """Identity, state and method table of the hosted object."""
+        methods = []
+        if self._obj is not None:
+            from podium.worker.decorator import method_table
+
+            for row in method_table(self._obj):
+                payload = b""
+                if row.get("dispatch_mode") == "CUSTOM":
+                    payload = cloudpickle.dumps(row.get("dispatch"))
+                methods.append(worker_pb2.MethodInfo(
+                    name=row["name"], dispatch_mode=row.get("dispatch_mode") or "",
+                    execute_mode=row.get("execute_mode") or "", blocking=bool(row.get("blocking", True)),
+                    materialize_futures=bool(row.get("materialize_futures", True)),
+                    is_async=bool(row.get("is_async", False)), registered=bool(row.get("registered")),
+                    dispatch_payload=payload))
+        return worker_pb2.DescribeResponse(
+            worker_id=self.config.worker_id, rank=self.config.rank, world_size=self.config.world_size,
+            pid=os.getpid(), class_name=self._class_name, constructed=self.construct_state == "done",
+            methods=methods, node_address=self.config.node_address, hostname=self._hostname,
+            shm_domain=self._shm_domain,
+            call_port=self.call_port, stats=self.stats)
+
+    def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:
+        """(value, Encoded) of a held object or a row range of it."""
+        held = self.held.get(object_id)
+        if rows is None:
+            return held.value, held.encoded
+        value = refs.slice_rows(held.value, rows[0], rows[1])
+        return value, codec.encode(value)
+
+    async def fetch_chunks(self, request: worker_pb2.FetchRequest) -> AsyncIterator[worker_pb2.DataChunk]:
+        """A held result (or a row range of it) as DataChunks, or one naming a shared-memory segment."""
+        rows = (request.row_start, request.row_stop) if request.has_rows else None
+        _, encoded = self.fetch_value(request.object_id, rows)
+        segments = encoded.to_segments()
+        total = encoded.nbytes
+        self.stats["fetches_served"] += 1
+        self.stats["bytes_served"] += total
+        if request.reply_in_shm:
+            try:
+                name, size = await asyncio.to_thread(shm.write_segments, segments)
+            except OSError as exc:  # /dev/shm full or missing: TCP still works
+                log.warning("shared memory unavailable (%s); serving the fetch over TCP", exc)
+            else:
+                self.stats["shm_out"] += 1
+                yield worker_pb2.DataChunk(total_size=size, shm_name=name)
+                return
+        first = True
+        for chunk in chunks.iter_chunks(segments):
+            yield worker_pb2.DataChunk(total_size=total if first else 0, data=bytes(chunk))
+            first = False
+
+    def request_shutdown(self, reason: str) -> None:
+        """Stop the process shortly after (the Shutdown RPC answers first)."""
+        log.info("shutdown requested: %s", reason or "(no reason given)")
+        self._loop.call_later(0.05, self.stopping.set)
+
+    def close(self) -> None:
+        """Stop taking work; a running user call is left to finish on its own thread."""
+        self.exec_thread.stop()
+        self.held.clear()
