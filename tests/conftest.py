@@ -1,4 +1,5 @@
-"""Shared fixtures for every test layer (kept small and generic)."""
+"""Shared fixtures for every test layer (kept small and generic): ``token``, ``arun``,
+``eventually`` (a polling wait with a deadline) and ``tls`` (a throwaway CA and certificate)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,22 @@ def arun():
             return await asyncio.wait_for(coro, timeout)
         return asyncio.run(bounded())
     return run
+
+
+@pytest.fixture
+def eventually():
+    """``eventually(predicate, what, timeout=30)``: poll until ``predicate()`` is truthy and
+    return its value; fail naming ``what`` when the deadline passes."""
+    from tests.support.waiting import eventually as wait
+
+    return wait
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory):
+    """Mutual-TLS material for loopback services: one throwaway CA and a certificate for
+    127.0.0.1-127.0.0.9 and localhost (server and client use), shared by the session."""
+    from tests.support.certs import make_tls
+
+    return make_tls(tmp_path_factory.mktemp("tls"))
+

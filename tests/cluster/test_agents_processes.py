@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
-import subprocess
 import sys
 import time
 import urllib.request

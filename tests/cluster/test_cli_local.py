@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.support.proctable import alive
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -145,10 +146,7 @@ def test_up_script_status_logs_down(tmp_path, token):
     assert down.returncode == 0, down.stderr
     assert "stopped 2 nodes" in down.stdout
     assert follow.wait(30) == 0
-    deadline = time.monotonic() + 10
-    while any(map(alive, daemons + workers)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in daemons + workers if alive(pid)]
+    eventually(lambda: not any(map(alive, daemons + workers)), "the daemons and their workers to exit", 10)
     assert not (state_dir / "cluster.json").exists()
     again = _podium("down", "--dir", str(state_dir), env=env)
     assert again.returncode == 0 and "no local cluster" in again.stderr

@@ -240,30 +240,30 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(daemon, image, tmp_path_factory):
-    cluster = Cluster(daemon, image, tmp_path_factory.mktemp("project"))
+def compose_cluster(daemon, image, tmp_path_factory):
+    compose_cluster = Cluster(daemon, image, tmp_path_factory.mktemp("project"))
     t0 = time.monotonic()
     try:
-        cluster.compose("up", "-d", "--no-build")
-        cluster.states_at_up = cluster.wait_healthy({"scheduler", "node-1", "node-2"})
+        compose_cluster.compose("up", "-d", "--no-build")
+        compose_cluster.states_at_up = compose_cluster.wait_healthy({"scheduler", "node-1", "node-2"})
         print(f"\ncluster healthy {time.monotonic() - t0:.0f}s after up")
-        yield cluster
+        yield compose_cluster
     finally:
-        if cluster.containers():
-            cluster.down()
+        if compose_cluster.containers():
+            compose_cluster.down()
 
 
 @needs_docker
-def test_cluster_comes_up_healthy_with_both_nodes_and_their_gpus(cluster):
-    assert cluster.states_at_up == {s: ("running", "healthy") for s in ("scheduler", "node-1", "node-2")}
-    assert cluster.get("/healthz") == (200, b"ok")
-    assert cluster.get("/v1/placement")[0] == 401, "placement needs the cluster token"
-    status, body = cluster.get("/v1/placement", cluster.token)
+def test_cluster_comes_up_healthy_with_both_nodes_and_their_gpus(compose_cluster):
+    assert compose_cluster.states_at_up == {s: ("running", "healthy") for s in ("scheduler", "node-1", "node-2")}
+    assert compose_cluster.get("/healthz") == (200, b"ok")
+    assert compose_cluster.get("/v1/placement")[0] == 401, "placement needs the cluster token"
+    status, body = compose_cluster.get("/v1/placement", compose_cluster.token)
     assert status == 200
     nodes = {node["node_id"]: node for node in json.loads(body)["nodes"]}
     assert set(nodes) == {"node-1", "node-2"}
     uuids = set()
-    for name, address in zip(("node-1", "node-2"), cluster.node_ips):
+    for name, address in zip(("node-1", "node-2"), compose_cluster.node_ips):
         node = nodes[name]
         assert node["state"] == "NODE_ALIVE" and node["address"] == address
         assert [gpu["index"] for gpu in node["gpus"]] == list(range(FAKE_GPUS))
@@ -272,30 +272,30 @@ def test_cluster_comes_up_healthy_with_both_nodes_and_their_gpus(cluster):
 
 
 @needs_docker
-def test_example_job_runs_a_worker_group_over_both_nodes(cluster):
+def test_example_job_runs_a_worker_group_over_both_nodes(compose_cluster):
     t0 = time.monotonic()
-    proc = cluster.compose("run", "--rm", "job", timeout=JOB_TIMEOUT, check=False)
+    proc = compose_cluster.compose("run", "--rm", "job", timeout=JOB_TIMEOUT, check=False)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, f"job exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"\njob ran in {elapsed:.0f}s: {result['checks']}")
     assert result["world_size"] == 2 * FAKE_GPUS
-    assert result["nodes"] == sorted(cluster.node_ips), "the group spans both nodes"
+    assert result["nodes"] == sorted(compose_cluster.node_ips), "the group spans both nodes"
     assert all(result["checks"].values()), result["checks"]
     per_node = {ip: sorted(r["cuda_visible_devices"] for r in result["ranks"] if r["node"] == ip)
-                for ip in cluster.node_ips}
-    assert per_node == {ip: [str(i) for i in range(FAKE_GPUS)] for ip in cluster.node_ips}
+                for ip in compose_cluster.node_ips}
+    assert per_node == {ip: [str(i) for i in range(FAKE_GPUS)] for ip in compose_cluster.node_ips}
     # Each worker's output went to the logs volume of its node agent.
     for name in ("node-1", "node-2"):
-        listing = cluster.compose("exec", "-T", name, "ls", f"/var/log/podium/{name}", timeout=60)
+        listing = compose_cluster.compose("exec", "-T", name, "ls", f"/var/log/podium/{name}", timeout=60)
         assert listing.stdout.split(), f"no worker logs on {name}"
 
 
 @needs_docker
-def test_down_leaves_no_container(cluster):
-    assert cluster.containers(all_states=False), "the cluster was running"
-    cluster.down()
-    assert cluster.containers() == []
-    volumes = cluster.daemon.docker("volume", "ls", "-q", "--filter",
-                                    f"label=com.docker.compose.project={cluster.project}", timeout=60)
+def test_down_leaves_no_container(compose_cluster):
+    assert compose_cluster.containers(all_states=False), "the cluster was running"
+    compose_cluster.down()
+    assert compose_cluster.containers() == []
+    volumes = compose_cluster.daemon.docker("volume", "ls", "-q", "--filter",
+                                    f"label=com.docker.compose.project={compose_cluster.project}", timeout=60)
     assert volumes.stdout.split() == []

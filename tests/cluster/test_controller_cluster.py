@@ -16,7 +16,7 @@ from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import controller_cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.remote_cluster, pytest.mark.timeout(300)]
 
 
 class MeshWorker(Worker):
@@ -40,13 +40,13 @@ class MeshWorker(Worker):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def remote_cluster(tmp_path_factory):
     # 2 GPUs per node: the pool's two placement groups land on different nodes.
     with controller_cluster("two_nodes", tmp_path_factory.mktemp("cluster"), gpus_per_node=2):
         yield
 
 
-def test_mesh_dispatch_over_two_nodes_in_address_order(cluster):
+def test_mesh_dispatch_over_two_nodes_in_address_order(remote_cluster):
     wg = WorkerGroup(ResourcePool([2, 2], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(MeshWorker))
     try:
         where = wg.where()

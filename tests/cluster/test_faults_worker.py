@@ -28,7 +28,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import DeadlineExceededError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
 
-pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.fault_cluster, pytest.mark.faults, pytest.mark.timeout(240)]
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 #: 2x the scheduler's default heartbeat interval (2 s): a death must be reported within it.
@@ -51,7 +51,7 @@ class Sleeper(Worker):
 
 
 @pytest.fixture
-def cluster(scheduler_process, agents, token):
+def fault_cluster(scheduler_process, agents, token):
     fc = FaultCluster(scheduler_process, agents, token, HOSTS)
     fc.connect(call_timeout=60)
     try:
@@ -65,7 +65,7 @@ def _group(n_per_node=(2, 2)):
                        ClassWithInitArgs(Sleeper))
 
 
-def test_sigkill_during_call_names_rank_node_signal_and_frees_slots(cluster):
+def test_sigkill_during_call_names_rank_node_signal_and_frees_slots(fault_cluster):
     wg = _group()
     try:
         pids = wg.pid()
@@ -97,16 +97,16 @@ def test_sigkill_during_call_names_rank_node_signal_and_frees_slots(cluster):
     finally:
         wg.shutdown()
     # Teardown released every slot: no live placement group, no live worker.
-    wait_for(lambda: cluster.busy() == ([], []), "the group's slots to be free")
+    wait_for(lambda: fault_cluster.busy() == ([], []), "the group's slots to be free")
     for pid in pids:
         wait_for(lambda: not alive(pid), f"worker {pid} gone")
 
 
-def test_deadline_names_the_ranks_that_did_not_answer(cluster):
+def test_deadline_names_the_ranks_that_did_not_answer(fault_cluster):
     wg = _group((2, 2))
     pids = wg.pid()
     stopped = [pids[1], pids[3]]
-    rt = cluster.runtime
+    rt = fault_cluster.runtime
     try:
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
@@ -126,7 +126,7 @@ def test_deadline_names_the_ranks_that_did_not_answer(cluster):
     # Continued, they answer again: nothing was lost.
     assert wg.nap(0) == [0, 1, 2, 3]
     wg.shutdown()
-    wait_for(lambda: cluster.busy() == ([], []), "the group's slots to be free")
+    wait_for(lambda: fault_cluster.busy() == ([], []), "the group's slots to be free")
 
 
 CONTROLLER = textwrap.dedent("""
@@ -155,11 +155,11 @@ CONTROLLER = textwrap.dedent("""
 """)
 
 
-def test_orderly_shutdown_acknowledged_and_never_reports_a_death(cluster, tmp_path):
+def test_orderly_shutdown_acknowledged_and_never_reports_a_death(fault_cluster, tmp_path):
     script = tmp_path / "controller.py"
     script.write_text(CONTROLLER)
-    env = dict(os.environ, PODIUM_TOKEN=cluster.token)
-    proc = subprocess.run([sys.executable, str(script), cluster.scheduler.address], env=env,
+    env = dict(os.environ, PODIUM_TOKEN=fault_cluster.token)
+    proc = subprocess.run([sys.executable, str(script), fault_cluster.scheduler.address], env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
@@ -171,4 +171,4 @@ def test_orderly_shutdown_acknowledged_and_never_reports_a_death(cluster, tmp_pa
             assert bad not in text, text[-3000:]
     for pid in out["second"]:
         wait_for(lambda: not alive(pid), f"worker {pid} of the exit path gone")
-    wait_for(lambda: cluster.busy() == ([], []), "every slot free after the controller exited")
+    wait_for(lambda: fault_cluster.busy() == ([], []), "every slot free after the controller exited")

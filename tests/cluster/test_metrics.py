@@ -18,6 +18,8 @@ import urllib.request
 
 import pytest
 
+from podium import errors
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
@@ -79,8 +81,9 @@ def test_agent_and_scheduler_metrics(tmp_path, token, arun):
                 await client.construct(("collections.Counter", ("abracadabra",), {}))
                 assert (await client.call("most_common", (1,))) == [("a", 5)]
                 await client.call("update", ("x" * 4096,))
-                with pytest.raises(Exception):
+                with pytest.raises(errors.RemoteError) as raised:
                     await client.call("subtract", (5,))  # TypeError in the worker
+                assert raised.value.remote_type == "TypeError" and raised.value.rank == 0
             finally:
                 await client.close()
             return info

@@ -15,7 +15,6 @@ import os
 import pathlib
 import ssl
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -26,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.certs import make_foreign_tls, make_tls
 import podium
-from podium import controller, errors, rpc
+from podium import errors, rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
 from podium import DataProtoFuture
@@ -34,8 +33,9 @@ from podium.dataproto import DataProto
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import TWO_NODES, two_node_processes
+from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.tls_cluster, pytest.mark.faults, pytest.mark.timeout(300)]
 
 NODES = TWO_NODES
 
@@ -89,31 +89,28 @@ class TlsCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def tls_cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls-cluster")
     tls = make_tls(tmp / "certs")
     flags = ("--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
     with two_node_processes(tmp, gpus_per_node=1, cpus=8, flags=flags) as procs:
         rt = podium.init(address=procs.address, token=procs.token, tls=tls)
         try:
-            deadline = time.monotonic() + 30
-            while len(rt.run(rt.cluster_state()).nodes) < 2:
-                assert time.monotonic() < deadline, "nodes did not register"
-                time.sleep(0.1)
+            eventually(lambda: len(rt.run(rt.cluster_state()).nodes) >= 2, "both nodes to register", 30)
             yield TlsCluster(tmp, procs.token, tls, procs.address, procs.http_port, procs.agent_addresses)
         finally:
             podium.shutdown()
 
 
 @pytest.fixture(scope="module")
-def producers(cluster):
+def producers(tls_cluster):
     wg = WorkerGroup(ResourcePool([1, 1], use_gpu=True, max_colocate_count=2), ClassWithInitArgs(Producer))
     yield wg
     wg.shutdown()
 
 
-def test_groups_and_worker_to_worker_futures_over_mutual_tls(cluster, producers):
-    tls = cluster.tls
+def test_groups_and_worker_to_worker_futures_over_mutual_tls(tls_cluster, producers):
+    tls = tls_cluster.tls
     envs = producers.tls_env()
     assert [e["PODIUM_NODE_ADDRESS"] for e in envs] == list(NODES)
     assert all((e["PODIUM_TLS_CERT"], e["PODIUM_TLS_KEY"], e["PODIUM_TLS_CA"]) == (tls.cert, tls.key, tls.ca)
@@ -143,24 +140,24 @@ def _health(channel, metadata=()) -> grpc.RpcError | None:
     return None
 
 
-def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(cluster, producers, tmp_path):
+def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(tls_cluster, producers, tmp_path):
     rt = get_runtime()
     workers = [f"{w.node_address}:{w.port}" for w in rt.run(rt.cluster_state()).workers
                if w.state == common_pb2.WORKER_RUNNING]
     assert len(workers) >= 2
-    targets = {"scheduler": cluster.address, **{f"agent {h}": a for h, a in cluster.agents.items()},
+    targets = {"scheduler": tls_cluster.address, **{f"agent {h}": a for h, a in tls_cluster.agents.items()},
                **{f"worker {a}": a for a in workers}}
     # Under TLS a worker opens no plaintext side port (podium.transport.callsocket): every call is mTLS gRPC.
     from podium.v1 import worker_pb2, worker_pb2_grpc
     for address in workers:
-        with rpc.make_sync_channel(address, cluster.tls) as channel:
+        with rpc.make_sync_channel(address, tls_cluster.tls) as channel:
             described = worker_pb2_grpc.WorkerStub(channel).Describe(
-                worker_pb2.DescribeRequest(), metadata=rpc.token_metadata(cluster.token), timeout=10)
+                worker_pb2.DescribeRequest(), metadata=rpc.token_metadata(tls_cluster.token), timeout=10)
         assert described.call_port == 0, address
     foreign = make_foreign_tls(tmp_path)
     for what, address in targets.items():
-        with rpc.make_sync_channel(address, cluster.tls) as good:
-            assert _health(good, rpc.token_metadata(cluster.token)) is None, what
+        with rpc.make_sync_channel(address, tls_cluster.tls) as good:
+            assert _health(good, rpc.token_metadata(tls_cluster.token)) is None, what
             # Right certificate, no token: the token is still checked behind TLS.
             assert _health(good).code() is grpc.StatusCode.UNAUTHENTICATED, what
         for label, channel in (("plaintext", grpc.insecure_channel(address)),
@@ -173,20 +170,20 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(cluster, pr
     from podium.worker.client import WorkerClient
 
     async def plain_clients():
-        async with SchedulerClient(cluster.address, cluster.token, timeout=5) as client:
+        async with SchedulerClient(tls_cluster.address, tls_cluster.token, timeout=5) as client:
             with pytest.raises(errors.UnavailableError):
                 await client.cluster_state()
-        client = WorkerClient(workers[0], cluster.token)
+        client = WorkerClient(workers[0], tls_cluster.token)
         try:
             with pytest.raises(errors.UnavailableError):
                 await client.start(timeout=5)
         finally:
             await client.close()
         # The right certificate with a wrong token: AuthenticationError, from each service.
-        async with SchedulerClient(cluster.address, cluster.token + "x", cluster.tls, timeout=5) as client:
+        async with SchedulerClient(tls_cluster.address, tls_cluster.token + "x", tls_cluster.tls, timeout=5) as client:
             with pytest.raises(errors.AuthenticationError):
                 await client.cluster_state()
-        client = WorkerClient(workers[0], cluster.token + "x", tls=cluster.tls)
+        client = WorkerClient(workers[0], tls_cluster.token + "x", tls=tls_cluster.tls)
         try:
             with pytest.raises(errors.AuthenticationError):
                 await client.start(timeout=5)
@@ -195,14 +192,14 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(cluster, pr
     rt.run(plain_clients(), timeout=60)
     # HTTPS: plain HTTP and a client without a certificate are refused.
     with pytest.raises((urllib.error.URLError, ConnectionError)):
-        urllib.request.urlopen(f"http://127.0.0.1:{cluster.http_port}/healthz", timeout=5).read()
-    no_cert = ssl.create_default_context(cafile=cluster.tls.ca)
+        urllib.request.urlopen(f"http://127.0.0.1:{tls_cluster.http_port}/healthz", timeout=5).read()
+    no_cert = ssl.create_default_context(cafile=tls_cluster.tls.ca)
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-        urllib.request.urlopen(cluster.http_url + "/v1/nodes", timeout=5, context=no_cert).read()
+        urllib.request.urlopen(tls_cluster.http_url + "/v1/nodes", timeout=5, context=no_cert).read()
     assert producers.add(1, 2) == [3, 3]
 
 
-def test_bad_input_at_the_controller(cluster, producers):
+def test_bad_input_at_the_controller(tls_cluster, producers):
     # More than the cluster has: at once, per node, before any process starts.
     with pytest.raises(errors.InfeasibleError) as info:
         WorkerGroup(ResourcePool([3], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Producer))
@@ -227,8 +224,8 @@ def _get(url: str, token: str | None, tls) -> bytes:
         return resp.read()
 
 
-def test_no_secret_in_any_response_env_or_log(cluster, producers):
-    token = cluster.token.encode()
+def test_no_secret_in_any_response_env_or_log(tls_cluster, producers):
+    token = tls_cluster.token.encode()
     with pytest.raises(errors.RemoteError):
         producers.fail()  # a traceback in the logs, too
     rt = get_runtime()
@@ -236,22 +233,22 @@ def test_no_secret_in_any_response_env_or_log(cluster, producers):
     workers = list(state.workers)
     assert workers
     for worker in workers:
-        assert "PODIUM_TOKEN" not in worker.env and cluster.token not in worker.env.values()
+        assert "PODIUM_TOKEN" not in worker.env and tls_cluster.token not in worker.env.values()
     assert token not in state.SerializeToString()
     # The agents' own view of their workers carries no token either.
-    for address in cluster.agents.values():
-        with rpc.make_sync_channel(address, cluster.tls) as channel:
+    for address in tls_cluster.agents.values():
+        with rpc.make_sync_channel(address, tls_cluster.tls) as channel:
             listed = node_pb2_grpc.NodeAgentStub(channel).ListWorkers(
-                node_pb2.ListWorkersRequest(), metadata=rpc.token_metadata(cluster.token), timeout=10)
+                node_pb2.ListWorkersRequest(), metadata=rpc.token_metadata(tls_cluster.token), timeout=10)
         assert token not in listed.SerializeToString()
         assert all("PODIUM_TOKEN" not in w.env for w in listed.workers)
     for path in ("/", "/healthz", "/readyz", "/v1/nodes", "/v1/placement", "/v1/workers", "/metrics"):
-        body = _get(cluster.http_url + path, cluster.token, cluster.tls)
+        body = _get(tls_cluster.http_url + path, tls_cluster.token, tls_cluster.tls)
         assert body and token not in body, path
     # Every log file of the run: scheduler, agents, every worker's stdout and stderr.
-    logs = [p for p in cluster.tmp.rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err")]
+    logs = [p for p in tls_cluster.tmp.rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err")]
     assert len(logs) >= 3 + 2 * 2, logs
-    key = pathlib.Path(cluster.tls.key).read_bytes().split(b"\n")[1]
+    key = pathlib.Path(tls_cluster.tls.key).read_bytes().split(b"\n")[1]
     for path in logs:
         data = path.read_bytes()
         assert token not in data, f"the token is in {path}"

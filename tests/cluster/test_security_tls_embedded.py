@@ -11,7 +11,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.certs import make_tls
 import podium
-from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
 from podium.worker import Dispatch, Worker, register

@@ -28,7 +28,7 @@ from podium.worker.client import WorkerClient
 from tests.support.clusters import TWO_NODES, two_node_processes
 from tests.support.proctable import alive
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.two_node_workers, pytest.mark.timeout(300)]
 
 GROUP = "twonode"
 
@@ -77,10 +77,9 @@ class Critic(Worker):
         return os.getpid()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """The processes (2 fake GPUs per node), and the 4 workers created through the scheduler."""
-    with two_node_processes(tmp_path_factory.mktemp("twonode"), gpus_per_node=2) as procs:
+def _workers_on_two_nodes(workdir):
+    """The processes (2 fake GPUs per node), and 4 workers created through the scheduler."""
+    with two_node_processes(workdir, gpus_per_node=2) as procs:
         async def create():
             async with SchedulerClient(procs.address, procs.token) as sched_client:
                 deadline = time.monotonic() + 30
@@ -101,14 +100,26 @@ def cluster(tmp_path_factory):
                "workers": sorted(workers, key=lambda w: w.spec.rank)}
 
 
-def _run_on_all(cluster, body):
+@pytest.fixture(scope="module")
+def two_node_workers(tmp_path_factory):
+    """Four workers on two node agents, shared by the tests of this module that leave them be."""
+    yield from _workers_on_two_nodes(tmp_path_factory.mktemp("twonode"))
+
+
+@pytest.fixture
+def doomed_two_node_workers(tmp_path):
+    """Four workers on two node agents of their own, for a test that kills them."""
+    yield from _workers_on_two_nodes(tmp_path / "twonode")
+
+
+def _run_on_all(two_node_workers, body):
     """Connect a client to every worker, construct the colocated class once, run ``body``."""
     colocated = create_colocated_worker_cls({"actor": ClassWithInitArgs(Actor, scale=10),
                                              "critic": ClassWithInitArgs(Critic)})
 
     async def scenario():
-        clients = [WorkerClient(f"{w.node_address}:{w.port}", cluster["token"], rank=w.spec.rank,
-                                worker_id=w.id) for w in cluster["workers"]]
+        clients = [WorkerClient(f"{w.node_address}:{w.port}", two_node_workers["token"], rank=w.spec.rank,
+                                worker_id=w.id) for w in two_node_workers["workers"]]
         try:
             descriptions = await asyncio.gather(*(c.start() for c in clients))
             pending = [c.construct(colocated, timeout=60) for c, d in zip(clients, descriptions)
@@ -121,20 +132,20 @@ def _run_on_all(cluster, body):
     return asyncio.run(scenario())
 
 
-def test_spread_puts_two_ranks_on_each_node_in_address_order(cluster):
-    nodes = [w.node_address for w in cluster["workers"]]
+def test_spread_puts_two_ranks_on_each_node_in_address_order(two_node_workers):
+    nodes = [w.node_address for w in two_node_workers["workers"]]
     assert sorted(nodes) == sorted(TWO_NODES * 2)
-    by_node = {n: [w.spec.rank for w in cluster["workers"] if w.node_address == n] for n in TWO_NODES}
+    by_node = {n: [w.spec.rank for w in two_node_workers["workers"] if w.node_address == n] for n in TWO_NODES}
     assert all(len(ranks) == 2 for ranks in by_node.values())
 
 
-def test_every_environment_variable_each_rank_sees(cluster):
+def test_every_environment_variable_each_rank_sees(two_node_workers):
     async def body(clients):
         return await asyncio.gather(*(c.call("actor_environment") for c in clients))
 
-    envs = _run_on_all(cluster, body)
-    workers = cluster["workers"]
-    placement = {p.bundle_index: p for p in cluster["pg"].placements}
+    envs = _run_on_all(two_node_workers, body)
+    workers = two_node_workers["workers"]
+    placement = {p.bundle_index: p for p in two_node_workers["pg"].placements}
     master_addr = workers[0].node_address
     ports = {env["MASTER_PORT"] for env in envs}
     assert len(ports) == 1 and int(ports.pop()) > 0
@@ -150,15 +161,15 @@ def test_every_environment_variable_each_rank_sees(cluster):
         }
 
 
-def test_gloo_all_reduce_across_the_four_ranks(cluster):
+def test_gloo_all_reduce_across_the_four_ranks(two_node_workers):
     async def body(clients):
         return await asyncio.gather(*(c.call("actor_all_reduce", timeout=120) for c in clients))
 
     # (1 + 2 + 3 + 4) * 10 on every rank.
-    assert _run_on_all(cluster, body) == [[100.0]] * 4
+    assert _run_on_all(two_node_workers, body) == [[100.0]] * 4
 
 
-def test_a_100_mib_tensor_round_trip_is_bit_exact(cluster):
+def test_a_100_mib_tensor_round_trip_is_bit_exact(two_node_workers):
     tensor = torch.randn(25 * 1024 * 1024)  # 100 MiB of float32
     view = tensor[::2]                       # non-contiguous on the way out
 
@@ -167,19 +178,19 @@ def test_a_100_mib_tensor_round_trip_is_bit_exact(cluster):
         remote = await clients[3].call("actor_echo_plus_one", (view,), timeout=120)
         return first, remote
 
-    first, remote = _run_on_all(cluster, body)
+    first, remote = _run_on_all(two_node_workers, body)
     assert torch.equal(first, tensor + 1)
     assert torch.equal(remote, view + 1)
 
 
-def test_a_raised_exception_reaches_the_caller_with_its_traceback(cluster):
+def test_a_raised_exception_reaches_the_caller_with_its_traceback(two_node_workers):
     async def body(clients):
         with pytest.raises(errors.RemoteError) as info:
             await clients[2].call("actor_fail", ("alpha",))
         # The worker keeps serving after user code raised.
         return info.value, await clients[2].call("actor_pid")
 
-    error, pid = _run_on_all(cluster, body)
+    error, pid = _run_on_all(two_node_workers, body)
     assert error.rank == 2 and error.remote_type.endswith("KeyError")
     assert "no such key: alpha" in error.message
     # The traceback names this file, the method and its source line (the class went by value).
@@ -188,24 +199,24 @@ def test_a_raised_exception_reaches_the_caller_with_its_traceback(cluster):
     assert pid > 0  # and the worker still answers
 
 
-def test_colocated_roles_answer_from_one_pid(cluster):
+def test_colocated_roles_answer_from_one_pid(two_node_workers):
     async def body(clients):
         actor = await asyncio.gather(*(c.call("actor_pid") for c in clients))
         critic = await asyncio.gather(*(c.call("critic_pid") for c in clients))
         return actor, critic
 
-    actor, critic = _run_on_all(cluster, body)
+    actor, critic = _run_on_all(two_node_workers, body)
     assert actor == critic and len(set(actor)) == 4
 
 
-def test_zz_sigkilled_worker_is_reported_with_its_signal_then_agents_leave_nothing(cluster):
-    # Named zz: it kills a worker and the agents, so it runs last in this module.
-    victim = cluster["workers"][1]
-    pids = [w.pid for w in cluster["workers"]]
+def test_sigkilled_worker_is_reported_with_its_signal_then_agents_leave_nothing(doomed_two_node_workers):
+    two_node_workers = doomed_two_node_workers  # its own processes: it kills a worker and the agents
+    victim = two_node_workers["workers"][1]
+    pids = [w.pid for w in two_node_workers["workers"]]
     os.kill(victim.pid, signal.SIGKILL)
 
     async def reported():
-        async with SchedulerClient(cluster["address"], cluster["token"]) as sched_client:
+        async with SchedulerClient(two_node_workers["address"], two_node_workers["token"]) as sched_client:
             deadline = time.monotonic() + 2.0
             while True:
                 (info,) = await sched_client.get_workers(ids=[victim.id])
@@ -217,7 +228,7 @@ def test_zz_sigkilled_worker_is_reported_with_its_signal_then_agents_leave_nothi
     info = asyncio.run(reported())
     assert info.exit.signal == signal.SIGKILL and "SIGKILL" in info.exit.reason
 
-    for agent in cluster["agents"].values():
+    for agent in two_node_workers["agents"].values():
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(30) == 0
     deadline = time.monotonic() + 10

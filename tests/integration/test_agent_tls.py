@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 
 import grpc
 import pytest
 
 from podium import errors, rpc
-from podium.auth import TlsConfig
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from podium.scheduler.service import SchedulerConfig
 from podium.v1 import node_pb2, node_pb2_grpc
 from podium.worker.agent.service import AgentConfig, run_agent
-
-
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-@pytest.fixture
-def tls(tmp_path) -> TlsConfig:
-    """A throwaway CA and one certificate for 127.0.0.1 (server and client use)."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=podium-agent-test-ca", cwd=tmp_path)
-    _openssl("req", *ec, "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1", cwd=tmp_path)
-    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                      "extendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "node.pem", "-days", "1", "-extfile", "ext.cnf", cwd=tmp_path)
-    return TlsConfig(cert=str(tmp_path / "node.pem"), key=str(tmp_path / "node.key"),
-                     ca=str(tmp_path / "ca.pem"))
 
 
 def test_agent_registers_and_serves_over_mutual_tls(tmp_path, token, arun, tls):

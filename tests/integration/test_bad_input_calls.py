@@ -3,12 +3,10 @@ payloads above the configured maximum. Each is a clear error; the worker serves 
 
 from __future__ import annotations
 
-import secrets
 import threading
 
 import pytest
 
-from tests.support.live_services import LiveServices
 from podium import errors
 
 pytestmark = pytest.mark.faults
@@ -16,11 +14,7 @@ pytestmark = pytest.mark.faults
 MAX_PAYLOAD = 256 * 1024
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with LiveServices(secrets.token_urlsafe(16), tmp_path_factory.mktemp("live"),
-                      worker_env={"PODIUM_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD)}) as services:
-        yield services
+LIVE_WORKER_ENV = {"PODIUM_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD)}
 
 
 def _calls(live) -> int:

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import podium
-from podium import controller
 from podium.controller import (ClassWithInitArgs, ResourcePool, WorkerGroup, make_nd_compute_dataproto_dispatch_fn)
 from podium.errors import RemoteError
 from podium.dataproto import DataProto

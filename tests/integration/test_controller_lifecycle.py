@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import podium
-from podium import controller
 from podium.controller import (ClassWithInitArgs, ResourcePool, ResourcePoolManager, WorkerGroup, create_colocated_worker_cls)
 from podium import DataProtoFuture
 from podium.controller.runtime import get_runtime
@@ -21,6 +20,7 @@ from podium.errors import InfeasibleError, SlotFullError, WorkerDiedError
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import controller_cluster
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -79,7 +79,7 @@ class RankZeroDispatch(Worker):
 
 
 @pytest.fixture(scope="module", autouse=True, params=["embedded", "two_nodes"])
-def cluster(request, tmp_path_factory):
+def lifecycle_cluster(request, tmp_path_factory):
     """Every test runs on the embedded cluster and on 2 loopback nodes (4 fake GPUs each)."""
     with controller_cluster(request.param, tmp_path_factory.mktemp(request.param)):
         yield request.param
@@ -189,10 +189,7 @@ def test_constructor_error_is_remote_error_and_tears_down():
     before = worker_count()
     with pytest.raises(RemoteError, match="constructor failed on purpose"):
         WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Bad))
-    deadline = time.monotonic() + 30
-    while worker_count() != before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert worker_count() == before
+    eventually(lambda: worker_count() == before, "the failed group's workers to be removed", 30)
 
 
 def test_rank_zero_dispatch_refused_at_build():
@@ -273,10 +270,7 @@ def test_non_blocking_returns_before_the_workers_finish(tmp_path):
         released = rt.stats["released"]
         del refs, future, ready, not_ready
         gc.collect()
-        deadline = time.monotonic() + 30
-        while rt.stats["released"] < released + 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert rt.stats["released"] >= released + 4
+        eventually(lambda: rt.stats["released"] >= released + 4, "the dropped refs to be released", 30)
     finally:
         wg.shutdown()
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import podium
-from podium import controller
 from podium.transport import shmpool
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto

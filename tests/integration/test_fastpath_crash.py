@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import podium
-from podium import controller
 from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import PodiumError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -60,17 +60,8 @@ def sizes_of(names: list[str]) -> list[int]:
     return sizes
 
 
-def wait_until(predicate, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 @pytest.fixture(scope="module")
-def cluster():
+def crash_cluster():
     podium.init()
     yield
     podium.shutdown()
@@ -80,7 +71,7 @@ def one_worker() -> WorkerGroup:
     return WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Fragile))
 
 
-def test_worker_killed_before_it_maps_the_argument(cluster):
+def test_worker_killed_before_it_maps_the_argument(crash_cluster):
     wg = one_worker()
     try:
         worker = wg.workers[0]
@@ -91,8 +82,7 @@ def test_worker_killed_before_it_maps_the_argument(cluster):
         pending = wg.take(payload)
         # Wait until the whole argument is in its segment, then give the frame naming it
         # time to go out: the worker's loop is blocked, so nobody will map it.
-        assert wait_until(lambda: max(sizes_of(segments_of(os.getpid())), default=0) >= payload.nbytes, 30), \
-            "the argument never reached shared memory"
+        eventually(lambda: max(sizes_of(segments_of(os.getpid())), default=0) >= payload.nbytes, "the argument to reach shared memory", 30)
         time.sleep(0.5)
         assert segments_of(os.getpid())
         os.kill(worker.pid, signal.SIGKILL)
@@ -101,18 +91,18 @@ def test_worker_killed_before_it_maps_the_argument(cluster):
         assert isinstance(caught.value, WorkerDiedError), caught.value
         with pytest.raises(PodiumError):
             podium.get(blocker, timeout=60)
-        assert wait_until(lambda: not segments_of(os.getpid(), worker.pid), 30), segments_of(os.getpid(), worker.pid)
+        eventually(lambda: not segments_of(os.getpid(), worker.pid), "the dead worker's segments to be removed", 30)
     finally:
         wg.shutdown()
 
 
-def test_worker_dies_after_writing_a_segment(cluster):
+def test_worker_dies_after_writing_a_segment(crash_cluster):
     wg = one_worker()
     try:
         pid = wg.workers[0].pid
         with pytest.raises(WorkerDiedError):
             wg.write_then_die(3 << 20)
         # the agent reaps the worker and removes what that pid created
-        assert wait_until(lambda: not segments_of(pid), 30), segments_of(pid)
+        eventually(lambda: not segments_of(pid), "the segments of the dead process to be removed", 30)
     finally:
         wg.shutdown()

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 import podium
-from podium import controller
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import WorkerDiedError
 from podium.worker import Dispatch, Worker, register
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -57,23 +56,19 @@ def group(n: int) -> WorkerGroup:
 def wait_forkserver_ready(rt, seconds: float = 180.0) -> None:
     """Until the agent's fork server has done its imports (its log says so)."""
     path = os.path.join(rt.log_dir, "workers", "forkserver.log")
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if os.path.exists(path) and " ready " in open(path).read():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the fork server did not get ready within {seconds} s ({path})")
+    eventually(lambda: os.path.exists(path) and " ready " in open(path).read(),
+               f"the fork server to get ready ({path})", seconds, interval=0.1)
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def forkserver_cluster():
     rt = podium.init(log_to_driver=False)
     wait_forkserver_ready(rt)
     yield
     podium.shutdown()
 
 
-def test_forked_workers_are_set_up_like_exec_ones(cluster):
+def test_forked_workers_are_set_up_like_exec_ones(forkserver_cluster):
     wg = group(3)
     try:
         facts = wg.facts()
@@ -93,7 +88,7 @@ def test_forked_workers_are_set_up_like_exec_ones(cluster):
         wg.shutdown()
 
 
-def test_exit_code_and_signal_of_forked_workers_reach_the_controller(cluster):
+def test_exit_code_and_signal_of_forked_workers_reach_the_controller(forkserver_cluster):
     wg = group(2)
     try:
         with pytest.raises(WorkerDiedError) as caught:
@@ -110,16 +105,14 @@ def test_exit_code_and_signal_of_forked_workers_reach_the_controller(cluster):
         wg.shutdown()
 
 
-def test_workers_die_with_the_fork_server_and_later_ones_are_execed(cluster):
+def test_workers_die_with_the_fork_server_and_later_ones_are_execed(forkserver_cluster):
     wg = group(2)
     try:
         facts = wg.facts()
         helper = facts[0]["ppid"]
         os.kill(helper, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{f['pid']}") for f in facts):
-            time.sleep(0.05)
-        assert not any(os.path.exists(f"/proc/{f['pid']}") for f in facts)  # PR_SET_PDEATHSIG
+        eventually(lambda: not any(os.path.exists(f"/proc/{f['pid']}") for f in facts),
+                   "the workers to die with their fork-server parent (PR_SET_PDEATHSIG)", 30)
         with pytest.raises(WorkerDiedError) as caught:
             wg.facts()
         assert caught.value.signal == signal.SIGKILL

@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import time
 
 import pytest
 import torch
 
 import podium
-from podium import controller
 from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,10 +101,8 @@ def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
         # input is gone, which is after the reply: wait for it, as a loop that does any
         # work between steps would, or the next step's arguments take a fresh segment
         # (collect() is ~1 ms with the controller's import heap frozen).
-        deadline = time.monotonic() + 30
-        while ([w.client.segments.pool.busy for w in wg.workers] != kept
-               and time.monotonic() < deadline):
-            time.sleep(0.002)
+        eventually(lambda: [w.client.segments.pool.busy for w in wg.workers] == kept,
+                   f"the workers to give step {step}'s argument segments back", timeout=30, interval=0.002)
     assert [w.client.stats["shm_sent"] - s for w, s in zip(wg.workers, sent_before)] == [12, 12]
     for w in wg.workers:
         assert w.client.segments.pool.segments <= 4  # not one per call

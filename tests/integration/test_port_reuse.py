@@ -7,30 +7,33 @@ worker's first call with "Connection refused" (seen in a full run).
 
 from __future__ import annotations
 
-import asyncio
-
+from podium import errors
 from podium.worker.client import WorkerClient
 from podium.worker.host.process import start_host
 
 
 def test_a_reused_port_reaches_the_new_worker(token, arun):
     async def scenario():
-        first = await start_host("127.0.0.1", token=token)
+        first = await start_host("127.0.0.1", token=token, env={"PODIUM_WORKER_ID": "old-worker"})
         port = first.port
         old = WorkerClient(f"127.0.0.1:{port}", token)
-        await old.describe(timeout=10)
+        assert (await old.describe(timeout=10)).worker_id == "old-worker"
         await first.stop()
         # The old channel notices the peer is gone and starts backing off.
         for _ in range(3):
             try:
                 await old.describe(timeout=1)
-            except Exception:
+            except (errors.UnavailableError, errors.DeadlineExceededError):
                 pass
-        second = await start_host("127.0.0.1", token=token, port=port)
+            else:
+                raise AssertionError("the stopped worker still answered")
+        second = await start_host("127.0.0.1", token=token, port=port,
+                                  env={"PODIUM_WORKER_ID": "new-worker"})
         try:
+            assert second.port == port
             new = WorkerClient(f"127.0.0.1:{port}", token)
             info = await new.describe(timeout=10)
-            assert info.pid > 0
+            assert info.worker_id == "new-worker"  # the new worker, not a stale connection
             await new.close()
         finally:
             await old.close()

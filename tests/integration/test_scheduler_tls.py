@@ -1,36 +1,14 @@
 """The scheduler with mutual TLS: gRPC and HTTPS need a certificate signed by the cluster CA."""
 
 import json
-import subprocess
 
 import aiohttp
 import pytest
 
 from podium import errors
-from podium.auth import TlsConfig
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from tests.support.scheduler_fakes import config, node_info
-
-
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-@pytest.fixture
-def tls(tmp_path) -> TlsConfig:
-    """A throwaway CA and one certificate (server and client use) for 127.0.0.1."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=podium-test-ca", cwd=tmp_path)
-    _openssl("req", *ec, "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1",
-             cwd=tmp_path)
-    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                      "extendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", "node.pem", "-days", "1", "-extfile", "ext.cnf", cwd=tmp_path)
-    return TlsConfig(cert=str(tmp_path / "node.pem"), key=str(tmp_path / "node.key"),
-                     ca=str(tmp_path / "ca.pem"))
 
 
 def test_grpc_and_https_with_mutual_tls(token, arun, tls):

@@ -8,16 +8,10 @@ import sys
 
 import pytest
 
-from tests.support.certs import make_tls
 from podium import errors
 from podium.auth import TlsConfig
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    return make_tls(tmp_path_factory.mktemp("certs"))
 
 
 def _cases(tls, tmp):

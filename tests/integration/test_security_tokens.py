@@ -9,19 +9,18 @@ call socket (podium.transport.callsocket) alike. The comparison is constant-time
 
 from __future__ import annotations
 
-import secrets
-import time
 
 import grpc
 import pytest
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2
 
-from tests.support.live_services import SERVICES, LiveServices, method_paths, raw_call
+from tests.support.live_services import SERVICES, method_paths, raw_call
 from podium import codec, rpc
 from podium.auth import TOKEN_METADATA_KEY, token_matches
 from podium.v1 import worker_pb2
 from tests.support.proto_strategies import filled
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.faults
 
@@ -34,12 +33,6 @@ class _Shape:
     def __init__(self, server_streaming: bool) -> None:
         self.client_streaming = False
         self.server_streaming = server_streaming
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with LiveServices(secrets.token_urlsafe(16), tmp_path_factory.mktemp("live")) as services:
-        yield services
 
 
 def _bad_credentials(live) -> dict[str, tuple]:
@@ -200,8 +193,5 @@ def test_the_raw_call_socket_never_unpickles_for_a_wrong_token(live, tmp_path):
     # The right token: accepted and decoded (the trap is live).
     trap = tmp_path / "raw-trap-good"
     assert _raw_socket_exchange(port, token, [_trap_frame(trap)])[:1] == b"\x00"
-    deadline = time.monotonic() + 10
-    while not trap.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert trap.exists()
+    eventually(trap.exists, "the accepted payload to be unpickled (the trap file)", 10)
     live.assert_serving()

@@ -4,12 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import time
 
 import grpc
@@ -19,7 +15,7 @@ from podium import errors, rpc
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.client import WorkerClient
 
-from tests.support.processes import WorkerProcess, spawn_worker  # noqa: F401 - WorkerProcess: the fixture's type
+from tests.support.processes import spawn_worker
 
 
 @pytest.fixture

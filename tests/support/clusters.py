@@ -22,7 +22,6 @@ import sys
 import time
 
 import podium
-from podium import controller
 
 #: Node addresses of the two-node cluster, in rank order.
 TWO_NODES = ("127.0.0.2", "127.0.0.3")

@@ -24,7 +24,6 @@ from tests.support.processes import AgentProcess, wait_for  # noqa: F401 - re-ex
 from tests.support.proctable import alive, descendants  # noqa: F401 - re-exported
 
 import podium
-from podium import controller
 
 #: Heartbeat interval told to the agents, and node lease (seconds): short for quick tests,
 #: yet six beats long, so a busy 2-core machine does not lose a live node.

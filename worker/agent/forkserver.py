@@ -46,7 +46,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Callable
 
 __all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "main"]
 

@@ -94,7 +94,7 @@ def test_merge():
         merge_resource_pool(rm, ResourcePool([4], max_colocate_count=3))
 
 
-def cluster(*nodes):
+def cluster_of(*nodes):
     state = scheduler_pb2.ClusterState()
     for node_id, address, gpus in nodes:
         status = state.nodes.add(state=common_pb2.NODE_ALIVE)
@@ -106,7 +106,7 @@ def cluster(*nodes):
 
 def test_fit_check_is_per_node_not_total():
     # 8 GPUs in total, but an 8-process entry needs one node with 8: verl's total check passes
-    state = cluster(("node-a", "127.0.0.2", 4), ("node-b", "127.0.0.3", 4))
+    state = cluster_of(("node-a", "127.0.0.2", 4), ("node-b", "127.0.0.3", 4))
     with pytest.raises(InfeasibleError) as info:
         check_pools_fit([("global_pool", ResourcePool([8], max_colocate_count=3))], state)
     assert "global_pool" in str(info.value)
@@ -115,7 +115,7 @@ def test_fit_check_is_per_node_not_total():
 
 
 def test_fit_check_counts_pools_together_and_existing_groups():
-    state = cluster(("node-a", "127.0.0.2", 8))
+    state = cluster_of(("node-a", "127.0.0.2", 8))
     check_pools_fit([("a", ResourcePool([6], max_colocate_count=3)), ("b", ResourcePool([2], max_colocate_count=3))], state)
     with pytest.raises(InfeasibleError):
         check_pools_fit([("a", ResourcePool([6], max_colocate_count=3)), ("b", ResourcePool([3], max_colocate_count=3))], state)

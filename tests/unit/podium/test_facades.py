@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-import podium.errors
 
 FACADES = {
     "podium": [

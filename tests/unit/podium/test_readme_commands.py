@@ -1,6 +1,5 @@
 """CI must run exactly the README's test command, and the README must open with the two commands."""
 
-import pathlib
 
 from tests.support.waiting import REPO
 

@@ -19,21 +19,11 @@ from podium.worker import Dispatch, Execute, Worker, register
 from podium.worker.decorator import method_table
 from podium.worker.factory import by_value
 
-TOUCHED_ENV = ["WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "LOCAL_RANK",
-               "CUDA_VISIBLE_DEVICES", "REDIS_STORE_SERVER_HOST"]
-
-
 @pytest.fixture(autouse=True)
-def env(monkeypatch):
-    """Rank 1 of 2; every variable Worker writes is restored afterwards."""
-    for key in TOUCHED_ENV:
-        monkeypatch.setenv(key, "")
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    return monkeypatch
+def rank_one_of_two(env):
+    """Every test here runs as rank 1 of 2 (the shared ``env`` fixture, resized)."""
+    env.setenv("WORLD_SIZE", "2")
+    return env
 
 
 class Actor(Worker):
