@@ -11,11 +11,12 @@ import dataclasses
 import json
 import os
 import pathlib
-import time
 import urllib.request
 
 import pytest
 import torch
+
+from tests.support.waiting import eventually
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -60,16 +61,14 @@ class GpuCluster:
         """Poll /v1/placement until every worker of ``group`` shows between ``at_least`` and
         ``at_most`` bytes used (NVML readings travel with the agent's heartbeat, every 2 s).
         A rollout's sleep/wake test waits for ``at_most`` after sleep, ``at_least`` after wake."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def ready() -> list[tuple[dict, dict]]:
             entries = self.workers_of(group)
-            if entries and all(at_least <= w["memory_used_bytes"] and (at_most is None or w["memory_used_bytes"]
-                                                                      <= at_most) for _, w in entries):
-                return entries
-            if time.monotonic() > deadline:
-                raise AssertionError(f"workers of {group!r} did not show between {at_least} and {at_most} "
-                                     f"bytes used within {timeout:g}s: {[w for _, w in entries]}")
-            time.sleep(0.5)
+            ok = entries and all(at_least <= w["memory_used_bytes"] and (
+                at_most is None or w["memory_used_bytes"] <= at_most) for _, w in entries)
+            return entries if ok else []
+
+        return eventually(ready, f"workers of {group!r} showing between {at_least} and {at_most} bytes used "
+                                 f"in /v1/placement", timeout=timeout, interval=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,12 @@ what CUDA reports, and memory this process allocates shows up as per-process usa
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 
 from podium.worker.gpus import NvmlProvider, detect
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
@@ -49,16 +49,12 @@ def test_per_process_memory_shows_this_process():
     torch.cuda.synchronize()
     uuid = _uuid(0)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            mine = [p for p in provider.processes() if p.gpu_uuid == uuid]
-            ours = [p for p in mine if p.pid == os.getpid()]
-            if ours and ours[0].used_bytes >= size:
-                break
-            assert time.monotonic() < deadline, (
-                f"NVML lists no process of pid {os.getpid()} holding {size} bytes on {uuid}: {mine} "
-                "(in a container NVML may report host pids, which Podium cannot map to workers)")
-            time.sleep(0.5)
+        def ours() -> list:
+            return [p for p in provider.processes() if p.gpu_uuid == uuid and p.pid == os.getpid()
+                    and p.used_bytes >= size]
+
+        # In a container NVML may report host pids, which Podium cannot map to workers: this fails then.
+        eventually(ours, f"NVML listing pid {os.getpid()} with {size} bytes on {uuid}", timeout=20, interval=0.5)
         used_before = next(g for g in provider.gpus() if g.uuid == uuid).memory_used_bytes
         assert used_before >= size
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 
 import pytest
@@ -20,6 +19,7 @@ from podium.controller.runtime import get_runtime
 from podium.errors import InvalidArgumentError, RemoteError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import two_node_processes
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -46,15 +46,12 @@ class CapProbe(Worker):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cap_cluster(tmp_path_factory):
     """A scheduler and 2 node agents (4 fake 80 GB GPUs each) as processes; the controller joined."""
     with two_node_processes(tmp_path_factory.mktemp("cap"), gpus_per_node=4) as procs:
         rt = podium.init(address=procs.address, token=procs.token)
         try:
-            deadline = time.monotonic() + 30
-            while len(rt.run(rt.cluster_state()).nodes) < 2:
-                assert time.monotonic() < deadline, "the node agents did not register"
-                time.sleep(0.1)
+            eventually(lambda: len(rt.run(rt.cluster_state()).nodes) == 2, "both node agents registering")
             yield procs
         finally:
             podium.shutdown()
@@ -72,7 +69,7 @@ def _workers_in_placement(doc: dict, group: str) -> list[tuple[dict, dict]]:
             if w["group"] == group]
 
 
-def test_fraction_cap_is_applied_before_the_constructor_and_shown_in_placement(cluster):
+def test_fraction_cap_is_applied_before_the_constructor_and_shown_in_placement(cap_cluster):
     pool = ResourcePool([2], max_colocate_count=3, gpu_memory_cap="fraction")
     group = WorkerGroup(pool, ClassWithInitArgs(CapProbe))
     try:
@@ -85,7 +82,7 @@ def test_fraction_cap_is_applied_before_the_constructor_and_shown_in_placement(c
             stats = rt.run(handle.client.describe(timeout=10)).stats
             assert stats["gpu_memory_cap_requested"] == 1 and stats["gpu_memory_cap_applied"] == 0
             assert stats["gpu_memory_cap_fraction"] == pytest.approx(1 / 3)
-        entries = _workers_in_placement(_placement(cluster), group.name_prefix)
+        entries = _workers_in_placement(_placement(cap_cluster), group.name_prefix)
         assert len(entries) == 2
         for gpu, worker in entries:
             assert worker["gpu_fraction_text"] == "1/3" and "memory_used_bytes" in worker
@@ -97,13 +94,13 @@ def test_fraction_cap_is_applied_before_the_constructor_and_shown_in_placement(c
         group.shutdown()
 
 
-def test_group_byte_cap_overrides_the_pool_and_an_oom_names_it(cluster):
+def test_group_byte_cap_overrides_the_pool_and_an_oom_names_it(cap_cluster):
     pool = ResourcePool([1], max_colocate_count=2, gpu_memory_cap="fraction")
     group = WorkerGroup(pool, ClassWithInitArgs(CapProbe), gpu_memory_cap="10GiB")
     try:
         [seen] = group.seen()
         assert seen["env"] == {"PODIUM_GPU_MEMORY_CAP_BYTES": str(10 << 30)} and seen["bytes"] == 10 << 30
-        [(_, worker)] = _workers_in_placement(_placement(cluster), group.name_prefix)
+        [(_, worker)] = _workers_in_placement(_placement(cap_cluster), group.name_prefix)
         assert worker["memory_cap"]["bytes"] == 10 << 30 and worker["memory_cap"]["text"] == "10.0 GiB"
         assert worker["memory_cap"]["applied"] is False
         with pytest.raises(RemoteError) as info:
@@ -116,12 +113,12 @@ def test_group_byte_cap_overrides_the_pool_and_an_oom_names_it(cluster):
         group.shutdown()
 
 
-def test_no_cap_by_default(cluster):
+def test_no_cap_by_default(cap_cluster):
     group = WorkerGroup(ResourcePool([1], max_colocate_count=2), ClassWithInitArgs(CapProbe))
     try:
         [seen] = group.seen()
         assert not seen["requested"] and seen["env"] == {}
-        [(_, worker)] = _workers_in_placement(_placement(cluster), group.name_prefix)
+        [(_, worker)] = _workers_in_placement(_placement(cap_cluster), group.name_prefix)
         assert worker["memory_cap"] is None
         stats = get_runtime().run(group.workers[0].client.describe(timeout=10)).stats
         assert "gpu_memory_cap_requested" not in stats
@@ -132,7 +129,7 @@ def test_no_cap_by_default(cluster):
         group.shutdown()
 
 
-def test_bad_caps_fail_before_any_worker_starts(cluster):
+def test_bad_caps_fail_before_any_worker_starts(cap_cluster):
     for bad in (0.0, 1.5, float("nan"), -1, True, "lots", [1], "1KiB"):
         with pytest.raises(InvalidArgumentError):
             ResourcePool([1], gpu_memory_cap=bad)
@@ -142,7 +139,7 @@ def test_bad_caps_fail_before_any_worker_starts(cluster):
         WorkerGroup(ResourcePool([1], use_gpu=False), ClassWithInitArgs(CapProbe), gpu_memory_cap=0.5)
 
 
-def test_a_malformed_cap_in_worker_env_stops_the_worker_with_the_reason(cluster):
+def test_a_malformed_cap_in_worker_env_stops_the_worker_with_the_reason(cap_cluster):
     with pytest.raises(WorkerDiedError, match="PODIUM_GPU_MEMORY_CAP_FRACTION must be a number"):
         WorkerGroup(ResourcePool([1], max_colocate_count=2), ClassWithInitArgs(CapProbe),
                     worker_env={"PODIUM_GPU_MEMORY_CAP_FRACTION": "a third"})
