@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -83,7 +84,10 @@ class LogToDriver:
             task = loop.create_task(self._stream(address, info.id, prefix),
                                     name=f"podium-log-{info.id}")
             self._tasks[info.id] = task
-            task.add_done_callback(lambda _t, wid=info.id: self._tasks.pop(wid, None))
+            task.add_done_callback(functools.partial(self._forget, info.id))
+
+    def _forget(self, worker_id: str, _task: asyncio.Task) -> None:
+        self._tasks.pop(worker_id, None)
 
     async def _stream(self, address: str, worker_id: str, prefix: str) -> None:
         from podium.agentlogs import tail_log

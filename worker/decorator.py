@@ -28,7 +28,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podium.errors import InvalidArgumentError
 
@@ -70,6 +70,11 @@ class DynamicEnumMeta(type):
         if isinstance(item, str):
             return item in cls._registry
         return any(item is member for member in cls._registry.values())
+
+    if TYPE_CHECKING:
+        # Members are added at run time (Dispatch.ONE_TO_ALL, a registered TEST_MODE):
+        # tell the type checker that any attribute of an enum class may be one.
+        def __getattr__(cls, name: str) -> Any: ...
 
     def __getitem__(cls, name: str) -> Any:
         return cls._registry[name]
