@@ -3,13 +3,16 @@
 ``from podium.controller import ResourcePool, ClassWithInitArgs, WorkerGroup`` replaces
 ``verl.single_controller.ray``'s ``RayResourcePool`` / ``RayClassWithInitArgs`` /
 ``RayWorkerGroup`` (the Ray names are aliases here), so a verl trainer ports by changing
-imports. The session itself (``init``, ``shutdown``, ``get``, ``wait``) and the errors are in
-the top-level ``podium`` package. See ``docs/architecture.md`` and each module's docstring for
+imports. The session itself (``init``, ``shutdown``, ``get``, ``wait``, and Ray's ``put``,
+``remote``, ``get_actor``, ``kill``: :mod:`~podium.controller.objects`,
+:mod:`~podium.controller.tasks`, :mod:`~podium.controller.actors`) and the errors are in the
+top-level ``podium`` package; the two scheduling strategies an actor or task takes are here. See ``docs/architecture.md`` and each module's docstring for
 where Podium deliberately differs from verl.
 """
 
 from podium.controller.dispatch import (make_nd_compute_dataproto_dispatch_fn, register_dispatch_mode,
                                         update_dispatch_mode)
+from podium.controller.actoroptions import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from podium.controller.group import RayWorkerGroup, WorkerGroup, WorkerHandle
 from podium.controller.pool import (RayResourcePool, ResourcePool, ResourcePoolManager, SubRayResourcePool,
                                     merge_resource_pool, split_resource_pool)
@@ -19,6 +22,8 @@ from podium.worker.factory import ClassWithInitArgs, RayClassWithInitArgs
 
 __all__ = [
     "ClassWithInitArgs",
+    "NodeAffinitySchedulingStrategy",
+    "PlacementGroupSchedulingStrategy",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",

@@ -18,15 +18,10 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
-import pathlib
-import secrets
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -34,9 +29,11 @@ from typing import Any, Coroutine
 
 from podium.controller import gcfreeze
 from podium.controller.deathwatch import DeathWatch
+from podium.controller.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
+                                        _stop_process)
+from podium.controller.objects import ObjectServer
 from podium.controller.releaser import Releaser
-from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
-from podium.process import die_with_parent_argv
+from podium.errors import DeadlineExceededError, FailedPreconditionError
 
 __all__ = ["init", "shutdown", "is_initialized", "get_runtime", "Runtime", "DEFAULT_CALL_TIMEOUT"]
 
@@ -44,27 +41,11 @@ log = logging.getLogger("podium.controller")
 
 #: Default deadline of one synchronous API call, in seconds.
 DEFAULT_CALL_TIMEOUT = 3600.0
-#: Fake GPUs of an embedded cluster on a machine without NVML GPUs.
-DEFAULT_FAKE_GPUS = 8
-#: How long the embedded services may take to come up.
-STARTUP_TIMEOUT = 60.0
 #: Deadline of waiting for a placement group / for workers to start.
 PLACEMENT_TIMEOUT = float(os.environ.get("PODIUM_PLACEMENT_TIMEOUT", "300"))
 
 _runtime: "Runtime | None" = None
 _runtime_lock = threading.Lock()
-
-
-def _nvml_gpu_count() -> int:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library, no GPU: all mean "none"
-        return 0
 
 
 class _LoopThread:
@@ -100,13 +81,22 @@ class _Resolver:
         self._runtime = runtime
 
     async def fetch(self, ref, rows=None):
+        from podium.refs import inline_value, lost_error
         if ref.inline is not None:  # a small result that came with its ref: no RPC
-            from podium.refs import inline_value
             self._runtime.stats["fetches"] += 1
             self._runtime.stats["fetched_bytes"] += len(ref.inline)
             return inline_value(ref, rows)
+        objects = self._runtime.objects
+        if objects.runtime is not None and ref.owner_address == objects.address:
+            try:  # put() here: no RPC to ourselves
+                return objects.local_value(ref, rows)
+            except Exception as exc:  # noqa: BLE001 - released: said as ObjectLostError
+                raise lost_error(ref, exc) from None
         client = await self._runtime.fetch_client(ref.owner_address)
-        value = await client.fetch(ref, rows)
+        try:
+            value = await client.fetch(ref, rows)
+        except Exception as exc:  # noqa: BLE001 - an owner gone or a released value: ObjectLostError
+            raise lost_error(ref, exc) from None
         self._runtime.stats["fetches"] += 1
         self._runtime.stats["fetched_bytes"] += client.last_fetch_bytes
         return value
@@ -143,6 +133,8 @@ class Runtime:
         self.releaser = Releaser(self)
         #: Fails pending calls of workers the scheduler reports dead.
         self.deathwatch = DeathWatch(self)
+        #: Values put() here (podium.controller.objects), served from this process.
+        self.objects = ObjectServer(self)
         self.scheduler = None
         self._keepalive: asyncio.Task | None = None
         self._fetch_clients: dict[str, Any] = {}
@@ -315,91 +307,14 @@ class Runtime:
         for client in self._fetch_clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
+        with contextlib.suppress(Exception):
+            await self.objects.close()
         if self.scheduler is not None:
             if self.session_id:
                 with contextlib.suppress(Exception):
                     await self.scheduler.close_session(self.session_id)
             with contextlib.suppress(Exception):
                 await self.scheduler.close()
-
-
-def _stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait(5)
-
-
-def _wait_port_file(path: pathlib.Path, proc: subprocess.Popen, what: str, log_path: pathlib.Path,
-                    timeout: float = STARTUP_TIMEOUT) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            with contextlib.suppress(ValueError):
-                return json.loads(path.read_text())
-        if proc.poll() is not None:
-            tail = log_path.read_text()[-2000:] if log_path.exists() else ""
-            raise UnavailableError(f"the embedded {what} exited with code {proc.returncode}:\n{tail}")
-        time.sleep(0.05)
-    raise DeadlineExceededError(f"the embedded {what} did not start within {timeout:g}s (log: {log_path})")
-
-
-def _embedded_argv(role: str, *args: str) -> list[str]:
-    # SIGTERM, not SIGKILL, when the controller dies: the agent then stops its workers.
-    # (podium.process explains why a shim and not a preexec_fn.)
-    return die_with_parent_argv([sys.executable, "-m", "podium.cli", role, *args], signal.SIGTERM)
-
-
-def _tls_args(tls) -> list[str]:
-    return ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca] if tls else []
-
-
-def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None, tls=None
-                    ) -> tuple[str, str, list[subprocess.Popen], str]:
-    token = secrets.token_urlsafe(32)
-    root = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
-    root.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PODIUM_TOKEN=token, PYTHONUNBUFFERED="1")
-    env.pop("PODIUM_TOKEN_FILE", None)
-    for key in ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA"):
-        env.pop(key, None)  # the services get TLS from their flags, as given to init()
-    if num_gpus is None:
-        num_gpus = DEFAULT_FAKE_GPUS if _nvml_gpu_count() == 0 else None
-    gpus_for_cpu = num_gpus if num_gpus is not None else _nvml_gpu_count()
-    if num_cpus is None:
-        # Bundle CPUs are colocation slots (verl asks max_colocate_count per bundle), not
-        # cores: offer enough for every GPU to hold a full default bundle of 10 and more.
-        num_cpus = max(os.cpu_count() or 1, 16 * max(gpus_for_cpu, DEFAULT_FAKE_GPUS))
-    processes: list[subprocess.Popen] = []
-    try:
-        sched_file, sched_log = root / "scheduler.port.json", root / "scheduler.log"
-        with open(sched_log, "ab") as out:
-            processes.append(subprocess.Popen(
-                _embedded_argv("scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
-                               "--state", ":memory:", "--port-file", str(sched_file), *_tls_args(tls)),
-                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        port = _wait_port_file(sched_file, processes[0], "scheduler", sched_log)["port"]
-        address = f"127.0.0.1:{port}"
-        node_file, node_log = root / "node.port.json", root / "node.log"
-        args = ["--scheduler", address, "--host", "127.0.0.1", "--port-file", str(node_file),
-                "--cpus", str(num_cpus), "--log-dir", str(root / "workers"), *_tls_args(tls)]
-        if num_gpus is not None:
-            args += ["--fake-gpus", str(num_gpus)]
-        with open(node_log, "ab") as out:
-            processes.append(subprocess.Popen(_embedded_argv("node", *args), env=env, stdout=out,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        _wait_port_file(node_file, processes[1], "node agent", node_log)
-    except BaseException:
-        for proc in reversed(processes):
-            _stop_process(proc)
-        raise
-    return address, token, processes, str(root)
 
 
 async def _wait_nodes(runtime: Runtime, timeout: float = STARTUP_TIMEOUT) -> None:

@@ -6,7 +6,8 @@ This package is what a training script imports::
     podium.init()                      # an embedded cluster; init(address="host:50051") joins one
     out = podium.get(wg.step(batch, blocking=False))
 
-It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``), the batch container
+It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``; Ray's ``put``,
+``remote``, ``get_actor`` and ``kill``), the batch container
 (``DataProto``), references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
 the TLS settings (``TlsConfig``) and every error Podium raises (one tree, rooted at
 ``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
@@ -24,7 +25,7 @@ import importlib
 from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchError, AuthenticationError,
                            CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
                            InfeasibleError, InternalError, InvalidArgumentError, InvalidSpecError,
-                           NotFoundError, OutOfRangeError, PayloadTooLargeError, PermissionDeniedError,
+                           NotFoundError, ObjectLostError, OutOfRangeError, PayloadTooLargeError, PermissionDeniedError,
                            PodiumError, RankZeroDispatchError, RemoteError, ResourceExhaustedError,
                            SlotFullError, UnavailableError, UnimplementedError, UnknownMethodError,
                            WorkerDiedError)
@@ -40,8 +41,12 @@ _LAZY = {
     "ObjectRef": "podium.refs",
     "TlsConfig": "podium.auth",
     "get": "podium.controller.futures",
+    "get_actor": "podium.controller.actors",
     "init": "podium.controller.runtime",
     "is_initialized": "podium.controller.runtime",
+    "kill": "podium.controller.actors",
+    "put": "podium.controller.objects",
+    "remote": "podium.controller.tasks",
     "shutdown": "podium.controller.runtime",
     "wait": "podium.controller.futures",
 }
@@ -64,6 +69,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidSpecError",
     "NotFoundError",
+    "ObjectLostError",
     "ObjectRef",
     "OutOfRangeError",
     "PayloadTooLargeError",
@@ -80,8 +86,12 @@ __all__ = [
     "WorkerDiedError",
     "__version__",
     "get",
+    "get_actor",
     "init",
     "is_initialized",
+    "kill",
+    "put",
+    "remote",
     "shutdown",
     "wait",
 ]

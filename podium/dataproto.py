@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,133 +80,13 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
 
 # --------------------------------------------------------------------------- helpers
+# (verl's module-level names, kept importable from here)
 
-
-def _values_equal(a: Any, b: Any) -> bool:
-    # meta_info and non-tensor values may be arrays or tensors, whose == is
-    # element-wise; NaN equals NaN here as in verl's _deep_equal.
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, np.ndarray):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        if a.dtype != object:
-            return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-        return all(_values_equal(x, y) for x, y in zip(a.flat, b.flat))
-    if isinstance(a, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
-    if isinstance(a, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except Exception:  # an == that cannot be made a bool: treat as different
-        return False
-
-
-def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
-    """Add the keys of ``tensor_dict2`` to ``tensor_dict1`` (in place) and return it.
-
-    Batch sizes must match, and a key in both must hold equal tensors.
-    """
-    assert tensor_dict1.batch_size == tensor_dict2.batch_size, (
-        f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} and "
-        f"{tensor_dict2.batch_size}")
-    for key in tensor_dict2.keys():
-        if key not in tensor_dict1.keys():
-            tensor_dict1[key] = tensor_dict2[key]
-        else:
-            assert tensor_dict1[key].equal(tensor_dict2[key]), (
-                f"{key} in tensor_dict1 and tensor_dict2 are not the same object")
-    return tensor_dict1
-
-
-def union_numpy_dict(tensor_dict1: dict[str, np.ndarray],
-                     tensor_dict2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Add the arrays of ``tensor_dict2`` to ``tensor_dict1`` (in place) and return it.
-
-    A key in both must hold equal arrays (NaN equals NaN, object arrays compared
-    element by element).
-    """
-    for key, val in tensor_dict2.items():
-        if key in tensor_dict1:
-            assert isinstance(tensor_dict2[key], np.ndarray)
-            assert isinstance(tensor_dict1[key], np.ndarray)
-            assert _values_equal(tensor_dict1[key], tensor_dict2[key]), (
-                f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object.")
-        tensor_dict1[key] = val
-    return tensor_dict1
-
-
-def union_two_dict(dict1: dict, dict2: dict) -> dict:
-    """Add the entries of ``dict2`` to ``dict1`` (in place); shared keys must agree."""
-    for key, val in dict2.items():
-        if key in dict1:
-            assert _values_equal(dict1[key], val), (
-                f"{key} in meta_dict1 and meta_dict2 are not the same object")
-        dict1[key] = val
-    return dict1
-
-
-def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
-    """``[{"a": 1}, {"a": 2}]`` -> ``{"a": [1, 2]}`` (keys in first-seen order)."""
-    output: dict[str, list] = {}
-    for data in list_of_dict:
-        for key, item in data.items():
-            output.setdefault(key, []).append(item)
-    return output
-
-
-def collate_fn(x: list[DataProtoItem]) -> DataProto:
-    """Stack DataProtoItems back into a DataProto (the DataLoader collate of make_iterator)."""
-    batch = torch.stack([d.batch for d in x]).contiguous()
-    non_tensor_batch = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in x])
-    for key, val in non_tensor_batch.items():
-        non_tensor_batch[key] = np.array(val, dtype=object)
-    return DataProto(batch=batch, non_tensor_batch=non_tensor_batch)
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` so its length divides by ``size_divisor``, cycling rows from the start.
-
-    ``[r0, r1, r2]`` with divisor 7 becomes ``r0 r1 r2 r0 r1 r2 r0``. Returns
-    ``(padded, pad_size)``; ``data`` itself is not changed.
-    """
-    assert isinstance(data, DataProto), "data must be a DataProto"
-    if len(data) % size_divisor == 0:
-        if len(data) == 0:
-            logger.warning("padding a DataProto with no item, no changed made")
-        return data, 0
-    pad_size = size_divisor - len(data) % size_divisor
-    parts = [data]
-    remaining = pad_size
-    while remaining > 0:
-        take = min(remaining, len(data))
-        parts.append(data[:take])
-        remaining -= take
-    return _concat_rows(parts, data.meta_info), pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows (``data[:-pad_size]``); no-op for 0."""
-    if pad_size != 0:
-        data = data[:-pad_size]
-    return data
-
-
-def _concat_rows(parts: list[DataProto], meta_info: dict) -> DataProto:
-    # Row concatenation with a given meta_info: padding must not run meta_info
-    # through concat's metrics merge (the same metrics would be counted twice).
-    batches = [p.batch for p in parts]
-    batch = torch.cat(batches, dim=0) if batches[0] is not None else None
-    non_tensor = {key: np.concatenate([p.non_tensor_batch[key] for p in parts], axis=0)
-                  for key in parts[0].non_tensor_batch}
-    return type(parts[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta_info)
+from podium.dataproto_dicts import (_values_equal, list_of_dict_to_dict_of_list,  # noqa: E402
+                                    union_numpy_dict, union_tensor_dict, union_two_dict)
+from podium.dataproto_io import DataProtoIO  # noqa: E402
+from podium.dataproto_padding import (_concat_rows, collate_fn, pad_dataproto_to_divisor,  # noqa: E402
+                                      unpad_dataproto)
 
 
 # --------------------------------------------------------------------------- DataProto
@@ -223,12 +102,14 @@ class DataProtoItem:
 
 
 @dataclass
-class DataProto:
+class DataProto(DataProtoIO):
     """A batch: ``batch`` (TensorDict, one batch dim), ``non_tensor_batch`` (numpy
     arrays with the same rows) and ``meta_info`` (a dict shared by every row).
 
     Operations that return a new DataProto share ``meta_info`` by reference and
-    tensors where torch indexing gives views, as in verl.
+    tensors where torch indexing gives views, as in verl. Conversions, files and
+    inspection (``to_tensordict``, ``save_to_disk``, ``get_data_info``, ...) come from
+    :class:`podium.dataproto_io.DataProtoIO`.
     """
 
     batch: TensorDict | None = None

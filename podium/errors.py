@@ -149,6 +149,12 @@ class NotFoundError(PodiumError, LookupError):
     code = "NOT_FOUND"
 
 
+class ObjectLostError(NotFoundError):
+    """A ref's value cannot be fetched: its owner (the process that holds it) is gone, or
+    released it. The message names the owner; ``details`` has ``object_id``, ``owner_address``
+    and ``worker_id``."""
+
+
 class AlreadyExistsError(PodiumError):
     """A name is already taken."""
 

@@ -25,10 +25,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from podium.errors import FailedPreconditionError, OutOfRangeError
+from podium.errors import (FailedPreconditionError, NotFoundError, ObjectLostError, OutOfRangeError,
+                           UnavailableError)
 
 __all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver",
-           "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value"]
+           "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value", "lost_error"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,6 +75,20 @@ def inline_value(ref: ObjectRef, rows: tuple[int, int] | None = None) -> Any:
     assert ref.inline is not None, "inline_value needs a ref that carries its value"
     value = codec.decode(bytearray(ref.inline))
     return value if rows is None else slice_rows(value, int(rows[0]), int(rows[1]))
+
+
+def lost_error(ref: ObjectRef, exc: BaseException) -> BaseException:
+    """The error a failed fetch of ``ref`` should raise: :class:`ObjectLostError` naming the
+    owner when the owner is unreachable or no longer holds the value, else ``exc``."""
+    if isinstance(exc, ObjectLostError) or not isinstance(exc, (UnavailableError, NotFoundError)):
+        return exc
+    owner = ref.worker_id or "?"
+    why = ("no longer holds it (released, or the owner restarted)" if isinstance(exc, NotFoundError)
+           else "cannot be reached (the owner process is gone)")
+    return ObjectLostError(
+        f"object {ref.object_id} is lost: its owner {owner} at {ref.owner_address} (rank "
+        f"{ref.owner_rank}) {why}: {exc}",
+        details={"object_id": ref.object_id, "owner_address": ref.owner_address, "worker_id": owner})
 
 
 class DataProtoFuture:

@@ -140,6 +140,8 @@ class Strategy(enum.IntEnum):
 
 
 _RESOURCE_NAMES = ("CPU", "GPU")
+#: A bundle key ``node:<node id or address>`` (amount ignored) pins the bundle to that node.
+NODE_RESOURCE_PREFIX = "node:"
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ class BundleSpec:
 
     cpu_units: int
     gpu_units: int
+    #: Node id or address the bundle must land on (Ray's ``node:<address>`` resource); "" any.
+    node: str = ""
 
     def __post_init__(self) -> None:
         for field_name in ("cpu_units", "gpu_units"):
@@ -177,6 +181,12 @@ class BundleSpec:
         if not isinstance(resources, Mapping):
             raise InvalidSpecError(
                 f"a bundle must be a mapping like {{'CPU': 1, 'GPU': 1}}, got {resources!r}")
+        nodes = [k for k in resources if isinstance(k, str) and k.startswith(NODE_RESOURCE_PREFIX)]
+        if len(nodes) > 1 or (nodes and not nodes[0][len(NODE_RESOURCE_PREFIX):]):
+            raise InvalidSpecError(f"bundle {dict(resources)!r}: at most one 'node:<id or address>' key, "
+                                   "naming a node")
+        node = nodes[0][len(NODE_RESOURCE_PREFIX):] if nodes else ""
+        resources = {k: v for k, v in resources.items() if k not in nodes}
         unknown = sorted(repr(k) for k in resources if k not in _RESOURCE_NAMES)
         if unknown:
             raise InvalidSpecError(
@@ -194,7 +204,7 @@ class BundleSpec:
             gpu = 0 if is_zero else gpu_units(value, name="GPU")
         if cpu == 0 and gpu == 0:
             raise InvalidSpecError(f"empty bundle {dict(resources)!r}: it reserves nothing")
-        return cls(cpu_units=cpu, gpu_units=gpu)
+        return cls(cpu_units=cpu, gpu_units=gpu, node=node)
 
     @property
     def gpus_needed(self) -> int:
@@ -209,8 +219,12 @@ class BundleSpec:
         return 0 < self.gpu_units < GPU_UNITS
 
     def to_resources(self) -> dict[str, float]:
-        """Back to the user form ``{"CPU": float, "GPU": float}`` (both keys always)."""
-        return {"CPU": self.cpu_units / CPU_UNITS, "GPU": self.gpu_units / GPU_UNITS}
+        """Back to the user form ``{"CPU": float, "GPU": float}`` (both keys always, and
+        ``node:<node>`` for a pinned bundle)."""
+        out = {"CPU": self.cpu_units / CPU_UNITS, "GPU": self.gpu_units / GPU_UNITS}
+        if self.node:
+            out[NODE_RESOURCE_PREFIX + self.node] = 1.0
+        return out
 
     def describe(self) -> str:
         """Short human form, e.g. ``{CPU: 1, GPU: 0.333}``."""

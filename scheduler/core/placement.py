@@ -27,6 +27,15 @@ def place(request: PlacementRequest, snapshot: Snapshot) -> Placement | Infeasib
     if not snapshot.nodes:
         return Infeasible("no nodes registered", {})
     bundles = request.bundles
+    pinned = {b.node for b in bundles if b.node}
+    if pinned:  # bundles pinned to a node (``node:<id or address>``): place among that node only
+        if len(pinned) > 1 or not all(b.node for b in bundles):
+            return Infeasible("the bundles of one placement group may pin one node, all of them or none", {})
+        node = next(iter(pinned))
+        matching = tuple(n for n in snapshot.nodes if node in (n.node_id, n.address))
+        if not matching:
+            return Infeasible(f"no alive node has id or address {node!r}", {})
+        snapshot = Snapshot(matching)
     ix = index_of(snapshot)
     answer = attempt(ix, bundles, request.strategy)
     if answer is not None:

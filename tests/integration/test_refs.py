@@ -260,13 +260,13 @@ def test_future_passed_to_another_worker_is_fetched_worker_to_worker(trio, token
         await producers[1].release([refs[1]])
         with pytest.raises(errors.NotFoundError):
             await consumer.call("consume", (future,))
-        # The owner of an argument died: the consumer answers DataLossError naming it (not
+        # The owner of an argument died: the consumer answers ObjectLostError naming it (not
         # UnavailableError, which would read as the consumer's own death) and keeps serving.
         refs = [await producers[0].call("make", (0, 2), hold=True)]
         trio[0].stop()
-        with pytest.raises(errors.DataLossError) as caught:
+        with pytest.raises(errors.ObjectLostError) as caught:
             await consumer.call("consume", (DataProtoFuture.concat(refs),), timeout=60)
-        assert "could not fetch" in str(caught.value) and trio[0].address in str(caught.value)
+        assert "is lost: its owner" in str(caught.value) and trio[0].address in str(caught.value)
         assert await consumer.call("consume_async", (batch(7, 1),)) == [7]
         for client in clients:
             await client.close()

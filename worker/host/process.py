@@ -62,7 +62,10 @@ class HostResolver:
             client = WorkerClient(ref.owner_address, self._token, rank=ref.owner_rank,
                                   worker_id=ref.worker_id, tls=self._tls)
             self._clients[ref.owner_address] = client
-        value = await client.fetch(ref, rows)
+        try:
+            value = await client.fetch(ref, rows)
+        except Exception as exc:  # noqa: BLE001 - an owner gone or a released value: ObjectLostError
+            raise refs.lost_error(ref, exc) from None
         host.stats["fetches_made"] += 1
         host.stats["bytes_fetched"] += client.last_fetch_bytes
         return value

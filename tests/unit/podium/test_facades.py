@@ -18,14 +18,15 @@ FACADES = {
         "AbortedError", "AlreadyExistsError", "ArgumentMismatchError", "AuthenticationError",
         "CancelledError", "DataLossError", "DataProto", "DataProtoConfig", "DataProtoFuture",
         "DataProtoItem", "DeadlineExceededError", "FailedPreconditionError", "InfeasibleError",
-        "InternalError", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectRef",
+        "InternalError", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectLostError", "ObjectRef",
         "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
         "UnavailableError", "UnimplementedError", "UnknownMethodError", "WorkerDiedError", "__version__",
-        "get", "init", "is_initialized", "shutdown", "wait",
+        "get", "get_actor", "init", "is_initialized", "kill", "put", "remote", "shutdown", "wait",
     ],
     "podium.controller": [
-        "ClassWithInitArgs", "RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "ResourcePool",
+        "ClassWithInitArgs", "NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy",
+        "RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "ResourcePool",
         "ResourcePoolManager", "SubRayResourcePool", "WorkerGroup", "WorkerHandle",
         "create_colocated_worker_cls", "create_colocated_worker_cls_fused", "create_colocated_worker_raw_cls",
         "make_nd_compute_dataproto_dispatch_fn", "merge_resource_pool", "register_dispatch_mode",
@@ -59,11 +60,13 @@ def test_every_public_exception_is_in_the_one_tree():
     # exported by the top-level facade.
     import podium
     for mod_name in ("podium.errors", "podium.controller.dispatch", "podium.controller.group",
-                     "podium.worker.decorator", "podium.dataproto", "podium.refs"):
+                     "podium.controller.actors", "podium.controller.objects", "podium.controller.tasks",
+                     "podium.worker.decorator", "podium.dataproto", "podium.refs", "podium.compat.ray"):
         module = importlib.import_module(mod_name)
         for attr in dir(module):
             value = getattr(module, attr)
-            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("podium"):
+            if (isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("podium")
+                    and not attr.startswith("_")):
                 assert issubclass(value, podium.errors.PodiumError), f"{mod_name}.{attr} is outside the tree"
                 assert attr in podium.__all__, f"{attr} is not exported by podium"
 

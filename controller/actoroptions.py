@@ -1,0 +1,183 @@
+"""The options of ``podium.remote`` actors and tasks (Ray's ``.options(...)``), checked once.
+
+Every count has a bound and every unknown or unsupported option is refused with an error
+that names it: :class:`~podium.errors.InvalidArgumentError` for a bad value, and
+``NotImplementedError`` (an :class:`~podium.errors.UnimplementedError`) naming the Podium
+alternative for a Ray option Podium does not provide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from podium.errors import InvalidArgumentError, UnimplementedError
+from podium.worker.actorshell import MAX_CONCURRENCY
+
+__all__ = ["Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
+           "parse_options", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
+
+#: Largest num_cpus / num_gpus one actor or task may ask for.
+MAX_CPUS = 1024.0
+MAX_GPUS = 64.0
+#: Namespace of named actors when none is given (shared by every controller of a cluster).
+DEFAULT_NAMESPACE = "default"
+#: Longest actor name / namespace accepted.
+_MAX_NAME = 200
+
+#: Ray options Podium does not provide, and what to use instead.
+_UNSUPPORTED = {
+    "num_returns": "return one value (a tuple) and index it after get()",
+    "max_restarts": "create the actor again after WorkerDiedError",
+    "max_task_retries": "call the method again after WorkerDiedError",
+    "max_retries": "call the task again after WorkerDiedError",
+    "retry_exceptions": "catch the RemoteError and call again",
+    "resources": "num_cpus/num_gpus, or a placement group bundle",
+    "memory": "num_cpus/num_gpus (Podium schedules CPUs and GPUs only)",
+    "accelerator_type": "a placement group on the nodes that have it",
+    "concurrency_groups": "max_concurrency, or async methods",
+}
+_IGNORED = {"placement_group_capture_child_tasks", "_metadata", "enable_task_events"}
+
+
+class PlacementGroupSchedulingStrategy:
+    """Ray's strategy object: run in bundle ``placement_group_bundle_index`` of a placement
+    group (-1: the first bundle with room)."""
+
+    def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
+                 placement_group_capture_child_tasks: bool | None = None) -> None:
+        self.placement_group = placement_group
+        self.placement_group_bundle_index = placement_group_bundle_index
+        self.placement_group_capture_child_tasks = placement_group_capture_child_tasks
+
+
+class NodeAffinitySchedulingStrategy:
+    """Ray's strategy object: run on node ``node_id`` (a Podium node id or node address);
+    ``soft=True`` falls back to any node when that one can never hold it."""
+
+    def __init__(self, node_id: str, soft: bool = False, _spill_on_unavailable: bool = False,
+                 _fail_on_unavailable: bool = False) -> None:
+        self.node_id = node_id
+        self.soft = soft
+
+
+@dataclasses.dataclass
+class Options:
+    """Checked options of one actor or task."""
+
+    name: str | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    detached: bool = False
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_concurrency: int | None = None
+    placement_group: Any = None
+    bundle_index: int = -1
+    node: str | None = None
+    #: With ``node``: fall back to any node when that one cannot hold it (Ray's ``soft``).
+    node_soft: bool = False
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    get_if_exists: bool = False
+
+
+def _amount(key: str, value: Any, bound: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{key} must be a number, got {value!r}")
+    if not 0 <= value <= bound:
+        raise InvalidArgumentError(f"{key} must be in [0, {bound:g}], got {value!r}")
+    if key == "num_gpus" and value > 1 and value != int(value):
+        raise InvalidArgumentError(f"num_gpus must be a fraction in (0, 1] or a whole number, got {value!r}")
+    return float(value)
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > _MAX_NAME or ":" in value:
+        raise InvalidArgumentError(f"{key} must be a non-empty string of at most {_MAX_NAME} characters "
+                                   f"without ':', got {value!r}")
+    return value
+
+
+def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = None) -> Options:
+    """``Options`` from Ray-style keyword options (on top of ``base``)."""
+    opts = dataclasses.replace(base) if base is not None else Options()
+    opts.env = dict(opts.env)
+    for key, value in given.items():
+        if key in _UNSUPPORTED:
+            if key in ("num_returns", "max_restarts", "max_task_retries", "max_retries") and value in (None, 0, 1) \
+                    and not (key == "num_returns" and value == 0):
+                continue  # Ray's defaults: nothing to do
+            raise UnimplementedError(f"ray option {key}={value!r} is not supported by Podium: {_UNSUPPORTED[key]}")
+        if key in _IGNORED:
+            continue
+        if key == "num_cpus":
+            opts.num_cpus = _amount(key, value, MAX_CPUS)
+        elif key == "num_gpus":
+            opts.num_gpus = _amount(key, value, MAX_GPUS)
+        elif key == "name" and actor:
+            opts.name = None if value is None else _text(key, value)
+        elif key == "name":
+            continue  # a task's name is only a label in Ray's dashboard
+        elif key == "namespace" and actor:
+            opts.namespace = DEFAULT_NAMESPACE if value is None else _text(key, value)
+        elif key == "lifetime" and actor:
+            if value not in (None, "detached", "non_detached"):
+                raise InvalidArgumentError(f"lifetime must be None, 'detached' or 'non_detached', got {value!r}")
+            opts.detached = value == "detached"
+        elif key == "max_concurrency" and actor:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 1 <= value <= MAX_CONCURRENCY):
+                raise InvalidArgumentError(f"max_concurrency must be an int in [1, {MAX_CONCURRENCY}], "
+                                           f"got {value!r}")
+            opts.max_concurrency = value
+        elif key == "get_if_exists" and actor:
+            opts.get_if_exists = bool(value)
+        elif key == "placement_group":
+            opts.placement_group = None if value == "default" else value
+        elif key == "placement_group_bundle_index":
+            opts.bundle_index = _index(value)
+        elif key == "scheduling_strategy":
+            _strategy(opts, value)
+        elif key == "node":
+            opts.node = None if value is None else str(value)
+        elif key == "runtime_env":
+            opts.env.update(_runtime_env(value))
+        else:
+            raise InvalidArgumentError(f"unknown {'actor' if actor else 'task'} option {key!r}")
+    return opts
+
+
+def _index(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise InvalidArgumentError(f"placement_group_bundle_index must be an int >= -1, got {value!r}")
+    return value
+
+
+def _strategy(opts: Options, value: Any) -> None:
+    if value is None or value in ("DEFAULT", "SPREAD"):
+        return  # the scheduler's own placement
+    if isinstance(value, PlacementGroupSchedulingStrategy):
+        opts.placement_group = value.placement_group
+        opts.bundle_index = _index(value.placement_group_bundle_index)
+    elif isinstance(value, NodeAffinitySchedulingStrategy):
+        opts.node = str(value.node_id)
+        opts.node_soft = bool(value.soft)
+    else:
+        raise InvalidArgumentError(f"scheduling_strategy must be 'DEFAULT', 'SPREAD', a "
+                                   f"PlacementGroupSchedulingStrategy or a NodeAffinitySchedulingStrategy, "
+                                   f"got {value!r}")
+
+
+def _runtime_env(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"runtime_env must be a dict, got {type(value).__name__}")
+    extra = sorted(set(value) - {"env_vars"})
+    if extra:
+        raise UnimplementedError(f"runtime_env keys {extra} are not supported by Podium (only env_vars): "
+                                 "install packages into the workers' environment beforehand")
+    env = value.get("env_vars") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidArgumentError("runtime_env['env_vars'] must map str to str")
+    return dict(env)

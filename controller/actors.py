@@ -1,0 +1,308 @@
+"""Single actors (Ray's ``@ray.remote`` classes): one worker process each, the same worker
+processes a WorkerGroup runs, driven through a one-worker group.
+
+``podium.remote(Cls).options(...).remote(*args)`` reserves the actor's resources (its own
+one-bundle placement group, pinned to a node when asked, or a bundle of a placement group it
+is given), starts the worker,
+builds ``Cls(*args)`` there and returns an :class:`ActorHandle`; ``handle.method.remote(...)``
+returns a ref (``podium.get`` it) and never blocks. Named actors are found again, also from
+another controller process, with :func:`get_actor`; :func:`kill` stops one.
+
+Where Podium differs from Ray: ``.remote()`` returns once the actor is constructed (its
+constructor's error is raised there, as RemoteError, not at the first method call); names
+live in the namespace ``"default"`` unless one is given, so any controller of the cluster
+finds them; a dead actor's calls fail with WorkerDiedError (no restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from typing import Any
+
+from podium.controller import grouplife
+from podium.controller.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
+from podium.controller.groupworkers import _class_name
+from podium.controller.runtime import get_runtime
+from podium.errors import (AlreadyExistsError, InfeasibleError, InvalidArgumentError, NotFoundError,
+                           SlotFullError, UnimplementedError)
+from podium.worker.actorshell import ActorShell
+from podium.worker.factory import ClassWithInitArgs, by_value
+
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "get_actor", "kill", "actor_worker_name",
+           "start_actor"]
+
+#: Prefix of the worker (and placement group) names of actors.
+_PREFIX = "actor:"
+
+
+def actor_worker_name(name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """The cluster-wide worker name of the actor called ``name`` in ``namespace``."""
+    return f"{_PREFIX}{namespace}:{name}"
+
+
+class ActorMethod:
+    """``handle.method``: ``.remote(*args, **kwargs)`` calls it and returns a ref at once."""
+
+    __slots__ = ("_handle", "_name")
+
+    def __init__(self, handle: "ActorHandle", name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method on the actor; a PendingRef (``get`` gives its value)."""
+        return self._handle._group._run([0], self._name, [(args, kwargs)], blocking=False)[0]
+
+    def options(self, **options: Any) -> "ActorMethod":
+        """Ray's per-call options: only the defaults are accepted (NotImplementedError names others)."""
+        parse_options({k: v for k, v in options.items() if k != "name"}, actor=True)
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor methods are called with '.{self._name}.remote(...)', not '.{self._name}(...)'")
+
+
+class ActorHandle:
+    """A handle to one actor; copies share it. When the last handle to a non-detached actor
+    this controller created is garbage, the actor stops and its resources are freed."""
+
+    def __init__(self, group: Any, class_name: str, name: str | None, namespace: str) -> None:
+        self._group = group
+        self._class_name = class_name
+        self._actor_name = name
+        self._namespace = namespace
+
+    @property
+    def worker(self) -> Any:
+        """The actor's :class:`~podium.controller.group.WorkerHandle` (node, pid, address)."""
+        return self._group.workers[0]
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return ActorMethod(self, name)
+
+    def __copy__(self) -> "ActorHandle":
+        return ActorHandle(self._group, self._class_name, self._actor_name, self._namespace)
+
+    def __deepcopy__(self, memo: dict) -> "ActorHandle":
+        return self.__copy__()
+
+    def __reduce__(self):
+        raise UnimplementedError("an actor handle cannot be passed to another process: pass its name "
+                                 "and call podium.get_actor(name) there")
+
+    def __repr__(self) -> str:
+        label = f" name={self._actor_name!r}" if self._actor_name else ""
+        return f"ActorHandle({self._class_name}{label}, worker={self.worker.name!r})"
+
+
+class ActorClass:
+    """``podium.remote(Cls)``: ``.remote(*args)`` starts an actor, ``.options(...)`` sets its
+    resources, name, lifetime and placement (Ray's options; see actoroptions)."""
+
+    def __init__(self, cls: type, options: Options | None = None) -> None:
+        self.__ray_actor_class__ = cls  # what ClassWithInitArgs and verl unwrap
+        self._options = options or Options()
+        self.__name__ = getattr(cls, "__name__", "Actor")
+        self.__doc__ = cls.__doc__
+
+    def options(self, **options: Any) -> "ActorClass":
+        """A copy with these options on top (Ray's ``.options``)."""
+        return ActorClass(self.__ray_actor_class__, parse_options(options, actor=True, base=self._options))
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+        """Start the actor and build ``Cls(*args, **kwargs)`` in it."""
+        return start_actor(self.__ray_actor_class__, self._options, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actors cannot be instantiated directly: use '{self.__name__}.remote(...)' "
+                        f"instead of '{self.__name__}(...)'")
+
+
+def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
+    from podium.worker.client import prepare
+
+    sync_only = not any(asyncio.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
+                        if not n.startswith("__"))
+    if opts.max_concurrency is None or (opts.max_concurrency == 1 and sync_only):
+        cia = ClassWithInitArgs(cls, *args, **kwargs)
+    else:
+        cia = ClassWithInitArgs(ActorShell, cls, opts.max_concurrency, args, kwargs)
+    with by_value(cia, cls):
+        return prepare(tuple(cia.construct_payload()))
+
+
+async def _reserve(rt: Any, opts: Options, wname: str) -> tuple[str, int, str]:
+    """(placement group id, bundle index, id of a group made for this actor or "")."""
+    if opts.placement_group is not None:
+        if opts.node is not None:
+            raise InvalidArgumentError("give a placement group or a node, not both")
+        pg = opts.placement_group
+        pg_id = getattr(pg, "id", pg)
+        if not isinstance(pg_id, str):
+            raise InvalidArgumentError(f"placement_group must be a placement group or its id, got {pg!r}")
+        return pg_id, opts.bundle_index, ""
+    bundle = {"CPU": opts.num_cpus}
+    if opts.num_gpus:
+        bundle["GPU"] = opts.num_gpus
+    if opts.node is not None:  # pinned: the scheduler places it on that node or says why not
+        bundle[f"node:{opts.node}"] = 1.0
+    owner = "" if opts.detached else rt.session_id
+    try:
+        pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
+                                                       owner=owner)
+    except InfeasibleError:
+        if not opts.node_soft:
+            raise
+        del bundle[f"node:{opts.node}"]  # soft affinity: anywhere it fits
+        pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
+                                                       owner=owner)
+    try:
+        await rt.scheduler.wait_placement_group(pg.id, timeout=rt.placement_timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await rt.scheduler.remove_placement_group(pg.id)
+        raise
+    return pg.id, 0, pg.id
+
+
+async def _create_worker(rt: Any, opts: Options, wname: str, pg_id: str, bundle: int) -> Any:
+    from podium.v1 import common_pb2
+
+    owner = "" if opts.detached else rt.session_id
+    if bundle >= 0:
+        candidates = [bundle]
+    else:  # -1: the first bundle with room, as Ray
+        info = await rt.scheduler.get_placement_group(pg_id)
+        candidates = list(range(len(info.bundles)))
+    for i, index in enumerate(candidates):
+        spec = common_pb2.WorkerSpec(name=wname, group=wname, placement_group_id=pg_id, bundle_index=index,
+                                     num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, rank=0, world_size=1,
+                                     env=opts.env, detached=opts.detached)
+        try:
+            infos = await rt.scheduler.create_workers([spec], owner=owner, master_rank=0)
+        except SlotFullError:
+            if i == len(candidates) - 1:
+                raise
+            continue
+        return (await rt.scheduler.wait_workers([infos[0].id], timeout=rt.placement_timeout))[0]
+    raise InvalidArgumentError(f"placement group {pg_id} has no bundles")
+
+
+def _attached_group(rt: Any, info: Any, owns: bool, detached: bool = False) -> Any:
+    from podium.controller.group import WorkerGroup
+
+    group = WorkerGroup(resource_pool=None, worker_handles=[], name_prefix=info.spec.name)
+    rt.run(group._connect([info]), timeout=60, what=f"connecting to actor {info.spec.name}")
+    group._owns_workers = owns
+    group.detached = detached  # the runtime's shutdown leaves a detached actor running
+    rt.track_group(group)
+    return group
+
+
+def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHandle:
+    """Start one actor of ``cls`` with ``opts`` (see :class:`ActorClass`)."""
+    rt = get_runtime()
+    if opts.name is not None:
+        wname = actor_worker_name(opts.name, opts.namespace)
+        if opts.get_if_exists:
+            with contextlib.suppress(NotFoundError):
+                return get_actor(opts.name, opts.namespace)
+    else:
+        wname = f"{_PREFIX}{_class_name(cls)}-{secrets.token_hex(6)}"
+    payload = _payload(cls, opts, args, kwargs)
+
+    async def create() -> tuple[Any, str]:
+        pg_id, bundle, own_pg = await _reserve(rt, opts, wname)
+        try:
+            return await _create_worker(rt, opts, wname, pg_id, bundle), own_pg
+        except BaseException:
+            if own_pg:
+                with contextlib.suppress(Exception):
+                    await rt.scheduler.remove_placement_group(own_pg)
+            raise
+
+    try:
+        info, own_pg = rt.run(create(), timeout=2 * rt.placement_timeout + 30, what=f"starting actor {wname}")
+    except AlreadyExistsError:
+        raise AlreadyExistsError(f"an actor named {opts.name!r} already exists in namespace "
+                                 f"{opts.namespace!r} (get_actor() finds it)") from None
+    group = _attached_group(rt, info, owns=True, detached=opts.detached)
+    if not opts.detached:  # Ray's lifetime: gone with the last handle
+        group._life = grouplife.arm(group, [own_pg] if own_pg else [])
+    try:
+        rt.run(_construct(group, payload), timeout=rt.call_timeout + 10, what=f"constructing actor {wname}")
+    except BaseException:
+        _stop(rt, group, own_pg)
+        raise
+    return ActorHandle(group, _class_name(cls), opts.name, opts.namespace)
+
+
+async def _construct(group: Any, payload: Any) -> None:
+    worker = group.workers[0]
+    try:
+        await worker.client.construct(payload, timeout=group._rt.call_timeout)
+    except BaseException as exc:
+        raise await group._convert(worker, exc, "the constructor") from None
+
+
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+    """The live actor called ``name`` (NotFoundError when there is none), from any controller."""
+    namespace = namespace or DEFAULT_NAMESPACE
+    rt = get_runtime()
+    wname = actor_worker_name(name, namespace)
+    from podium.v1 import common_pb2
+
+    try:
+        infos = rt.run(rt.scheduler.get_workers(names=[wname]), timeout=60, what="get_actor")
+    except NotFoundError:
+        infos = []
+    if not infos or infos[0].state != common_pb2.WORKER_RUNNING:
+        raise NotFoundError(f"no live actor named {name!r} in namespace {namespace!r}")
+    info = infos[0]
+    group = _attached_group(rt, info, owns=False)
+    described = rt.run(group.workers[0].client.describe(), timeout=60, what="get_actor")
+    return ActorHandle(group, described.class_name or "?", name, namespace)
+
+
+def _stop(rt: Any, group: Any, pg_id: str = "") -> None:
+    """Remove the actor's worker (and ``pg_id``); its pending calls then fail with
+    WorkerDiedError once its connection breaks (the scheduler has its exit record)."""
+    async def stop() -> None:
+        worker = group.workers[0]
+        with contextlib.suppress(Exception):
+            await rt.scheduler.remove_workers([worker.worker_id])
+        client = worker.client
+        for _ in range(100):  # up to 5 s for the stream to see the process go
+            if client.broken is not None or not client.pending:
+                break
+            await asyncio.sleep(0.05)
+        rt.deathwatch.forget([worker.worker_id])
+        with contextlib.suppress(Exception):
+            await client.close()
+        if pg_id:
+            with contextlib.suppress(Exception):
+                await rt.scheduler.remove_placement_group(pg_id)
+
+    if getattr(group, "_life", None) is not None:
+        group._life.disarm()
+    rt.run(stop(), timeout=60, what="stopping an actor")
+    group._closed = True
+
+
+def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+    """Stop ``actor`` now (also a detached or a looked-up one); its pending calls fail with
+    WorkerDiedError and its own placement group is removed."""
+    if not isinstance(actor, ActorHandle):
+        raise InvalidArgumentError(f"kill() takes an actor handle, got {type(actor).__name__}")
+    rt = get_runtime()
+    spec = actor.worker.info.spec
+    pg_id = spec.placement_group_id
+    own = ""
+    with contextlib.suppress(Exception):
+        pg = rt.run(rt.scheduler.get_placement_group(pg_id), timeout=30, what="kill")
+        own = pg_id if pg.name == spec.name else ""  # the group made for this actor
+    _stop(rt, actor._group, own)

@@ -1,0 +1,123 @@
+"""The per-worker pieces of a WorkerGroup: :class:`WorkerHandle` (one worker process and its
+client), the releaser of its held results, and small call helpers the group modules share."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from podium.controller.runtime import get_runtime
+
+__all__ = ["WorkerHandle", "class_name", "no_arguments", "first_failure_or_all"]
+
+
+def _class_name(cls: Any) -> str:
+    cls = getattr(cls, "__ray_actor_class__", cls)
+    return getattr(cls, "__name__", str(cls))
+
+
+class WorkerHandle:
+    """One worker process of a group (what verl calls the actor handle)."""
+
+    def __init__(self, info: Any, client: Any) -> None:
+        #: The scheduler's WorkerInfo (podium.v1) of this worker.
+        self.info = info
+        #: Its WorkerClient (lives on the runtime's loop).
+        self.client = client
+
+    @property
+    def rank(self) -> int:
+        """Global rank in its group."""
+        return self.info.spec.rank
+
+    @property
+    def name(self) -> str:
+        """Cluster-unique worker name."""
+        return self.info.spec.name
+
+    @property
+    def worker_id(self) -> str:
+        """Scheduler id."""
+        return self.info.id
+
+    @property
+    def address(self) -> str:
+        """host:port of its gRPC server."""
+        return f"{self.info.node_address}:{self.info.port}"
+
+    @property
+    def node_address(self) -> str:
+        """Address of its node."""
+        return self.info.node_address
+
+    @property
+    def pid(self) -> int:
+        """Process id on its node."""
+        return self.info.pid
+
+    def held_releaser(self, rt: Any) -> "_HeldReleaser":
+        """The callable that releases this worker's held results (made once)."""
+        releaser = self.__dict__.get("_held_releaser")
+        if releaser is None or releaser._client is not self.client:
+            releaser = self._held_releaser = _HeldReleaser(rt, self.client)
+        return releaser
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method(*args, **kwargs)`` on this worker only and wait for the value."""
+        rt = get_runtime()
+        return rt.run(self.client.call(method, args, kwargs, timeout=rt.call_timeout),
+                      timeout=rt.call_timeout + 5, what=f"{method} on rank {self.rank}")
+
+    def __repr__(self) -> str:
+        return f"WorkerHandle(rank={self.rank}, name={self.name!r}, address={self.address!r})"
+
+
+_NO_ARGUMENTS = None
+
+
+def _no_arguments() -> Any:
+    """The encoded ``((), {})`` every argument-less call sends (made once)."""
+    global _NO_ARGUMENTS
+    if _NO_ARGUMENTS is None:
+        from podium.worker.client import prepare
+        _NO_ARGUMENTS = prepare(((), {}))
+    return _NO_ARGUMENTS
+
+
+async def _first_failure_or_all(futures: list) -> None:
+    """Return once every future is done or one of them failed (cheaper than asyncio.wait)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    remaining = len(futures)
+
+    def on_done(f: asyncio.Future) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if not done.done() and (remaining == 0 or f.cancelled() or f.exception() is not None):
+            done.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(on_done)
+    await done
+
+
+class _HeldReleaser:
+    """Drops one worker's held results once their PendingRefs are garbage (fire and forget,
+    batched by the runtime's Releaser: one RPC per worker per loop turn)."""
+
+    __slots__ = ("_rt", "_releaser", "_client")
+
+    def __init__(self, rt: Any, client: Any) -> None:
+        self._rt = rt
+        self._releaser = rt.releaser
+        self._client = client
+
+    def __call__(self, object_id: str) -> None:
+        if not self._rt._closed:
+            self._releaser.add(self._client, object_id)
+
+
+#: Public names of the helpers the group modules share.
+class_name = _class_name
+no_arguments = _no_arguments
+first_failure_or_all = _first_failure_or_all

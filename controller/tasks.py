@@ -1,0 +1,152 @@
+"""Remote functions (Ray's tasks) and ``podium.remote``, the decorator for them and for actors.
+
+``podium.remote(fn).remote(*args)`` runs ``fn(*args)`` in a worker process placed by the
+scheduler like any other and returns a ref at once. The workers are a pool per resource
+shape (``num_cpus``, ``num_gpus``, env, placement group bundle): a task goes to an idle
+worker of its pool, and a new worker is started while every worker is busy and the pool has
+fewer than ``PODIUM_TASK_WORKERS`` (default 4, at most 256) workers; otherwise it queues on
+the least busy one. Pool workers are reused and stop with the runtime. The function travels
+by value when the workers cannot import it; top-level ref arguments are fetched by the
+worker, as for any call; a function that raised gives RemoteError with its traceback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from typing import Any, Callable
+
+from podium.controller.actoroptions import Options, parse_options
+from podium.controller.actors import ActorClass, ActorHandle, start_actor
+from podium.errors import InvalidArgumentError
+from podium.worker.actorshell import TaskRunner
+
+__all__ = ["RemoteFunction", "remote", "task_pool_limit", "MAX_TASK_WORKERS"]
+
+#: Largest PODIUM_TASK_WORKERS accepted.
+MAX_TASK_WORKERS = 256
+
+
+def task_pool_limit() -> int:
+    """Workers per task pool: ``PODIUM_TASK_WORKERS`` (1..256), default 4."""
+    text = os.environ.get("PODIUM_TASK_WORKERS", "4")
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"PODIUM_TASK_WORKERS must be an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_TASK_WORKERS:
+        raise InvalidArgumentError(f"PODIUM_TASK_WORKERS must be in [1, {MAX_TASK_WORKERS}], got {value}")
+    return value
+
+
+class _Pool:
+    """The task workers of one resource shape, with their calls in flight."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.workers: list[ActorHandle] = []
+        self.busy: list[int] = []
+        self._lock = threading.Lock()
+        self._growing = threading.Lock()
+
+    def _least_busy(self) -> int:
+        return min(range(len(self.workers)), key=self.busy.__getitem__)
+
+    def pick(self) -> int:
+        """The index of the worker to run the next task on (starting one when needed)."""
+        with self._lock:
+            if self.workers:
+                i = self._least_busy()
+                if self.busy[i] == 0 or len(self.workers) >= task_pool_limit():
+                    self.busy[i] += 1
+                    return i
+        with self._growing:  # one start at a time; others queue on the existing workers
+            with self._lock:
+                if self.workers and (len(self.workers) >= task_pool_limit() or min(self.busy) == 0):
+                    i = self._least_busy()
+                    self.busy[i] += 1
+                    return i
+            handle = start_actor(TaskRunner, self.opts, (), {})
+            with self._lock:
+                self.workers.append(handle)
+                self.busy.append(1)
+                return len(self.workers) - 1
+
+    def done(self, index: int) -> None:
+        with self._lock:
+            self.busy[index] -= 1
+
+
+_pools: dict[tuple, _Pool] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool_for(opts: Options) -> _Pool:
+    from podium.controller.runtime import get_runtime
+
+    rt = get_runtime()
+    pg = opts.placement_group
+    key = (rt.session_id, opts.num_cpus, opts.num_gpus, tuple(sorted(opts.env.items())),
+           getattr(pg, "id", pg), opts.bundle_index, opts.node, opts.node_soft)
+    with _pools_lock:
+        for stale in [k for k in _pools if k[0] != rt.session_id]:
+            del _pools[stale]  # pools of an earlier runtime: their workers are gone
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = _Pool(opts)
+        return pool
+
+
+class RemoteFunction:
+    """``podium.remote(fn)``: ``.remote(*args, **kwargs)`` runs ``fn`` in a task worker."""
+
+    def __init__(self, fn: Callable, options: Options | None = None) -> None:
+        self._function = fn
+        self._options = options or Options()
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__doc__ = fn.__doc__
+
+    def options(self, **options: Any) -> "RemoteFunction":
+        """A copy with these options on top (Ray's ``.options``: num_cpus, num_gpus, runtime_env,
+        scheduling_strategy / placement_group)."""
+        return RemoteFunction(self._function, parse_options(options, actor=False, base=self._options))
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the function in a task worker; a PendingRef (``get`` gives its value)."""
+        pool = _pool_for(self._options)
+        index = pool.pick()
+        method = "run_async" if inspect.iscoroutinefunction(self._function) else "run"
+        try:
+            ref = pool.workers[index]._group._run([0], method, [((self._function, *args), kwargs)],
+                                                  blocking=False)[0]
+        except BaseException:
+            pool.done(index)
+            raise
+        ref.add_done_callback(lambda _ref: pool.done(index))
+        return ref
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"remote functions cannot be called directly: use '{self.__name__}.remote(...)'")
+
+
+def remote(*args: Any, **options: Any) -> Any:
+    """Ray's ``@ray.remote``: ``remote(fn)`` / ``remote(Cls)``, or ``remote(**options)`` as a
+    decorator with options (``@podium.remote(num_cpus=2)``)."""
+    if len(args) == 1 and not options and (inspect.isfunction(args[0]) or inspect.isclass(args[0])
+                                          or callable(args[0])):
+        target = args[0]
+        if inspect.isclass(target):
+            return ActorClass(target)
+        return RemoteFunction(target)
+    if args:
+        raise InvalidArgumentError("remote() takes one function or class, or only keyword options")
+
+    def decorate(target: Any) -> Any:
+        if inspect.isclass(target):
+            return ActorClass(target, parse_options(options, actor=True))
+        if callable(target):
+            return RemoteFunction(target, parse_options(options, actor=False))
+        raise InvalidArgumentError(f"remote() decorates a function or a class, got {type(target).__name__}")
+
+    return decorate

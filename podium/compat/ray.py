@@ -1,0 +1,297 @@
+"""``import podium.compat.ray as ray``: the part of Ray's API a verl trainer uses, on Podium.
+
+Provided (see the README's table): ``init``, ``shutdown``, ``is_initialized``, ``get``,
+``put``, ``wait``, ``remote``, ``get_actor``, ``kill``, ``cancel``, ``method``,
+``get_runtime_context``, ``cluster_resources``, ``available_resources``, ``nodes``,
+``get_gpu_ids``, ``ObjectRef``, ``util.placement_group`` / ``remove_placement_group`` /
+``get_placement_group`` / ``list_named_actors``, ``util.scheduling_strategies``
+(``PlacementGroupSchedulingStrategy``, ``NodeAffinitySchedulingStrategy``) and
+``exceptions`` (Ray's names for Podium's errors). Any other public Ray name raises
+``NotImplementedError`` naming the Ray API and what to use on Podium instead.
+
+Where it differs from Ray: ``cancel`` stops waiting for a call (its ref raises
+``TaskCancelledError``) but does not interrupt a call already running in its worker;
+node ids are the scheduler's node ids in the controller and the node's address in a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+from podium import errors as _errors
+from podium.controller import actoroptions as _options
+from podium.controller import placement as _placement
+from podium.controller import runtime as _runtime
+from podium.controller.actors import get_actor as _get_actor
+from podium.controller.actors import kill as _kill
+from podium.controller.futures import PendingRef as _PendingRef
+from podium.controller.futures import get as _get
+from podium.controller.futures import wait as _wait
+from podium.controller.objects import put as _put
+from podium.controller.tasks import remote as _remote
+from podium.refs import ObjectRef
+
+__all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
+           "cancel", "method", "get_runtime_context", "cluster_resources", "available_resources", "nodes",
+           "get_gpu_ids", "ObjectRef", "util", "exceptions"]
+
+#: Keyword arguments of ``ray.init`` that only tune Ray's own services: accepted, no effect.
+_INIT_IGNORED = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level", "logging_format",
+                 "configure_logging", "log_to_driver", "_temp_dir", "_system_config", "object_store_memory",
+                 "local_mode", "_node_ip_address", "resources", "runtime_env", "namespace", "job_config"}
+
+_namespace: str | None = None
+
+
+def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: int | None = None,
+         ignore_reinit_error: bool = False, **kwargs: Any) -> Any:
+    """``ray.init``: join the cluster at ``address`` ("auto" or None: ``PODIUM_ADDRESS``, else
+    an embedded cluster on this machine). ``namespace`` sets the default for named actors;
+    ``runtime_env`` may carry only ``env_vars``, set for the embedded cluster's workers."""
+    global _namespace
+    unknown = sorted(set(kwargs) - _INIT_IGNORED)
+    if unknown:
+        raise NotImplementedError(f"ray.init arguments {unknown} are not supported by podium.compat.ray")
+    env = kwargs.get("runtime_env") or {}
+    extra = sorted(set(env) - {"env_vars"})
+    if extra:
+        raise NotImplementedError(f"ray.init(runtime_env=...) keys {extra} are not supported: install "
+                                  "packages into the workers' environment beforehand")
+    os.environ.update(env.get("env_vars") or {})  # the embedded node agent passes them on
+    _namespace = kwargs.get("namespace")
+    if _runtime.is_initialized() and not ignore_reinit_error:
+        raise RuntimeError("Maybe you called ray.init twice by accident? (pass ignore_reinit_error=True)")
+    return _runtime.init(None if address in (None, "auto", "local") else address, num_cpus=num_cpus,
+                         num_gpus=num_gpus, log_to_driver=kwargs.get("log_to_driver"))
+
+
+def shutdown() -> None:
+    """``ray.shutdown``."""
+    _runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    """``ray.is_initialized``."""
+    return _runtime.is_initialized()
+
+
+def get(object_refs: Any, *, timeout: float | None = None) -> Any:
+    """``ray.get``: the value of a ref or a list of refs (``GetTimeoutError`` after ``timeout``)."""
+    return _get(object_refs, timeout=timeout)
+
+
+def put(value: Any, **kwargs: Any) -> ObjectRef:
+    """``ray.put``: hold ``value`` here; its ref works wherever a result ref does."""
+    if kwargs:
+        raise NotImplementedError(f"ray.put arguments {sorted(kwargs)} are not supported")
+    return _put(value)
+
+
+def wait(object_refs: list, *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True) -> tuple[list, list]:
+    """``ray.wait``: ``(ready, not_ready)``."""
+    return _wait(object_refs, num_returns=num_returns, timeout=timeout)
+
+
+def remote(*args: Any, **options: Any) -> Any:
+    """``ray.remote``: a remote function or an actor class (with options)."""
+    return _remote(*args, **options)
+
+
+def method(*args: Any, **kwargs: Any) -> Any:
+    """``ray.method``: accepted for ``num_returns=1`` and concurrency defaults (no effect)."""
+    if kwargs.get("num_returns", 1) != 1:
+        raise NotImplementedError("ray.method(num_returns=...) is not supported: return a tuple")
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]
+    return lambda fn: fn
+
+
+def get_actor(name: str, namespace: str | None = None) -> Any:
+    """``ray.get_actor``: the live actor called ``name`` (ValueError when there is none)."""
+    try:
+        return _get_actor(name, namespace or _namespace)
+    except _errors.NotFoundError as exc:
+        raise _ActorNotFound(str(exc)) from None
+
+
+class _ActorNotFound(_errors.NotFoundError, ValueError):
+    """Ray raises ValueError for an unknown actor name; this is both."""
+
+
+def kill(actor: Any, *, no_restart: bool = True) -> None:
+    """``ray.kill``: stop an actor now."""
+    _kill(actor, no_restart=no_restart)
+
+
+def cancel(object_ref: Any, *, force: bool = False, recursive: bool = True) -> None:
+    """``ray.cancel``: its ref raises TaskCancelledError from now on; a call already running in
+    its worker is not interrupted (use ``force`` only through ``kill`` of its actor)."""
+    if force:
+        raise NotImplementedError("ray.cancel(force=True) is not supported: kill the actor instead")
+    if not isinstance(object_ref, _PendingRef):
+        raise _errors.InvalidArgumentError(f"cancel takes the ref of a call, got {type(object_ref).__name__}")
+    object_ref._set_exception(_errors.CancelledError(f"{object_ref.method} was cancelled by ray.cancel"))
+
+
+class RuntimeContext:
+    """``ray.get_runtime_context()``: ids of this job and node."""
+
+    def get_job_id(self) -> str:
+        """This controller's session id (Podium's job)."""
+        return _runtime.get_runtime().session_id if _runtime.is_initialized() else ""
+
+    def get_node_id(self) -> str:
+        """The id of the node this process runs on (the first node when it runs on none)."""
+        here = os.environ.get("PODIUM_NODE_ADDRESS")
+        if here and not _runtime.is_initialized():
+            return here  # in a worker (no controller runtime): its node's address names the node
+        rt = _runtime.get_runtime()
+        state = rt.run(rt.cluster_state(), timeout=60, what="get_node_id")
+        from podium.controller.objects import controller_host
+        here = here or controller_host(rt.address, embedded=bool(rt.processes))
+        alive = [n for n in state.nodes if n.state == 1]
+        for node in alive:
+            if node.info.address == here:
+                return node.info.node_id
+        return alive[0].info.node_id if alive else ""
+
+    @property
+    def job_id(self) -> str:
+        """Same as :meth:`get_job_id`."""
+        return self.get_job_id()
+
+    @property
+    def node_id(self) -> str:
+        """Same as :meth:`get_node_id`."""
+        return self.get_node_id()
+
+    @property
+    def namespace(self) -> str:
+        """The default namespace of named actors."""
+        return _namespace or _options.DEFAULT_NAMESPACE
+
+    def get_accelerator_ids(self) -> dict[str, list[str]]:
+        """``{"GPU": [...]}`` this process sees."""
+        return {"GPU": [str(i) for i in get_gpu_ids()]}
+
+
+def get_runtime_context() -> RuntimeContext:
+    """``ray.get_runtime_context``."""
+    return RuntimeContext()
+
+
+def get_gpu_ids() -> list[int]:
+    """``ray.get_gpu_ids``: the GPUs this process may use (CUDA_VISIBLE_DEVICES)."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [int(i) for i in text.split(",") if i.strip().isdigit()]
+
+
+def _resources(available: bool) -> dict[str, float]:
+    rt = _runtime.get_runtime()
+    state = rt.run(rt.cluster_state(), timeout=60, what="cluster resources")
+    alive = {n.info.node_id: n for n in state.nodes if n.state == 1}
+    totals: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
+    for node in alive.values():
+        totals["CPU"] += node.info.cpus
+        totals["GPU"] += len(node.info.gpus)
+        totals[f"node:{node.info.address}"] = 1.0
+    if available:
+        for pg in state.placement_groups:
+            if pg.state != 2 or not pg.placements:  # only PG_CREATED groups hold resources
+                continue
+            for placed in pg.placements:
+                if placed.node_id in alive:
+                    bundle = pg.bundles[placed.bundle_index].resources
+                    totals["CPU"] -= bundle.get("CPU", 0.0)
+                    totals["GPU"] -= bundle.get("GPU", 0.0)
+    return totals
+
+
+def cluster_resources() -> dict[str, float]:
+    """``ray.cluster_resources``: CPUs, GPUs and ``node:<address>`` of the alive nodes."""
+    return _resources(False)
+
+
+def available_resources() -> dict[str, float]:
+    """``ray.available_resources``: the totals less what placement groups reserve."""
+    return _resources(True)
+
+
+def nodes() -> list[dict[str, Any]]:
+    """``ray.nodes``: one dict per node (NodeID, Alive, NodeManagerAddress, Resources)."""
+    rt = _runtime.get_runtime()
+    state = rt.run(rt.cluster_state(), timeout=60, what="nodes")
+    return [{"NodeID": n.info.node_id, "Alive": n.state == 1, "NodeManagerAddress": n.info.address,
+             "NodeManagerHostname": n.info.hostname,
+             "Resources": {"CPU": n.info.cpus, "GPU": float(len(n.info.gpus)), f"node:{n.info.address}": 1.0}}
+            for n in state.nodes]
+
+
+def _list_named_actors(all_namespaces: bool = False) -> list:
+    rt = _runtime.get_runtime()
+    state = rt.run(rt.cluster_state(), timeout=60, what="list_named_actors")
+    namespace = _namespace or _options.DEFAULT_NAMESPACE
+    out = []
+    for w in state.workers:
+        parts = w.spec.name.split(":")
+        if len(parts) == 3 and parts[0] == "actor" and w.state == 2:
+            if all_namespaces:
+                out.append({"name": parts[2], "namespace": parts[1]})
+            elif parts[1] == namespace:
+                out.append(parts[2])
+    return out
+
+
+#: ``ray.util``.
+util = types.SimpleNamespace(
+    placement_group=_placement.placement_group,
+    remove_placement_group=_placement.remove_placement_group,
+    get_placement_group=_placement.get_placement_group,
+    list_named_actors=_list_named_actors,
+    PlacementGroup=_placement.PlacementGroup,
+    scheduling_strategies=types.SimpleNamespace(
+        PlacementGroupSchedulingStrategy=_options.PlacementGroupSchedulingStrategy,
+        NodeAffinitySchedulingStrategy=_options.NodeAffinitySchedulingStrategy),
+    placement_group_table=None,
+)
+util.PlacementGroupSchedulingStrategy = _options.PlacementGroupSchedulingStrategy
+util.NodeAffinitySchedulingStrategy = _options.NodeAffinitySchedulingStrategy
+del util.placement_group_table
+
+#: ``ray.exceptions``: Ray's names for Podium's errors.
+exceptions = types.SimpleNamespace(
+    RayError=_errors.PodiumError, RayTaskError=_errors.RemoteError, RayActorError=_errors.WorkerDiedError,
+    ActorDiedError=_errors.WorkerDiedError, GetTimeoutError=_errors.DeadlineExceededError,
+    ObjectLostError=_errors.ObjectLostError, OwnerDiedError=_errors.ObjectLostError,
+    TaskCancelledError=_errors.CancelledError, WorkerCrashedError=_errors.WorkerDiedError)
+
+#: Ray names Podium does not provide, with what to use instead.
+_ALTERNATIVES = {
+    "data": "DataProto batches passed to WorkerGroup calls",
+    "train": "a WorkerGroup (podium.controller.WorkerGroup)",
+    "tune": "a loop over WorkerGroup calls",
+    "serve": "an actor that runs an HTTP server (podium.remote(cls))",
+    "workflow": "plain Python control flow in the controller",
+    "dag": "refs passed from one call to the next",
+    "timeline": "the scheduler's dashboard and podium status",
+    "autoscaler": "starting more `podium node` processes",
+    "actor": "podium.controller.ActorHandle",
+    "get_dashboard_url": "the scheduler's HTTP dashboard (podium status prints its address)",
+    "client": "init(address=...) on the controller machine",
+    "job_config": "init() options",
+    "cross_language": "Python workers only",
+    "java_function": "Python workers only",
+    "java_actor_class": "Python workers only",
+    "ObjectRefGenerator": "return a list from one call",
+    "get_actor_names": "util.list_named_actors()",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    alternative = _ALTERNATIVES.get(name, "see the README's table of supported Ray names")
+    raise NotImplementedError(f"ray.{name} is not provided by podium.compat.ray; on Podium use: {alternative}")

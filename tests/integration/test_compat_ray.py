@@ -1,0 +1,50 @@
+"""podium.compat.ray: a Ray-style program runs unchanged (one import) on a two-node loopback
+cluster, and the module's small pieces behave as Ray's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import podium.compat.ray as ray
+from tests.support.clusters import two_node_processes
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+PROGRAM = Path(__file__).with_name("ray_style_program.py")
+
+
+def test_ray_style_program_runs_on_two_nodes(tmp_path):
+    with two_node_processes(tmp_path, gpus_per_node=2) as cluster:
+        env = dict(os.environ, PODIUM_ADDRESS=cluster.address, PODIUM_TOKEN=cluster.token,
+                   PYTHONPATH=os.pathsep.join([str(PROGRAM.parent), os.environ.get("PYTHONPATH", "")]))
+        run = subprocess.run([sys.executable, str(PROGRAM)], env=env, capture_output=True, text=True,
+                             timeout=240)
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = dict(line.split(": ", 1) for line in run.stdout.splitlines() if ": " in line)
+    assert lines["counter"] == "15"
+    assert lines["squares"] == str(sum(i * i for i in range(20)))
+    assert lines["group sums"] == "[3000.0, 3000.0] [2000.0, 2000.0]"
+    assert lines["second controller"] == "115"
+    assert lines["cpus taken"] == "4.0"
+    assert lines["cpus back"] == "True"
+    assert lines["after kill"] == "gone"
+    assert "ray.data is not provided" in lines["unsupported"]
+
+
+def test_unsupported_names_say_what_to_use():
+    with pytest.raises(NotImplementedError, match="ray.serve .*actor"):
+        ray.serve
+    with pytest.raises(NotImplementedError, match="README"):
+        ray.some_future_api
+    with pytest.raises(AttributeError):
+        ray.__wrapped__
+    with pytest.raises(NotImplementedError, match="runtime_env"):
+        ray.init(runtime_env={"pip": ["x"]})
+    assert ray.exceptions.RayActorError.__name__ == "WorkerDiedError"
+    assert ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy is \
+        ray.util.PlacementGroupSchedulingStrategy
