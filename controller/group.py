@@ -114,6 +114,9 @@ class WorkerGroup(GroupVerl, GroupCalls, GroupBuild):
         if resource_pool is None:
             self._init_with_detached_workers(worker_names, worker_handles)
         else:
+            if ray_cls_with_init is None:
+                raise InvalidArgumentError("a WorkerGroup on a resource pool needs ray_cls_with_init "
+                                           "(the class each worker hosts)")
             self._init_with_resource_pool(resource_pool, ray_cls_with_init, bin_pack, detached, worker_env)
         if ray_cls_with_init is not None:
             self.method_names = self._bind_worker_method(ray_cls_with_init.cls, func_generator)
@@ -128,8 +131,9 @@ class WorkerGroup(GroupVerl, GroupCalls, GroupBuild):
             return
         self._closed = True
         owns = self._owns_workers and not self.detached
-        if owns and getattr(self, "_life", None) is not None:
-            self._life.disarm()
+        life = getattr(self, "_life", None)  # None when __init__ failed before arming it
+        if owns and life is not None:
+            life.disarm()
 
         async def teardown():
             if owns or self._is_init_with_detached_workers:

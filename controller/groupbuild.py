@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from podium.controller.groupstate import GroupState
 from podium.controller.groupworkers import WorkerHandle, _class_name
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.progress import Progress
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["GroupBuild"]
 
 
-class GroupBuild:
+class GroupBuild(GroupState):
     """How a WorkerGroup gets its workers (see the module docstring)."""
 
     def _init_with_resource_pool(self, pool: ResourcePool, cia: ClassWithInitArgs, bin_pack: bool,
@@ -156,7 +157,7 @@ class GroupBuild:
         self._rt.track_group(self)
 
     @classmethod
-    def from_detached(cls, name_prefix: str | None = None, worker_names: list[str] | None = None,
+    def from_detached(cls: Any, name_prefix: str | None = None, worker_names: list[str] | None = None,
                       worker_handles: list[WorkerHandle] | None = None,
                       ray_cls_with_init: ClassWithInitArgs | None = None, **kwargs: Any) -> "WorkerGroup":
         """A group over existing workers (by names, or every worker of ``name_prefix``)."""

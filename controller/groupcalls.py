@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from podium.controller.groupstate import GroupState
 from podium.controller import dispatch as _dispatch
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, is_pending, resolve_args
@@ -56,7 +58,11 @@ def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable,
     return cls()
 
 
-class GroupCalls:
+def _keep_until_done(owned: Any, _ref: Any) -> None:
+    """A done-callback whose only job is to hold ``owned`` (put values) until the call ends."""
+
+
+class GroupCalls(GroupState):
     """How a WorkerGroup binds and runs calls (see the module docstring)."""
 
     def _bind_worker_method(self, user_defined_cls: Any, func_generator: Callable = func_generator) -> list[str]:
@@ -72,6 +78,7 @@ class GroupCalls:
             if not callable(method) or not hasattr(method, MAGIC_ATTR):
                 continue
             reg = get_registration(method)
+            assert reg is not None  # it has MAGIC_ATTR
             dispatch_mode, execute_mode = reg["dispatch_mode"], reg["execute_mode"]
             _dispatch._check_dispatch_mode(dispatch_mode)
             _dispatch._check_execute_mode(execute_mode)
@@ -88,6 +95,7 @@ class GroupCalls:
     def _remote(self, method_name: str, args: tuple) -> tuple[str, tuple]:
         # Fused views route role methods through the fused worker's dispatcher.
         if self.fused_worker_used and self.sub_cls_name and method_name not in self.method_names_of_class():
+            assert self.ray_cls_with_init is not None  # a fused view has its class
             cls = self.ray_cls_with_init.cls
             role_cls = getattr(cls, "raw_cls_dict", {}).get(self.sub_cls_name)
             target = getattr(role_cls, method_name, None)
@@ -117,8 +125,9 @@ class GroupCalls:
         refs = [PendingRef(rank, method_name, workers[rank].held_releaser(rt)) for rank, *_ in calls]
         owned = owned_refs_in(per_rank)
         if owned:  # put() values the call reads live until it finished
+            keep_alive = functools.partial(_keep_until_done, owned)
             for ref in refs:
-                ref.add_done_callback(lambda _ref, keep=owned: None)
+                ref.add_done_callback(keep_alive)
         soon(rt.loop, self._start_nowait, calls, refs)  # batched: one loop wake-up per burst
         return refs
 
@@ -244,7 +253,7 @@ class GroupCalls:
             f"a stopped or hung process, or a call that needs a longer call_timeout",
             rank=late[0])
         #: Every rank that did not answer, in rank order.
-        err.ranks = late
+        err.ranks = late  # type: ignore[attr-defined]  # read by callers that list the silent ranks
         return err
 
     async def _convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:

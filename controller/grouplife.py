@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["Lifetime", "arm", "remove_later"]
@@ -38,7 +39,7 @@ class Lifetime:
 
 
 def remove_later(rt: Any, worker_ids: list[str], clients: list, user: int, pg_ids: list[str],
-                 owned_pg_ids: list[str] = ()) -> None:
+                 owned_pg_ids: Sequence[str] = ()) -> None:
     """Queue the removal of workers (and of placement groups) onto ``rt``'s loop; returns at
     once and does no I/O (safe in a finalizer)."""
     if rt._closed:
@@ -67,7 +68,7 @@ def remove_later(rt: Any, worker_ids: list[str], clients: list, user: int, pg_id
         rt.loop.call_soon_threadsafe(start)
 
 
-def arm(group: Any, owned_pg_ids: list[str] = ()) -> Lifetime:
+def arm(group: Any, owned_pg_ids: Sequence[str] = ()) -> Lifetime:
     """A token for ``group``'s workers: once it is garbage, they are removed."""
     token = Lifetime()
     workers = list(group._workers)

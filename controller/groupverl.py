@@ -8,6 +8,7 @@ import asyncio
 import copy
 from typing import TYPE_CHECKING, Any
 
+from podium.controller.groupstate import GroupState
 from podium.controller import dispatch as _dispatch
 from podium.controller.futures import PendingRef, get as _get
 from podium.controller.groupcalls import func_generator
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["GroupVerl"]
 
 
-class GroupVerl:
+class GroupVerl(GroupState):
     """verl's WorkerGroup names over the calls of :class:`GroupCalls` (module docstring)."""
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[PendingRef]:
@@ -49,7 +50,7 @@ class GroupVerl:
         return self.execute_rank_zero_async(method_name, *args, **kwargs)
 
     def _view(self) -> "WorkerGroup":
-        view = copy.copy(self)
+        view: Any = copy.copy(self)
         view._owns_workers = False
         view._pg_ids = []  # the parent holds the placement groups
         view._dispatch_info = {}
@@ -64,6 +65,7 @@ class GroupVerl:
         """
         if self.fused_worker_used:
             return self.spawn_fused(prefix_set)
+        assert self.ray_cls_with_init is not None, "spawn() needs a group built from a class"
         cls = self.ray_cls_with_init.cls
         role_methods = getattr(cls, "role_methods", None)
         views = {}
@@ -83,6 +85,7 @@ class GroupVerl:
 
     def spawn_fused(self, prefix_set: set[str] | list[str]) -> dict[str, "WorkerGroup"]:
         """Views of a fused class: each binds its role's methods, routed via ``_fuw_execute``."""
+        assert self.ray_cls_with_init is not None, "spawn() needs a group built from a class"
         raw = self.ray_cls_with_init.cls.raw_cls_dict
         views = {}
         for key in prefix_set:

@@ -156,6 +156,7 @@ class ObjectServer:
     def put(self, value: Any) -> OwnedRef:
         """Hold ``value`` here; its ref is fetched from this server."""
         self._ensure()
+        assert self.releaser is not None  # made with the server
         return _hold(self.runtime, self.releaser, value)
 
     def local_value(self, ref: ObjectRef, rows: tuple[int, int] | None) -> Any:

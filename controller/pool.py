@@ -27,7 +27,7 @@ import random
 import string
 from typing import Any
 
-from podium.errors import InfeasibleError, InvalidArgumentError
+from podium.errors import FailedPreconditionError, InfeasibleError, InvalidArgumentError
 
 __all__ = [
     "ResourcePool",
@@ -226,6 +226,9 @@ class SubRayResourcePool(ResourcePool):
         """The parent's placement groups (already created)."""
         if self.pgs is None and self.parent is not None:
             self.pgs = self.parent.get_placement_groups(strategy, name, device_name)
+        if self.pgs is None:
+            raise FailedPreconditionError("this sub-pool has no placement groups: its parent pool was "
+                                          "never built (create a WorkerGroup on the parent first)")
         return self.pgs
 
     def slots(self) -> list[tuple[Any, int]]:

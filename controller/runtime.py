@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Coroutine
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from podium.controller import gcfreeze
 from podium.controller.deathwatch import DeathWatch
@@ -34,6 +34,9 @@ from podium.controller.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _sta
 from podium.controller.objects import ObjectServer
 from podium.controller.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError
+
+if TYPE_CHECKING:
+    from podium.scheduler.client import SchedulerClient
 
 __all__ = ["init", "shutdown", "is_initialized", "get_runtime", "Runtime", "DEFAULT_CALL_TIMEOUT"]
 
@@ -54,7 +57,7 @@ class _LoopThread:
     def __init__(self) -> None:
         try:
             import uvloop
-            self.loop = uvloop.new_event_loop()
+            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
             self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="podium-controller-loop", daemon=True)
@@ -135,7 +138,8 @@ class Runtime:
         self.deathwatch = DeathWatch(self)
         #: Values put() here (podium.controller.objects), served from this process.
         self.objects = ObjectServer(self)
-        self.scheduler = None
+        #: The scheduler's client (set by connect(), before anything else uses it).
+        self.scheduler: SchedulerClient = None  # type: ignore[assignment]
         self._keepalive: asyncio.Task | None = None
         self._fetch_clients: dict[str, Any] = {}
         self._pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -143,7 +147,7 @@ class Runtime:
         self._pg_users: dict[str, set[int]] = {}
         self._closed = False
         #: Streams of worker output to this terminal (podium.controller.logdriver), or None.
-        self.log_to_driver = None
+        self.log_to_driver: Any = None
 
     # ---- running coroutines -----------------------------------------------------------
 

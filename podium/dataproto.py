@@ -28,7 +28,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -96,7 +96,8 @@ from podium.dataproto_padding import (_concat_rows, collate_fn, pad_dataproto_to
 class DataProtoItem:
     """One row of a DataProto (what ``data[i]`` returns for an int ``i``)."""
 
-    batch: TensorDict | None = None
+    #: A TensorDict, or None for a batch of non-tensor columns only (Any: the type check skips tensordict).
+    batch: Any = None
     non_tensor_batch: dict = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
 
@@ -112,8 +113,9 @@ class DataProto(DataProtoIO):
     :class:`podium.dataproto_io.DataProtoIO`.
     """
 
-    batch: TensorDict | None = None
-    non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
+    #: A TensorDict, or None for a batch of non-tensor columns only (Any: the type check skips tensordict).
+    batch: Any = None
+    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -125,6 +127,12 @@ class DataProto(DataProtoIO):
         if self.non_tensor_batch:
             return next(iter(self.non_tensor_batch.values())).shape[0]
         return 0
+
+    @overload
+    def __getitem__(self, item: int | np.integer) -> DataProtoItem: ...
+
+    @overload
+    def __getitem__(self, item: slice | list | np.ndarray | torch.Tensor) -> DataProto: ...
 
     def __getitem__(self, item: Any) -> DataProto | DataProtoItem:
         """slice -> DataProto; list / ndarray / Tensor of ints or bools -> DataProto
@@ -424,7 +432,7 @@ class DataProto(DataProtoIO):
             raise ValueError("DataProto.concat needs at least one DataProto")
         batches = [d.batch for d in data]
         new_batch = torch.cat(batches, dim=0) if batches[0] is not None else None
-        non_tensor_batch = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in data])
+        non_tensor_batch: dict[str, Any] = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in data])
         for key, val in non_tensor_batch.items():
             non_tensor_batch[key] = np.concatenate(val, axis=0)
 

@@ -36,6 +36,22 @@ class DataProtoIO:
     """``to_tensordict``/``from_tensordict``, ``save_to_disk``/``load_from_disk``,
     ``get_data_info``, ``print_size`` and ``unfold_column_chunks`` (verl's semantics)."""
 
+    # The fields and methods of the DataProto this is mixed into.
+    batch: Any
+    non_tensor_batch: dict[str, Any]
+    meta_info: dict
+
+    if TYPE_CHECKING:
+        def __init__(self, batch: Any = None, non_tensor_batch: dict | None = None,
+                     meta_info: dict | None = None) -> None: ...
+
+        def __len__(self) -> int: ...
+
+        @classmethod
+        def from_dict(cls, tensors: dict | None = None, non_tensors: dict | None = None,
+                      meta_info: dict | None = None, num_batch_dims: int = 1,
+                      auto_padding: bool = False) -> Any: ...
+
     # ----------------------------------------------------------------- TensorDict
 
     def to_tensordict(self) -> "TensorDict":
@@ -160,4 +176,5 @@ class DataProtoIO:
                                device=self.batch.device)
         non_tensor = {key: unfold(key, v) if key in keys else np.repeat(v, n_split, axis=0)
                       for key, v in self.non_tensor_batch.items()}
-        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=self.meta_info)
+        rebuilt: Any = type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=self.meta_info)
+        return rebuilt

@@ -7,7 +7,7 @@ so this module and ``podium.dataproto`` can import each other.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ logger = logging.getLogger("podium.dataproto")
 def collate_fn(x: list[DataProtoItem]) -> DataProto:
     """Stack DataProtoItems back into a DataProto (the DataLoader collate of make_iterator)."""
     batch = torch.stack([d.batch for d in x]).contiguous()
-    non_tensor_batch = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in x])
+    non_tensor_batch: dict[str, Any] = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in x])
     for key, val in non_tensor_batch.items():
         non_tensor_batch[key] = np.array(val, dtype=object)
     from podium.dataproto import DataProto
