@@ -51,6 +51,7 @@ from podium.controller.groupworkers import WorkerHandle
 from podium.controller.pool import ResourcePool
 from podium.controller.runtime import get_runtime
 from podium.errors import InvalidArgumentError
+from podium.memcap import group_env
 from podium.resources import check_user_env
 from podium.worker.factory import ClassWithInitArgs
 
@@ -67,6 +68,8 @@ class WorkerGroup(GroupVerl, GroupCalls, GroupBuild):
     ``WorkerGroup(resource_pool, ray_cls_with_init)`` starts one worker per slot of the pool,
     builds ``ray_cls_with_init`` in each and binds its registered methods. ``worker_env``
     adds environment variables (a system variable -> ValueError naming it).
+    ``gpu_memory_cap`` (default: the pool's, off unless set) caps each worker's GPU memory
+    (see :class:`~podium.controller.pool.ResourcePool` and :mod:`podium.worker.host.gpucap`).
     ``resource_pool=None`` attaches to existing (detached) workers by ``worker_names``.
     """
 
@@ -76,12 +79,14 @@ class WorkerGroup(GroupVerl, GroupCalls, GroupBuild):
                  ray_cls_with_init: ClassWithInitArgs | None = None, bin_pack: bool = True,
                  name_prefix: str | None = None, detached: bool = False,
                  worker_names: list[str] | None = None, worker_handles: list[WorkerHandle] | None = None,
-                 worker_env: dict[str, str] | None = None, **kwargs: Any) -> None:
+                 worker_env: dict[str, str] | None = None, gpu_memory_cap: Any = None,
+                 **kwargs: Any) -> None:
         if kwargs.get("master_addr") is not None or kwargs.get("master_port") is not None:
             raise InvalidArgumentError(
                 "master_addr/master_port cannot be chosen: the scheduler reserves MASTER_PORT on "
                 "rank 0's node (verl ignores these arguments silently)")
         check_user_env(worker_env)
+        worker_env = group_env(worker_env, resource_pool, gpu_memory_cap)
         self._rt = get_runtime()
         self._gid = next(_group_ids)
         self._is_init_with_detached_workers = resource_pool is None

@@ -55,6 +55,9 @@ class ResourcePool:
     (each entry becomes one placement group, packed on one node by default).
     ``max_colocate_count`` is how many WorkerGroups can share each bundle's GPU (each
     worker takes ``1/max_colocate_count`` of it). ``use_gpu=False`` reserves CPU slots only.
+    ``gpu_memory_cap`` (off by default) enforces a share of GPU memory on every worker of the
+    pool: ``"fraction"`` follows the slot (``1/max_colocate_count``), a float in (0, 1] is that
+    fraction, an int or "20GiB" is a byte limit (see :mod:`podium.worker.host.gpucap`).
     Placement groups are created lazily by the first WorkerGroup (or an explicit
     :meth:`get_placement_groups`) and released when the runtime shuts down or the last
     WorkerGroup using them shuts down.
@@ -63,7 +66,7 @@ class ResourcePool:
     def __init__(self, process_on_nodes: list[int] | None = None, use_gpu: bool = True,
                  max_colocate_count: int = 10, n_gpus_per_node: int = 8,
                  name_prefix: str | None = None, detached: bool = False,
-                 accelerator_type: str | None = None) -> None:
+                 accelerator_type: str | None = None, gpu_memory_cap: Any = None) -> None:
         if process_on_nodes is None:
             process_on_nodes = []
         for n in process_on_nodes:
@@ -79,6 +82,12 @@ class ResourcePool:
         self.name_prefix = _random_prefix() if name_prefix is None else name_prefix
         self.detached = detached
         self.accelerator_type = accelerator_type
+        from podium.memcap import cap_env
+        cap_env(gpu_memory_cap, max_colocate_count)  # a bad cap fails here, not in the workers
+        if gpu_memory_cap is not None and not use_gpu:
+            raise InvalidArgumentError("gpu_memory_cap needs use_gpu=True (a CPU pool has no GPU memory)")
+        #: The GPU memory cap every worker of this pool gets (None: off).
+        self.gpu_memory_cap = gpu_memory_cap
         #: The placement groups (podium.v1 PlacementGroup messages, node-address order)
         #: once created, else None.
         self.pgs: list[Any] | None = None
@@ -251,20 +260,22 @@ def split_resource_pool(resource_pool: ResourcePool, split_size: int | list[int]
             process_on_nodes=list(resource_pool.store), use_gpu=resource_pool.use_gpu,
             name_prefix=f"{resource_pool.name_prefix}_split_{i}",
             max_colocate_count=resource_pool.max_colocate_count,
-            n_gpus_per_node=resource_pool.n_gpus_per_node, detached=resource_pool.detached)
+            n_gpus_per_node=resource_pool.n_gpus_per_node, detached=resource_pool.detached,
+            gpu_memory_cap=resource_pool.gpu_memory_cap)
         for i, (start, size) in enumerate(zip(starts, sizes))
     ]
 
 
 def merge_resource_pool(rp1: ResourcePool, rp2: ResourcePool) -> ResourcePool:
     """One pool over both pools' placement groups (``store = rp1.store + rp2.store``)."""
-    for attr in ("use_gpu", "max_colocate_count", "n_gpus_per_node", "detached"):
+    for attr in ("use_gpu", "max_colocate_count", "n_gpus_per_node", "detached", "gpu_memory_cap"):
         if getattr(rp1, attr) != getattr(rp2, attr):
             raise AssertionError(f"cannot merge pools with different {attr}: "
                                  f"{getattr(rp1, attr)!r} != {getattr(rp2, attr)!r}")
     merged = ResourcePool(process_on_nodes=list(rp1.store) + list(rp2.store), use_gpu=rp1.use_gpu,
                           max_colocate_count=rp1.max_colocate_count, n_gpus_per_node=rp1.n_gpus_per_node,
-                          name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}", detached=rp1.detached)
+                          name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}", detached=rp1.detached,
+                          gpu_memory_cap=rp1.gpu_memory_cap)
     merged.pgs = list(rp1.get_placement_groups()) + list(rp2.get_placement_groups())
     merged.strategy = rp1.strategy
     return merged

@@ -29,10 +29,14 @@ What round-trips and how:
 * ``torch.Tensor`` (and ``nn.Parameter``): dtype, shape and the raw bytes of the
   contiguous tensor, for every dtype (bfloat16, float8, bool, complex...), bit
   exact. ``requires_grad`` and autograd history are dropped (a received tensor is
-  a fresh leaf; a ``Parameter`` keeps its flag). CUDA (any non-CPU) tensors arrive
-  on the CPU. Jagged nested tensors (``layout=torch.jagged``) travel as their
-  values/offsets/lengths components; other exotic layouts (sparse, quantized,
-  strided nested, meta) fall back to torch's own reduction.
+  a fresh leaf; a ``Parameter`` keeps its flag). A CUDA tensor is made contiguous on
+  its device and copied to the host once; it arrives on the receiver's ``cuda:0`` when
+  the receiver has CUDA, else on the CPU (``PODIUM_CUDA_RECEIVE=cpu`` keeps it there;
+  ``PODIUM_CUDA_IPC=1`` sends IPC handles instead, same host only: see
+  :mod:`podium.cudawire`). Other non-CPU tensors arrive on the CPU. Jagged nested
+  tensors (``layout=torch.jagged``) travel as their values/offsets/lengths
+  components; other exotic layouts (sparse, quantized, strided nested, meta) fall
+  back to torch's own reduction.
 * ``numpy.ndarray``: protocol-5 out-of-band natively; object arrays hold Python
   objects and are pickled in-band.
 * ``tensordict.TensorDict``: a plain dict of its entries (nested TensorDicts
@@ -70,6 +74,7 @@ from typing import Any
 
 import cloudpickle
 
+from podium import cudawire
 from podium.errors import DataLossError, InvalidArgumentError
 
 __all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "dumps", "loads"]
@@ -316,10 +321,16 @@ def _reduce_tensor(torch: Any, tensor: Any) -> Any:
             or tensor.device.type == "meta"):
         return NotImplemented
     requires_grad = tensor.requires_grad if is_parameter else False
-    flat = tensor.detach()
+    # Contiguous (and conj/neg resolved) where the tensor lies, so a CUDA tensor crosses
+    # to the host in one copy of exactly the bytes that travel.
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous()
+    device = None
+    if flat.device.type == "cuda":
+        device = "cuda"
+        if cudawire.ipc_enabled():
+            return cudawire.reduce_ipc(torch, flat if not is_parameter else tensor)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    flat = flat.resolve_conj().resolve_neg().contiguous()
     dtype = str(flat.dtype).removeprefix("torch.")
     shape = tuple(flat.shape)
     if flat.numel() == 0:
@@ -330,11 +341,13 @@ def _reduce_tensor(torch: Any, tensor: Any) -> Any:
             data = bytearray(raw.data)
         else:
             data = pickle.PickleBuffer(raw)
+    if device is not None:
+        return _rebuild_tensor, (dtype, shape, data, is_parameter, requires_grad, device)
     return _rebuild_tensor, (dtype, shape, data, is_parameter, requires_grad)
 
 
 def _rebuild_tensor(dtype_name: str, shape: tuple[int, ...], data: Any, is_parameter: bool = False,
-                    requires_grad: bool = False) -> Any:
+                    requires_grad: bool = False, device: str | None = None) -> Any:
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -346,6 +359,8 @@ def _rebuild_tensor(dtype_name: str, shape: tuple[int, ...], data: Any, is_param
         if raw.data_ptr() % itemsize:
             raw = raw.clone()  # misaligned input (an odd slice): copy rather than fault
         tensor = raw.view(dtype).view(shape)
+    if device == "cuda":
+        tensor = cudawire.to_receiver(tensor)
     if is_parameter:
         return torch.nn.Parameter(tensor, requires_grad=requires_grad)
     return tensor
@@ -359,15 +374,17 @@ def _rebuild_jagged(values: Any, offsets: Any, lengths: Any, ragged_idx: int) ->
 
 def _reduce_tensordict(td: Any) -> Any:
     # Only the entries and the batch size: TensorDict's own pickling is generic
-    # and would not take the tensors' raw-buffer path. A non-CPU device is
-    # dropped because the tensors arrive on the CPU.
+    # and would not take the tensors' raw-buffer path. A CUDA TensorDict is rebuilt
+    # where its tensors arrive (cuda:0 or the CPU); other non-CPU devices are dropped.
     entries = dict(td.items())
     device = td.device
-    device_name = str(device) if device is not None and device.type == "cpu" else None
+    device_name = str(device) if device is not None and device.type in ("cpu", "cuda") else None
     return _rebuild_tensordict, (entries, tuple(td.batch_size), device_name)
 
 
 def _rebuild_tensordict(entries: dict[str, Any], batch_size: tuple[int, ...], device: str | None) -> Any:
     from tensordict import TensorDict
 
+    if device is not None and device.startswith("cuda"):
+        device = "cuda:0" if cudawire.receive_on_cuda() else None
     return TensorDict(entries, batch_size=batch_size, device=device)

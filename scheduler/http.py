@@ -26,6 +26,7 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
 from podium.auth import token_matches
+from podium.memcap import requested_cap
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
 from podium.scheduler.httplimits import BoundedRunner
@@ -93,14 +94,20 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
                               "workers": [{"worker_id", "name", "group", "rank", "state", "pid",
                                            "port", "placement_group_id", "bundle_index",
                                            "gpu_fraction": 0.333..., "gpu_fraction_text": "1/3",
-                                           "memory_used_bytes": int}]}]}],
+                                           "memory_used_bytes": int,
+                                           "memory_cap": None | {"fraction", "bytes", "text",
+                                                                 "applied", "detail"}}]}]}],
          "placement_groups": [{"id", "name", "state", "strategy", "detached", "owner",
                                "created_at", "reason",
                                "bundles": [{"index", "resources": {"CPU", "GPU"}, "node_id",
                                             "node_address", "gpu_indices", "gpu_uuids"}]}]}
 
     Removed groups and ended workers are left out. A worker's memory is the
-    heartbeat's ProcessMemory for its pid on that GPU (by worker id when no pid).
+    heartbeat's ProcessMemory for its pid on that GPU (by worker id when no pid). Its
+    ``memory_cap`` is the GPU memory cap its group asked for (``gpu_memory_cap=``), None when
+    it has none: ``bytes`` is the limit the worker enforces once it reported one, else the
+    asked share of this GPU's NVML total; ``applied`` and ``detail`` are the worker's own
+    report ("not applied: no CUDA"; ``applied`` None until the worker is ready).
     """
     groups = [g for g in model.groups.values() if g.state != common_pb2.PG_REMOVED]
     # (node, gpu index) -> bundles owning part or all of it
@@ -148,7 +155,8 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
                     "placement_group_id": worker.spec.placement_group_id,
                     "bundle_index": worker.spec.bundle_index,
                     "gpu_fraction": units / GPU_UNITS, "gpu_fraction_text": fraction_text(units),
-                    "memory_used_bytes": used})
+                    "memory_used_bytes": used,
+                    "memory_cap": _memory_cap(worker, gpu.memory_total_bytes)})
             gpus.append({
                 "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
                 "memory_total_bytes": gpu.memory_total_bytes,
@@ -178,6 +186,20 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
             "bundles": [_bundle_json(g, i) for i in range(len(g.bundles))],
         } for g in groups],
     }
+
+
+def _memory_cap(worker: common_pb2.WorkerInfo, total_bytes: int) -> dict | None:
+    """A worker's /v1/placement ``memory_cap``: asked (its env) and applied (its report)."""
+    cap = requested_cap(worker.env or worker.spec.env, total_bytes)
+    if cap is None:
+        return None
+    cap["applied"], cap["detail"] = None, "not reported yet"
+    if worker.HasField("gpu_memory_cap"):
+        report = worker.gpu_memory_cap
+        cap["applied"], cap["detail"] = report.applied, report.detail
+        if report.applied and report.cap_bytes:
+            cap["bytes"] = report.cap_bytes
+    return cap
 
 
 def _bundle_json(group: common_pb2.PlacementGroup, index: int) -> dict:

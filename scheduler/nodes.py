@@ -83,6 +83,9 @@ class NodesMixin:
                 worker.port = item.port
                 worker.state = common_pb2.WORKER_RUNNING
                 changed = True
+            if item.HasField("gpu_memory_cap") and worker.gpu_memory_cap != item.gpu_memory_cap:
+                worker.gpu_memory_cap.CopyFrom(item.gpu_memory_cap)
+                changed = True
             if changed:
                 self._touch(workers=[worker.id])
         if registering:

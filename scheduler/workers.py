@@ -188,6 +188,8 @@ class WorkersMixin(WorkerSpecsMixin):
                 worker.port = request.port
                 if request.pid:
                     worker.pid = request.pid
+                if request.HasField("gpu_memory_cap"):
+                    worker.gpu_memory_cap.CopyFrom(request.gpu_memory_cap)
                 self._touch(workers=[worker.id])
         elif state in TERMINAL_WORKER_STATES:
             if worker.state in LIVE_WORKER_STATES:

@@ -624,6 +624,7 @@ class WorkerInfo(_message.Message):
     LOG_PATH_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_CAP_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Scheduler-assigned id ("w-...")."""
     node_id: _builtins.str
@@ -656,6 +657,10 @@ class WorkerInfo(_message.Message):
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """The full environment Podium set for it (system variables + spec.env)."""
 
+    @_builtins.property
+    def gpu_memory_cap(self) -> Global___GpuMemoryCap:
+        """The GPU memory cap the worker applied at start-up, as it reported it (unset: none asked)."""
+
     def __init__(
         self,
         *,
@@ -671,14 +676,55 @@ class WorkerInfo(_message.Message):
         log_path: _builtins.str = ...,
         owner: _builtins.str = ...,
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        gpu_memory_cap: Global___GpuMemoryCap | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit", "gpu_memory_cap", b"gpu_memory_cap", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "exit", b"exit", "gpu_indices", b"gpu_indices", "id", b"id", "log_path", b"log_path", "node_address", b"node_address", "node_id", b"node_id", "owner", b"owner", "pid", b"pid", "port", b"port", "spec", b"spec", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "exit", b"exit", "gpu_indices", b"gpu_indices", "gpu_memory_cap", b"gpu_memory_cap", "id", b"id", "log_path", b"log_path", "node_address", b"node_address", "node_id", b"node_id", "owner", b"owner", "pid", b"pid", "port", b"port", "spec", b"spec", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerInfo: _TypeAlias = WorkerInfo  # noqa: Y015
+
+@_typing.final
+class GpuMemoryCap(_message.Message):
+    """A worker's opt-in GPU memory cap (gpu_memory_cap= on a pool or group), as the worker
+    host applied it before user code (podium.worker.host.gpucap).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRACTION_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    CAP_BYTES_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    fraction: _builtins.float
+    """The cap asked as a fraction in (0, 1] of the GPU, or 0 when asked in bytes."""
+    bytes: _builtins.int
+    """The cap asked in bytes per GPU, or 0 when asked as a fraction."""
+    applied: _builtins.bool
+    """True when PyTorch's allocator limit was set on every GPU the worker sees."""
+    cap_bytes: _builtins.int
+    """The enforced limit in bytes on the worker's cuda:0 (0 when not applied)."""
+    detail: _builtins.str
+    """"applied: ..." or why not ("not applied: no CUDA")."""
+    def __init__(
+        self,
+        *,
+        fraction: _builtins.float = ...,
+        bytes: _builtins.int = ...,
+        applied: _builtins.bool = ...,
+        cap_bytes: _builtins.int = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "bytes", b"bytes", "cap_bytes", b"cap_bytes", "detail", b"detail", "fraction", b"fraction"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuMemoryCap: _TypeAlias = GpuMemoryCap  # noqa: Y015
 
 @_typing.final
 class ErrorInfo(_message.Message):

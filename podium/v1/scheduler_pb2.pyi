@@ -89,22 +89,28 @@ class RunningWorker(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_CAP_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     pid: _builtins.int
     """Process id."""
     port: _builtins.int
     """gRPC port (0 if not serving yet)."""
+    @_builtins.property
+    def gpu_memory_cap(self) -> _common_pb2.GpuMemoryCap:
+        """Its GPU memory cap as it reported it once ready (unset: none asked)."""
+
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         pid: _builtins.int = ...,
         port: _builtins.int = ...,
+        gpu_memory_cap: _common_pb2.GpuMemoryCap | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gpu_memory_cap", b"gpu_memory_cap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pid", b"pid", "port", b"port", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_memory_cap", b"gpu_memory_cap", "pid", b"pid", "port", b"port", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -186,6 +192,7 @@ class ReportWorkerRequest(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     EXIT_FIELD_NUMBER: _builtins.int
     NODE_ID_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_CAP_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     state: _common_pb2.WorkerState.ValueType
@@ -200,6 +207,10 @@ class ReportWorkerRequest(_message.Message):
     def exit(self) -> _common_pb2.ExitInfo:
         """How it ended, when EXITED or FAILED."""
 
+    @_builtins.property
+    def gpu_memory_cap(self) -> _common_pb2.GpuMemoryCap:
+        """With RUNNING: the GPU memory cap the worker applied (unset: none asked)."""
+
     def __init__(
         self,
         *,
@@ -209,10 +220,11 @@ class ReportWorkerRequest(_message.Message):
         port: _builtins.int = ...,
         exit: _common_pb2.ExitInfo | None = ...,
         node_id: _builtins.str = ...,
+        gpu_memory_cap: _common_pb2.GpuMemoryCap | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit", "gpu_memory_cap", b"gpu_memory_cap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit", "node_id", b"node_id", "pid", b"pid", "port", b"port", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit", b"exit", "gpu_memory_cap", b"gpu_memory_cap", "node_id", b"node_id", "pid", b"pid", "port", b"port", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -34,6 +34,8 @@ class ManagedWorker:
         self.task: asyncio.Task | None = None
         #: Stops watching the ready pipe (set by the spawner).
         self.close_ready: Callable[[], None] = lambda: None
+        #: The GPU memory cap its ready line reported (None: none asked).
+        self.gpu_memory_cap: common_pb2.GpuMemoryCap | None = None
 
     @property
     def id(self) -> str:
@@ -57,4 +59,6 @@ class ManagedWorker:
         out.state, out.pid, out.port, out.log_path = self.state, self.pid, self.port, str(self.out_path)
         if self.exit is not None:
             out.exit.CopyFrom(self.exit)
+        if self.gpu_memory_cap is not None:
+            out.gpu_memory_cap.CopyFrom(self.gpu_memory_cap)
         return out

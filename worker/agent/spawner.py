@@ -144,7 +144,8 @@ class Spawner:
 
     def running(self) -> list[scheduler_pb2.RunningWorker]:
         """The workers whose process is alive (for RegisterNode and Heartbeat)."""
-        return [scheduler_pb2.RunningWorker(worker_id=w.id, pid=w.pid, port=w.port)
+        return [scheduler_pb2.RunningWorker(worker_id=w.id, pid=w.pid, port=w.port,
+                                            gpu_memory_cap=w.gpu_memory_cap)
                 for w in self._workers.values() if w.alive]
 
     def worker_of_pid(self, pid: int) -> str:
@@ -349,6 +350,7 @@ class Spawner:
         port, problem, killed = 0, "", False
         if worker.ready.done():
             port, problem = _parse_ready(worker.ready.result())
+            worker.gpu_memory_cap = _ready_cap(worker.ready.result()) if port else None
         if port and not worker.stop_requested:
             worker.port = port
             worker.state = common_pb2.WORKER_RUNNING
@@ -396,7 +398,8 @@ class Spawner:
     def _send(self, worker: ManagedWorker) -> None:
         request = scheduler_pb2.ReportWorkerRequest(worker_id=worker.id, state=worker.state,
                                                     pid=worker.pid, port=worker.port,
-                                                    node_id=self.node_id)
+                                                    node_id=self.node_id,
+                                                    gpu_memory_cap=worker.gpu_memory_cap)
         if worker.exit is not None:
             request.exit.CopyFrom(worker.exit)
         try:
@@ -467,3 +470,14 @@ def _parse_ready(line: bytes) -> tuple[int, str]:
     except (ValueError, KeyError, TypeError):
         pass
     return 0, f"bad ready line {line[:200]!r}"
+
+
+def _ready_cap(line: bytes) -> common_pb2.GpuMemoryCap | None:
+    """The GPU memory cap a (valid) ready line reports, or None (none asked, or unreadable:
+    the cap is a report, so a bad one is logged and dropped, never fatal)."""
+    try:
+        fields = json.loads(line.decode("utf-8", errors="replace").strip()).get("gpu_memory_cap")
+        return None if fields is None else common_pb2.GpuMemoryCap(**fields)
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("ignoring the GPU memory cap of ready line %r: %s", line[:200], exc)
+        return None

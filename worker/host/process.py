@@ -28,6 +28,7 @@ import grpc
 from podium import codec, errors, refs, rpc
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.worker.host import gpucap
 from podium.worker.host.callstream import CallStream
 from podium.worker.host.config import HostConfig
 from podium.worker.host.runtime import HostRuntime
@@ -154,7 +155,10 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
     global _current
     token = resolve_token(token)
     config = HostConfig.from_env(env, address=address)
+    # The opt-in GPU memory cap goes on before any payload is decoded or user code runs.
+    cap = gpucap.apply_from_env(os.environ if env is None else env)
     runtime = HostRuntime(config)
+    runtime.stats.update(cap.stats())
     server, health = rpc.make_server(token)
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runtime), server)
     bound = rpc.bind(server, address, port, tls)
@@ -181,7 +185,11 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
 
 
 def _write_ready(fd: int, port: int) -> None:
-    data = (json.dumps({"port": port}) + "\n").encode()
+    line: dict[str, Any] = {"port": port}
+    cap = gpucap.current()
+    if cap.requested:  # the agent forwards it to the scheduler (/v1/placement)
+        line["gpu_memory_cap"] = cap.ready_fields()
+    data = (json.dumps(line) + "\n").encode()
     try:
         os.write(fd, data)
     finally:

@@ -12,6 +12,7 @@ from typing import Any
 
 from podium import codec, errors
 from podium.v1 import worker_pb2
+from podium.worker.host import gpucap
 
 __all__ = ["Outcome", "FrozenResult", "ENCODED_NONE", "IMMUTABLE_RESULTS", "remote_error", "call_error",
            "close_names"]
@@ -75,7 +76,9 @@ def remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return errors.RemoteError(str(exc), traceback=text, remote_type=name, rank=rank, node=node)
+    # A CUDA OOM under a Podium memory cap names the cap (not just torch's numbers).
+    message = gpucap.oom_message(exc) or str(exc)
+    return errors.RemoteError(message, traceback=text, remote_type=name, rank=rank, node=node)
 
 
 def call_error(fn: Any, args: Any, kwargs: Any, exc: BaseException, rank: int, node: str
