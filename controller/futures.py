@@ -94,11 +94,15 @@ class PendingRef:
             woken = loop.create_future()
             loop_thread = threading.get_ident()
 
+            def settle() -> None:
+                if not woken.done():
+                    woken.set_result(None)
+
             def wake(_ref: "PendingRef") -> None:
                 if threading.get_ident() == loop_thread:
-                    woken.done() or woken.set_result(None)
+                    settle()
                 else:  # settled on another thread (tests do): hand over to the loop
-                    loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+                    loop.call_soon_threadsafe(settle)
 
             self.add_done_callback(wake)
             await woken
@@ -276,17 +280,17 @@ class PendingDataProtoFuture(DataProtoFuture):
     # ---- the DataProtoFuture surface --------------------------------------------------
 
     @property
-    def refs(self):  # type: ignore[override]
+    def refs(self):
         """The producers' refs (waits for them)."""
         return self.resolved().refs
 
     @property
-    def start(self):  # type: ignore[override]
+    def start(self):
         """First row (waits for the producers)."""
         return self.resolved().start
 
     @property
-    def stop(self):  # type: ignore[override]
+    def stop(self):
         """End row (waits for the producers)."""
         return self.resolved().stop
 
@@ -431,7 +435,7 @@ def _get_inline(rt: Any, values: list | tuple, timeout: float | None) -> list | 
     from podium.refs import inline_value
     out = [inline_value(r) for r in refs]
     rt.stats["fetches"] += len(refs)
-    rt.stats["fetched_bytes"] += sum(len(r.inline) for r in refs)
+    rt.stats["fetched_bytes"] += sum(len(r.inline or b"") for r in refs)
     return out
 
 

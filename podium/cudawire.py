@@ -24,7 +24,6 @@ Nothing here imports torch at import time.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from podium.errors import DataLossError
@@ -89,9 +88,8 @@ def reduce_ipc(torch: Any, tensor: Any) -> Any:
 
 def rebuild_ipc(gpu_uuid: str, rebuild: Any, args: tuple) -> Any:
     """Open a CUDA IPC tensor on the local index of GPU ``gpu_uuid`` (DataLossError if unseen)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import torch
+    import torch  # already imported: the sender's tensor type came with it
+
     if not torch.cuda.is_available():
         raise DataLossError(f"a CUDA IPC tensor from GPU {gpu_uuid} arrived in a process without CUDA "
                             f"(send it without {IPC_ENV}=1)")
@@ -102,8 +100,8 @@ def rebuild_ipc(gpu_uuid: str, rebuild: Any, args: tuple) -> Any:
         raise DataLossError(f"a CUDA IPC tensor from GPU {gpu_uuid} arrived in a process that does not "
                             f"see that GPU (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
                             f"{IPC_ENV}=1 only works between processes sharing the GPU")
-    args = list(args)
+    fields = list(args)
     # torch's rebuild_cuda_tensor(tensor_cls, size, stride, offset, storage_cls, dtype,
     # storage_device, ...): the device index is the sender's numbering; use ours.
-    args[6] = index
-    return rebuild(*args)
+    fields[6] = index
+    return rebuild(*fields)
