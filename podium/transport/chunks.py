@@ -59,6 +59,17 @@ def iter_chunks(segments: Iterable[memoryview | bytes | bytearray],
         yield bytes(pending)
 
 
+def check_announced(total_size: int, max_size: int) -> None:
+    """Refuse a payload announcement before anything is reserved for it: a negative size is
+    DataLossError, one over ``max_size`` PayloadTooLargeError naming both."""
+    if total_size < 0:
+        raise DataLossError(f"announced payload size is negative ({total_size})")
+    if total_size > max_size:
+        raise PayloadTooLargeError(
+            f"payload of {total_size} bytes exceeds the maximum of {max_size} bytes",
+            details={"size": str(total_size), "max_size": str(max_size)})
+
+
 class Assembler:
     """Collects the chunks of one payload into a single preallocated bytearray.
 
@@ -69,12 +80,7 @@ class Assembler:
     """
 
     def __init__(self, total_size: int, max_size: int) -> None:
-        if total_size < 0:
-            raise DataLossError(f"announced payload size is negative ({total_size})")
-        if total_size > max_size:
-            raise PayloadTooLargeError(
-                f"payload of {total_size} bytes exceeds the maximum of {max_size} bytes",
-                details={"size": str(total_size), "max_size": str(max_size)})
+        check_announced(total_size, max_size)
         self.total_size = total_size
         self._buffer = bytearray(total_size)
         self._view = memoryview(self._buffer)

@@ -11,7 +11,8 @@ unfinished payload than that on one connection), and :meth:`GrowingAssembler.clo
 
 from __future__ import annotations
 
-from podium.errors import DataLossError, PayloadTooLargeError, ResourceExhaustedError
+from podium.errors import DataLossError, ResourceExhaustedError
+from podium.transport.chunks import check_announced
 
 __all__ = ["ReservationBudget", "GrowingAssembler"]
 
@@ -51,12 +52,7 @@ class GrowingAssembler:
     """
 
     def __init__(self, total_size: int, max_size: int, budget: ReservationBudget) -> None:
-        if total_size < 0:
-            raise DataLossError(f"announced payload size is negative ({total_size})")
-        if total_size > max_size:
-            raise PayloadTooLargeError(
-                f"payload of {total_size} bytes exceeds the maximum of {max_size} bytes",
-                details={"size": str(total_size), "max_size": str(max_size)})
+        check_announced(total_size, max_size)
         self.total_size = total_size
         self._budget = budget
         self._buffer = bytearray()

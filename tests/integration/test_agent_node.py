@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
@@ -30,6 +29,7 @@ from tests.support.proctable import alive
 
 TOKEN = "agent-test-token"
 from tests.support.processes import FAKE_WORKER  # noqa: E402
+from tests.support.waiting import eventually_async  # noqa: E402
 WAIT = 10.0  # every wait's deadline; generous for a loaded 2-core box
 
 
@@ -41,14 +41,7 @@ def run(coro):
 
 async def eventually(predicate, what: str, timeout: float = WAIT):
     """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    return await eventually_async(predicate, what, timeout, interval=0.02)
 
 
 class RecordingScheduler(scheduler_pb2_grpc.SchedulerServicer):
