@@ -109,7 +109,7 @@ def two_node_workers(tmp_path_factory):
 @pytest.fixture
 def doomed_two_node_workers(tmp_path):
     """Four workers on two node agents of their own, for a test that kills them."""
-    yield from _workers_on_two_nodes(tmp_path / "twonode")
+    yield from _workers_on_two_nodes(tmp_path)
 
 
 def _run_on_all(two_node_workers, body):
