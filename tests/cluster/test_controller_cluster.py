@@ -16,7 +16,7 @@ from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import controller_cluster
 
-pytestmark = [pytest.mark.remote_cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
 class MeshWorker(Worker):

@@ -28,7 +28,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import DeadlineExceededError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
 
-pytestmark = [pytest.mark.fault_cluster, pytest.mark.faults, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(240)]
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 #: 2x the scheduler's default heartbeat interval (2 s): a death must be reported within it.

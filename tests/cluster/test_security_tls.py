@@ -35,7 +35,7 @@ from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import TWO_NODES, two_node_processes
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.tls_cluster, pytest.mark.faults, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.timeout(300)]
 
 NODES = TWO_NODES
 

@@ -28,7 +28,7 @@ from podium.worker.client import WorkerClient
 from tests.support.clusters import TWO_NODES, two_node_processes
 from tests.support.proctable import alive
 
-pytestmark = [pytest.mark.two_node_workers, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 GROUP = "twonode"
 
