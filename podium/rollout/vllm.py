@@ -40,6 +40,12 @@ __all__ = ["VLLMRollout", "expected_weight_shapes"]
 
 log = logging.getLogger("podium.rollout")
 
+
+def _quiet_derived_layers(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "RotaryEmbedding: Failed to load weights" on every reload: its cos/sin cache
+    is derived, no state dict carries it, and vLLM keeps the tensor it had (the right one)."""
+    return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
 #: vLLM's KV-cache block size on CPU and GPU: a budget holds whole blocks.
 _BLOCK_TOKENS = 16
 #: Longest wait for a weight bucket fetched from its owner.
@@ -288,7 +294,12 @@ class VLLMRollout(Worker):
     def _load(self, llm: Any, items: list) -> None:
         # collective_rpc runs the worker's reload_weights in this process (in-process engine),
         # so the tensors are read where they are: no serialisation.
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        reload_log.addFilter(_quiet_derived_layers)
+        try:
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        finally:
+            reload_log.removeFilter(_quiet_derived_layers)
         llm.reset_prefix_cache()
 
     # ------------------------------------------------------------------ sleep mode
