@@ -92,6 +92,10 @@ class HeldStore:
             self._used += size_bytes
             return held
 
+    def __contains__(self, object_id: object) -> bool:
+        """Whether ``object_id`` is held here now."""
+        return object_id in self._objects
+
     def get(self, object_id: str) -> HeldObject:
         """The held object (NotFoundError naming the id when it is unknown or released)."""
         held = self._objects.get(object_id)
