@@ -36,6 +36,7 @@ from tensordict import TensorDict
 from podium.dataproto import PADDING_SIZE_KEY, DataProto
 from podium.errors import RankZeroDispatchError
 from podium.refs import DataProtoFuture
+from podium.rowcat import cat_tensordicts
 from podium.worker.decorator import Dispatch, Execute
 
 __all__ = [
@@ -113,8 +114,8 @@ def concat_tensordict(parts: list[TensorDict]) -> TensorDict:
     nested = {key for key, value in parts[0].items(include_nested=True, leaves_only=True)
               if isinstance(value, torch.Tensor) and value.is_nested}
     if not nested:
-        return torch.cat(parts, dim=0)
-    out = torch.cat([p.exclude(*nested) for p in parts], dim=0)
+        return cat_tensordicts(parts)
+    out = cat_tensordicts([p.exclude(*nested) for p in parts])
     for key in nested:
         rows = [row for p in parts for row in p.get(key).unbind()]
         out.set(key, torch.nested.as_nested_tensor(rows, layout=torch.jagged))

@@ -85,6 +85,7 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 from podium.dataproto_dicts import (_values_equal, list_of_dict_to_dict_of_list,  # noqa: E402
                                     union_numpy_dict, union_tensor_dict, union_two_dict)
 from podium.dataproto_io import DataProtoIO  # noqa: E402
+from podium.rowcat import cat_tensordicts  # noqa: E402
 from podium.dataproto_padding import (_concat_rows, collate_fn, pad_dataproto_to_divisor,  # noqa: E402
                                       unpad_dataproto)
 
@@ -431,7 +432,7 @@ class DataProto(DataProtoIO):
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto")
         batches = [d.batch for d in data]
-        new_batch = torch.cat(batches, dim=0) if batches[0] is not None else None
+        new_batch = cat_tensordicts(batches) if batches[0] is not None else None
         non_tensor_batch: dict[str, Any] = list_of_dict_to_dict_of_list([d.non_tensor_batch for d in data])
         for key, val in non_tensor_batch.items():
             non_tensor_batch[key] = np.concatenate(val, axis=0)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from podium.dataproto_dicts import list_of_dict_to_dict_of_list
+from podium.rowcat import cat_tensordicts
 
 if TYPE_CHECKING:
     from podium.dataproto import DataProto, DataProtoItem
@@ -67,7 +68,7 @@ def _concat_rows(parts: list[DataProto], meta_info: dict) -> DataProto:
     # Row concatenation with a given meta_info: padding must not run meta_info
     # through concat's metrics merge (the same metrics would be counted twice).
     batches = [p.batch for p in parts]
-    batch = torch.cat(batches, dim=0) if batches[0] is not None else None
+    batch = cat_tensordicts(batches) if batches[0] is not None else None
     non_tensor = {key: np.concatenate([p.non_tensor_batch[key] for p in parts], axis=0)
                   for key in parts[0].non_tensor_batch}
     return type(parts[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta_info)

@@ -32,6 +32,7 @@ from podium import codec, errors, rpc
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
 from podium.transport import chunks, frames, shm
+from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, prepare, shares_shm
 from podium.v1 import worker_pb2
@@ -108,7 +109,8 @@ class WorkerClient(WorkerChannel):
             try:
                 carrier = await callsocket.connect(host, info.call_port, self._token,
                                                    worker_pb2.ReplyFrame.FromString, self._on_frame,
-                                                   self._on_raw_lost, timeout=timeout)
+                                                   self._on_raw_lost, timeout=timeout,
+                                                   max_bulk=MAX_REPLY_BYTES)
             except errors.AuthenticationError:
                 raise
             except (OSError, asyncio.TimeoutError, errors.PodiumError) as exc:
@@ -184,7 +186,10 @@ class WorkerClient(WorkerChannel):
             self._drop_segment(p)
             p.resolve(None, exc)
 
-    def _on_frame(self, frame: worker_pb2.ReplyFrame) -> None:
+    def _on_frame(self, frame: worker_pb2.ReplyFrame | BulkFrame) -> None:
+        if type(frame) is BulkFrame:
+            self._on_bulk(frame)
+            return
         conn = self._conn
         assert conn is not None  # frames arrive only on a started client
         conn.on_bookkeeping(frame)
@@ -226,6 +231,20 @@ class WorkerClient(WorkerChannel):
                 self._finish(frame.call_id, p, p.assembler.result())
         except errors.PodiumError as exc:
             self._finish(frame.call_id, p, exc=exc)
+
+    def _on_bulk(self, bulk: BulkFrame) -> None:
+        # A whole reply payload, already in its final buffer (raw socket only).
+        frame = bulk.message
+        p = self._pending.get(frame.call_id)
+        if p is None:  # timed out or cancelled meanwhile: the buffer goes back with `bulk`
+            return
+        if bulk.error is not None:
+            self._finish(frame.call_id, p, exc=bulk.error)
+        elif not (frame.HasField("header") and frame.header.ok):
+            self._finish(frame.call_id, p, exc=errors.DataLossError(
+                f"a bulk reply for call {frame.call_id} without a success header from {self._who()}"))
+        else:
+            self._finish(frame.call_id, p, bulk.data)
 
     def _finish(self, call_id: int, p: PendingCall, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
@@ -297,6 +316,9 @@ class WorkerClient(WorkerChannel):
                 p.shm_name = name
                 self.stats["shm_sent"] += 1
                 await conn.write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
+            elif conn.takes_bulk(payload.nbytes):
+                await conn.send_bulk(worker_pb2.CallFrame(call_id=call_id, header=header, last=True),
+                                     payload.segments(), payload.nbytes)
             else:  # stops early once the call timed out or failed while sending
                 await conn.send_chunks(call_id, header, payload.iter_chunks(), stop=future.done)
         except (asyncio.CancelledError, errors.PodiumError):
@@ -394,7 +416,6 @@ class WorkerClient(WorkerChannel):
         """Whether a call with ``payload`` goes out as one raw frame written at once."""
         conn = self._conn
         return (conn is not None and conn.writes_nowait and self._broken is None
-                and payload.nbytes <= chunks.CHUNK_SIZE
                 and not (self.same_host is True and payload.nbytes >= self.shm_threshold))
 
     def _send_one_frame(self, p: PendingCall, method: str, payload: Payload, hold: bool,
@@ -404,15 +425,15 @@ class WorkerClient(WorkerChannel):
         p.decode = True
         call_id = self._pending.add(p, timeout)
         try:
-            if payload.nbytes <= frames.TAIL_MAX_BYTES:
+            if payload.nbytes <= frames.TAIL_MAX_BYTES and not conn.takes_bulk(payload.nbytes):
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
                 conn.write_serialized_nowait(frames.frame_with_call_id(call_id, tail))
-            else:  # one serialization: prefixing a large tail would copy its data again
+            else:  # the payload's own memory, after a header frame (a ONE_TO_ALL shares it)
                 header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
                                                reply_in_shm=self.same_host is True)
-                conn.write_nowait(worker_pb2.CallFrame(call_id=call_id, header=header,
-                                                       data=payload.iter_chunks()[0], last=True))
+                conn.write_bulk_nowait(worker_pb2.CallFrame(call_id=call_id, header=header, last=True),
+                                       payload.segments(), payload.nbytes)
         except errors.PodiumError as exc:
             self._pending.pop(call_id, None)
             p.resolve(None, exc)

@@ -12,7 +12,19 @@ Wire form::
     client -> server   b"PDMC" u8 version(1) u16 token length, token (UTF-8)
     server -> client   u8 status: 0 accepted, 1 token rejected (then the server closes)
     then, both ways    u32 length (little-endian), that many bytes of one serialized
-                       message: CallFrame client -> server, ReplyFrame server -> client
+                       message: CallFrame client -> server, ReplyFrame server -> client;
+                       or, for a whole payload at once (a *bulk* frame), the length with
+                       its top bit set, u64 payload size, the message (its ``data``
+                       empty), then the payload's bytes as they are
+
+A bulk frame moves a large payload without protobuf around it: the sender writes the
+tensors' own memory (no chunk copies, no serialization of the data), and the receiver
+reads the bytes straight from the socket into their final buffer (this class is an
+``asyncio.BufferedProtocol``: the event loop calls ``recv_into`` on memory it hands out),
+taken from the process's reused mappings (:mod:`podium.memorypool`). A bulk
+larger than the receiver's limit is refused before any memory is taken: its bytes are
+read into a small scratch buffer and dropped, and the frame arrives with the error
+(:class:`BulkFrame`), so the call fails and the connection carries on.
 
 Security is the gRPC port's: the cluster token is checked (in constant time) before any
 frame is read, and a worker opens this port only where it serves without TLS (with TLS
@@ -38,17 +50,27 @@ import grpc
 
 from podium import errors
 from podium.transport.chunks import CHUNK_SIZE
+from podium.memorypool import POOL
 
-__all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "FrameConnection", "serve", "connect"]
+__all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "BulkFrame", "FrameConnection", "serve",
+           "connect"]
 
 log = logging.getLogger("podium.transport.callsocket")
 
 MAGIC = b"PDMC"
-VERSION = 1
+VERSION = 2
 #: Largest serialized frame accepted: one payload chunk plus room for the header.
 MAX_FRAME_BYTES = CHUNK_SIZE + (1 << 20)
+#: Payloads at least this large go as one bulk frame (smaller ones inside their message:
+#: one write of a few kilobytes beats a second section).
+BULK_MIN_BYTES = 64 << 10
 
 _LEN = struct.Struct("<I")
+_BULK = struct.Struct("<IQ")
+_BULK_FLAG = 0x80000000
+# The read buffer of frames (bulk bytes bypass it): this much at first, grown to fit a frame.
+_READ_BUFFER = 256 << 10
+_SCRATCH = 1 << 20
 _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
 # Frames smaller than this wait for the end of the loop turn to leave together,
@@ -61,25 +83,98 @@ _MAX_QUEUED_FRAMES = 64
 HANDSHAKE_SECONDS = 10.0
 
 
-class FrameConnection(asyncio.Protocol):
+class BulkFrame:
+    """A bulk frame as it arrives: the ``message`` (its ``data`` empty) and the payload.
+
+    ``data`` is a writable view of the payload in a reused mapping (it goes back to the
+    pool when every value decoded from it is gone), or None with ``error`` set when the
+    payload was refused (larger than this side's limit).
+    """
+
+    __slots__ = ("message", "data", "error")
+
+    def __init__(self, message: Any, data: memoryview | None, error: errors.PodiumError | None = None) -> None:
+        self.message = message
+        self.data = data
+        self.error = error
+
+
+class _Bulk:
+    """The payload of a bulk frame while its bytes arrive."""
+
+    __slots__ = ("message", "size", "received", "buffer", "view", "error")
+
+    def __init__(self, message: Any, size: int, max_size: int) -> None:
+        self.message = message
+        self.size = size
+        self.received = 0
+        self.error: errors.PodiumError | None = None
+        self.buffer: Any = None
+        if size > max_size:  # refused before any memory is taken for it
+            self.error = errors.PayloadTooLargeError(
+                f"payload of {size} bytes exceeds the maximum of {max_size} bytes",
+                details={"size": str(size), "max_size": str(max_size)})
+            self.view = memoryview(bytearray(min(size, _SCRATCH)))
+        else:
+            self.buffer = POOL.take(size)
+            self.view = memoryview(self.buffer)
+
+    def target(self) -> memoryview:
+        """Where the next bytes go (never past the payload's end)."""
+        left = self.size - self.received
+        if self.error is not None:
+            return self.view[:min(left, len(self.view))]
+        return self.view[self.received:self.size]
+
+    def add(self, nbytes: int) -> None:
+        self.received += nbytes
+
+    def fill(self, data: memoryview) -> None:
+        """Copy bytes that arrived in the frame buffer (after the message) into place."""
+        if self.error is None:
+            self.view[self.received:self.received + len(data)] = data
+        self.received += len(data)
+
+    def finish(self) -> BulkFrame:
+        if self.error is not None:
+            return BulkFrame(self.message, None, self.error)
+        self.view.release()
+        return BulkFrame(self.message, POOL.lease(self.buffer, self.size))
+
+    def abandon(self) -> None:
+        """The connection ended mid-payload: the mapping goes back, nothing leaks."""
+        if self.buffer is not None:
+            self.view.release()
+            POOL.give_back(self.buffer)
+            self.buffer = None
+
+
+class FrameConnection(asyncio.BufferedProtocol):
     """One side of a raw call connection (see the module docstring).
 
     ``parse`` turns bytes into the incoming message type. With ``on_frame`` every
-    incoming frame is handed to it at once (client); without, frames queue for
-    :meth:`read` (server). ``on_lost(exc)`` runs once when the connection ends.
+    incoming frame (or :class:`BulkFrame`) is handed to it at once (client); without,
+    frames queue for :meth:`read` (server). ``on_lost(exc)`` runs once when the
+    connection ends. ``max_bulk`` is the largest bulk payload this side accepts.
     """
 
     def __init__(self, parse: Callable[[bytes], Any], *, token: str | None = None, server: bool,
                  on_frame: Callable[[Any], None] | None = None,
                  on_ready: Callable[["FrameConnection"], None] | None = None,
-                 on_lost: Callable[[BaseException | None], None] | None = None) -> None:
+                 on_lost: Callable[[BaseException | None], None] | None = None,
+                 max_bulk: int = 0) -> None:
         self._parse = parse
         self._token = token
         self._server = server
         self._on_frame = on_frame
         self._on_ready = on_ready
         self._on_lost = on_lost
-        self._buffer = bytearray()
+        self._max_bulk = max_bulk
+        # Frames are read into _buffer[_start:_end]; never resized in place (the event loop
+        # may still hold a view of it), replaced by a larger one when a frame needs it.
+        self._buffer = bytearray(_READ_BUFFER)
+        self._start = self._end = 0
+        self._bulk: _Bulk | None = None
         self._handshaken = False
         # Set by connection_made, before any other method can run.
         self._transport: Any = None
@@ -105,65 +200,119 @@ class FrameConnection(asyncio.Protocol):
             token = (self._token or "").encode()
             transport.write(_HELLO.pack(MAGIC, VERSION, len(token)) + token)  # type: ignore[attr-defined]
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        bulk = self._bulk
+        if bulk is not None:
+            return bulk.target()
         buffer = self._buffer
-        buffer += data
+        if len(buffer) - self._end < 65536:
+            pending = self._end - self._start
+            need = pending + 65536
+            if self._handshaken and pending >= 4:  # room for the whole frame now arriving
+                length = _LEN.unpack_from(buffer, self._start)[0] & ~_BULK_FLAG
+                if length <= MAX_FRAME_BYTES:  # a larger one is refused once parsed
+                    need = max(need, _BULK.size + length)
+            if need > len(buffer):
+                grown = bytearray(max(need, 2 * len(buffer)))
+                grown[:pending] = buffer[self._start:self._end]
+                self._buffer = buffer = grown
+            else:
+                buffer[:pending] = buffer[self._start:self._end]
+            self._start, self._end = 0, pending
+        return memoryview(buffer)[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        bulk = self._bulk
+        if bulk is not None:
+            bulk.add(nbytes)
+            if bulk.received < bulk.size:
+                return
+            self._bulk = None
+            self._deliver(bulk.finish())
+        else:
+            self._end += nbytes
         if not self._handshaken and not self._handshake():
             return
-        pos, size = 0, len(buffer)
         try:
-            while size - pos >= 4:
-                (length,) = _LEN.unpack_from(buffer, pos)
-                if length > MAX_FRAME_BYTES:
-                    raise errors.DataLossError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
-                end = pos + 4 + length
-                if end > size:
-                    break
-                frame = self._parse(bytes(buffer[pos + 4:end]))
-                pos = end
-                if self._on_frame is not None:
-                    self._on_frame(frame)
-                else:
-                    self._frames.append(frame)
+            self._parse_frames()
         except Exception as exc:  # noqa: BLE001 - garbage from the peer ends the connection
             log.warning("raw call connection: %s: %s; closing it", type(exc).__name__, exc)
             self._abort(exc)
             return
-        if pos:
-            del buffer[:pos]
         if self._on_frame is None and self._frames:
             self._wake()
             if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._paused_reading:
                 self._paused_reading = True
                 self._transport.pause_reading()
 
+    def _parse_frames(self) -> None:
+        buffer, pos, end = self._buffer, self._start, self._end
+        while end - pos >= 4 and self._bulk is None:
+            (length,) = _LEN.unpack_from(buffer, pos)
+            if length & _BULK_FLAG:
+                if end - pos < _BULK.size:
+                    break
+                length &= ~_BULK_FLAG
+                (size,) = _BULK.unpack_from(buffer, pos)[1:]
+                head = _BULK.size
+            else:
+                size, head = -1, 4
+            if length > MAX_FRAME_BYTES:
+                raise errors.DataLossError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            if end - pos < head + length:
+                break
+            message = self._parse(bytes(buffer[pos + head:pos + head + length]))
+            pos += head + length
+            if size < 0:
+                self._deliver(message)
+                continue
+            bulk = _Bulk(message, size, self._max_bulk)
+            take = min(size, end - pos)
+            if take:
+                bulk.fill(memoryview(buffer)[pos:pos + take])
+                pos += take
+            if bulk.received == size:
+                self._deliver(bulk.finish())
+            else:
+                self._bulk = bulk  # the rest goes straight into its buffer
+        self._start = pos
+        if pos == end:
+            self._start = self._end = 0
+
+    def _deliver(self, frame: Any) -> None:
+        if self._on_frame is not None:
+            self._on_frame(frame)
+        else:
+            self._frames.append(frame)
+
     def _handshake_deadline(self) -> None:
         if not self._handshaken and not self._closed:
             self._abort(errors.DeadlineExceededError("raw call connection: no handshake in time"))
 
     def _handshake(self) -> bool:
-        buffer = self._buffer
+        buffer, start = self._buffer, self._start
+        available = self._end - start
         if self._server:
-            if len(buffer) < _HELLO.size:
+            if available < _HELLO.size:
                 return False
-            magic, version, length = _HELLO.unpack_from(buffer, 0)
+            magic, version, length = _HELLO.unpack_from(buffer, start)
             if magic != MAGIC or version != VERSION:
-                self._abort(errors.InvalidArgumentError("not a Podium raw call connection"))
+                self._abort(errors.InvalidArgumentError("not a Podium raw call connection (or another version)"))
                 return False
-            if len(buffer) < _HELLO.size + length:
+            if available < _HELLO.size + length:
                 return False
-            offered = bytes(buffer[_HELLO.size:_HELLO.size + length])
-            del buffer[:_HELLO.size + length]
+            offered = bytes(buffer[start + _HELLO.size:start + _HELLO.size + length])
+            self._start += _HELLO.size + length
             if not hmac.compare_digest(offered, (self._token or "").encode()):
                 self._transport.write(_REJECTED)
                 self._abort(errors.AuthenticationError("raw call connection with a wrong token"))
                 return False
             self._transport.write(_ACCEPTED)
         else:
-            if not buffer:
+            if not available:
                 return False
-            status = bytes(buffer[:1])
-            del buffer[:1]
+            status = bytes(buffer[start:start + 1])
+            self._start += 1
             if status != _ACCEPTED:
                 exc = errors.AuthenticationError("the worker rejected the cluster token")
                 if not self.ready.done():
@@ -179,6 +328,11 @@ class FrameConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._bulk is not None:  # cut mid-payload: its buffer goes back
+            self._bulk.abandon()
+            self._bulk = None
+            if exc is None:
+                exc = errors.DataLossError("the connection ended in the middle of a payload")
         if self.lost_error is None:
             self.lost_error = exc
         if not self.ready.done():
@@ -240,6 +394,19 @@ class FrameConnection(asyncio.Protocol):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def write_bulk(self, message: bytes, segments: Any, nbytes: int) -> None:
+        """Queue a bulk frame: the serialized ``message``, then the payload ``segments``
+        (``nbytes`` in all) as they lie in memory. Never blocks (see :meth:`drain`); the
+        event loop keeps a reference to each segment until it is sent."""
+        if self._closed:
+            raise errors.UnavailableError("the raw call connection is closed")
+        self._flush()
+        transport = self._transport
+        transport.write(_BULK.pack(_BULK_FLAG | len(message), nbytes) + message)
+        for segment in segments:
+            if segment.nbytes:
+                transport.write(segment)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         pending = self._pending
@@ -288,14 +455,14 @@ class FrameConnection(asyncio.Protocol):
 
 
 async def serve(address: str, token: str, parse: Callable[[bytes], Any],
-                on_connection: Callable[[FrameConnection], None]) -> tuple[asyncio.AbstractServer, int]:
+                on_connection: Callable[[FrameConnection], None],
+                max_bulk: int) -> tuple[asyncio.AbstractServer, int]:
     """Listen on ``address:0``; each authenticated connection goes to ``on_connection``.
-
-    Returns the server and its port.
+    ``max_bulk``: the largest bulk payload a client may send. Returns the server and its port.
     """
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: FrameConnection(parse, token=token, server=True, on_ready=on_connection),
+        lambda: FrameConnection(parse, token=token, server=True, on_ready=on_connection, max_bulk=max_bulk),
         host=address.strip("[]"), port=0)
     port = server.sockets[0].getsockname()[1]
     return server, port
@@ -303,13 +470,15 @@ async def serve(address: str, token: str, parse: Callable[[bytes], Any],
 
 async def connect(host: str, port: int, token: str, parse: Callable[[bytes], Any],
                   on_frame: Callable[[Any], None], on_lost: Callable[[BaseException | None], None],
-                  timeout: float | None = 30.0) -> FrameConnection:
-    """Open and authenticate a client connection; frames go to ``on_frame`` as they arrive."""
+                  timeout: float | None = 30.0, max_bulk: int = 0) -> FrameConnection:
+    """Open and authenticate a client connection; frames go to ``on_frame`` as they arrive.
+    ``max_bulk``: the largest bulk payload the worker may send back."""
     loop = asyncio.get_running_loop()
 
     async def go() -> FrameConnection:
         _, conn = await loop.create_connection(
-            lambda: FrameConnection(parse, token=token, server=False, on_frame=on_frame, on_lost=on_lost),
+            lambda: FrameConnection(parse, token=token, server=False, on_frame=on_frame, on_lost=on_lost,
+                                    max_bulk=max_bulk),
             host=host.strip("[]"), port=port)
         try:
             await conn.ready

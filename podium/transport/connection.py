@@ -5,7 +5,8 @@ A controller's client of a worker and the worker's side of that client's calls h
 
 - the raw call socket (:class:`podium.transport.callsocket.FrameConnection`): frames are
   queued without awaiting (small ones leave together at the end of the loop turn) and a
-  writer waits only while the socket's buffer is full;
+  writer waits only while the socket's buffer is full; a large payload goes as one bulk
+  frame (sent from the tensors' memory, received straight into its final buffer);
 - the gRPC ``Calls`` stream (what TLS uses): one writer at a time, under a lock.
 
 and owns what both ends do the same way: writing a payload as header + chunk frames,
@@ -27,7 +28,7 @@ import grpc
 
 from podium import errors
 from podium.transport import shm, shmpool
-from podium.transport.callsocket import FrameConnection
+from podium.transport.callsocket import BULK_MIN_BYTES, FrameConnection
 
 __all__ = ["CallConnection"]
 
@@ -80,6 +81,23 @@ class CallConnection:
             return
         async with self._lock:
             await carrier.write(frame)
+
+    def takes_bulk(self, nbytes: int) -> bool:
+        """Whether a payload of ``nbytes`` goes as one bulk frame (raw socket, large payload):
+        its bytes leave from their own memory and land in their final buffer."""
+        return self.writes_nowait and nbytes >= BULK_MIN_BYTES
+
+    def write_bulk_nowait(self, frame: Any, segments: Iterable[memoryview], nbytes: int) -> None:
+        """Queue ``frame`` (header, ``last``, no data) followed by the payload ``segments``
+        as one bulk frame (raw socket only; see :meth:`takes_bulk`). The segments are read
+        from their memory as the socket takes them."""
+        self.carrier.write_bulk(frame.SerializeToString(), segments, nbytes)
+
+    async def send_bulk(self, frame: Any, segments: Iterable[memoryview], nbytes: int) -> None:
+        """:meth:`write_bulk_nowait`, then wait while the socket's buffer is full."""
+        self.write_bulk_nowait(frame, segments, nbytes)
+        if self.carrier.must_drain:
+            await self.carrier.drain()
 
     def send_quietly(self, frame: Any) -> None:
         """Send a bookkeeping frame (on the loop); lost with a broken connection, as its pool is."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from podium import errors, rpc
 from podium.transport import chunks
+from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.transport.reservation import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
@@ -81,6 +82,9 @@ class CallStream:
         """Read frames until the client ends the stream, let calls in flight answer, then clean up."""
         try:
             async for frame in self.conn.frames():
+                if type(frame) is BulkFrame:
+                    await self.on_bulk(frame)
+                    continue
                 if isinstance(frame, rpc.MalformedMessage):  # a peer's garbage bytes
                     await rpc.abort(self.context, frame.error)
                 decoded = self.try_fast(frame)
@@ -146,12 +150,8 @@ class CallStream:
             if not ok:
                 stats["call_errors"] += 1
                 self.conn.write_nowait(self._error_frame(call_id, result))
-            else:
-                frame = self._single_frame(call_id, result)
-                if frame is not None:
-                    self.conn.write_nowait(frame)
-                else:  # a large result streams in chunks: that needs awaiting
-                    self.spawn(active, self._reply_later(active, result))
+            elif not self._reply_nowait(call_id, result):  # chunks on the gRPC stream: awaited
+                self.spawn(active, self._reply_later(active, result))
         except errors.PodiumError:
             pass  # the connection is closed: nobody to tell
         finished = self._fast_finished
@@ -179,6 +179,21 @@ class CallStream:
         """Answer ``call_id`` with ``exc`` (a non-Podium exception becomes InternalError)."""
         await self.write(self._error_frame(call_id, exc))
 
+    def _reply_nowait(self, call_id: int, outcome: Outcome) -> bool:
+        """Queue the whole reply of ``outcome`` on the raw socket if it needs no awaiting
+        (one frame, or a bulk frame); False when it must stream in chunks."""
+        if outcome.ref is None and not outcome.shm_name and self.conn.takes_bulk(outcome.nbytes):
+            self.host.stats["bytes_out"] += outcome.nbytes
+            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
+            self.conn.write_bulk_nowait(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True),
+                                        outcome.segments, outcome.nbytes)
+            return True
+        frame = self._single_frame(call_id, outcome)
+        if frame is None:
+            return False
+        self.conn.write_nowait(frame)
+        return True
+
     def _single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
         """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
         streams in chunks."""
@@ -199,7 +214,12 @@ class CallStream:
         return frame
 
     async def send_outcome(self, call_id: int, outcome: Outcome) -> None:
-        """Answer ``call_id`` with a packaged result: a ref, a segment, or chunks."""
+        """Answer ``call_id`` with a packaged result: a ref, a segment, a bulk frame, or chunks."""
+        if self.conn.writes_nowait:
+            if self._reply_nowait(call_id, outcome):
+                if self.conn.must_drain:
+                    await self.conn.carrier.drain()
+                return
         frame = self._single_frame(call_id, outcome)
         if frame is not None:
             await self.write(frame)
@@ -267,6 +287,22 @@ class CallStream:
             return
         if frame.last:
             self.start(call_id, incoming.header, payload, decoded)
+
+    async def on_bulk(self, bulk: BulkFrame) -> None:
+        """A call whose whole payload came as one bulk frame (raw socket), already in its
+        final buffer; refused (the payload dropped) when it was too large."""
+        frame = bulk.message
+        call_id = frame.call_id
+        if not frame.HasField("header") or frame.header.kind not in (_CALL, _CONSTRUCT):
+            await self.send_error(call_id, errors.InvalidArgumentError(
+                "a bulk frame must carry the header of a CALL or CONSTRUCT"))
+        elif call_id in self.incoming or call_id in self.active:
+            await self.send_error(call_id, errors.InvalidArgumentError(
+                f"call id {call_id} is already in use on this stream"))
+        elif bulk.error is not None:
+            await self.send_error(call_id, bulk.error)
+        else:
+            self.start(call_id, frame.header, bulk.data)
 
     async def refuse(self, call_id: int, header, last: bool, exc: errors.PodiumError) -> None:
         """Answer a call with ``exc`` and drop the rest of its frames."""

@@ -176,7 +176,8 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
                                               t.cancelled() or t.exception()))
 
         call_server, runtime.call_port = await callsocket.serve(
-            address, token, worker_pb2.CallFrame.FromString, on_connection)
+            address, token, worker_pb2.CallFrame.FromString, on_connection,
+            max_bulk=runtime.config.max_payload_bytes)
     resolver = HostResolver(runtime, token, tls)
     refs.set_resolver(resolver)
     _current = runtime

@@ -23,7 +23,7 @@ import sys
 import pytest
 
 CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto", "podium.auth",
-        "podium.process", "podium.v1", "podium.memcap", "podium.cudawire"]
+        "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat"]
 WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs"]
 TOP = ["podium.cli", "podium.rollout", "podium.compat"]
 #: the scheduler's own modules (all but its client, which the node agent uses)
