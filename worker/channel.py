@@ -43,7 +43,8 @@ class WorkerChannel:
         #: Bytes the last fetch moved (for counters).
         self.last_fetch_bytes = 0
         #: Payloads that went through shared memory, each way.
-        self.stats = {"shm_sent": 0, "shm_received": 0}
+        #: Payloads this client sent and received through shared memory and as bulk frames.
+        self.stats = {"shm_sent": 0, "shm_received": 0, "bulk_sent": 0, "bulk_received": 0}
         self._token = token
         self._tls = tls
         self._metadata = rpc.token_metadata(token)

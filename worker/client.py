@@ -244,6 +244,7 @@ class WorkerClient(WorkerChannel):
             self._finish(frame.call_id, p, exc=errors.DataLossError(
                 f"a bulk reply for call {frame.call_id} without a success header from {self._who()}"))
         else:
+            self.stats["bulk_received"] += 1
             self._finish(frame.call_id, p, bulk.data)
 
     def _finish(self, call_id: int, p: PendingCall, value: Any = None, exc: BaseException | None = None) -> None:
@@ -317,6 +318,7 @@ class WorkerClient(WorkerChannel):
                 self.stats["shm_sent"] += 1
                 await conn.write(worker_pb2.CallFrame(call_id=call_id, header=header, last=True))
             elif conn.takes_bulk(payload.nbytes):
+                self.stats["bulk_sent"] += 1
                 await conn.send_bulk(worker_pb2.CallFrame(call_id=call_id, header=header, last=True),
                                      payload.segments(), payload.nbytes)
             else:  # stops early once the call timed out or failed while sending
@@ -429,6 +431,7 @@ class WorkerClient(WorkerChannel):
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
                 conn.write_serialized_nowait(frames.frame_with_call_id(call_id, tail))
             else:  # the payload's own memory, after a header frame (a ONE_TO_ALL shares it)
+                self.stats["bulk_sent"] += 1
                 header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
                                                reply_in_shm=self.same_host is True)

@@ -184,6 +184,7 @@ class CallStream:
         (one frame, or a bulk frame); False when it must stream in chunks."""
         if outcome.ref is None and not outcome.shm_name and self.conn.takes_bulk(outcome.nbytes):
             self.host.stats["bytes_out"] += outcome.nbytes
+            self.host.stats["bulk_out"] += 1
             header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
             self.conn.write_bulk_nowait(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True),
                                         outcome.segments, outcome.nbytes)
@@ -302,6 +303,7 @@ class CallStream:
         elif bulk.error is not None:
             await self.send_error(call_id, bulk.error)
         else:
+            self.host.stats["bulk_in"] += 1
             self.start(call_id, frame.header, bulk.data)
 
     async def refuse(self, call_id: int, header, last: bool, exc: errors.PodiumError) -> None:

@@ -54,7 +54,9 @@ class HostRuntime:
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
-                      "bytes_in": 0, "bytes_out": 0}
+                      "bytes_in": 0, "bytes_out": 0,
+                      # Payloads that came and went as bulk frames on the raw call socket.
+                      "bulk_in": 0, "bulk_out": 0}
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.exec_thread = ExecutionThread(self._loop)
