@@ -160,8 +160,10 @@ def _raw_socket_exchange(port: int, token: bytes, frames: list[bytes], magic: by
     import socket
     import struct
 
+    from podium.transport import callsocket
+
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(struct.pack("<4sBH", magic, 1, len(token)) + token
+        sock.sendall(struct.pack("<4sBH", magic, callsocket.VERSION, len(token)) + token
                      + b"".join(struct.pack("<I", len(f)) + f for f in frames))
         sock.shutdown(socket.SHUT_WR)
         received = b""
