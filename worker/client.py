@@ -37,6 +37,7 @@ from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, prepare, shares_shm
 from podium.v1 import worker_pb2
 from podium.worker.channel import MAX_REPLY_BYTES, WorkerChannel
+from podium.worker.host.config import FETCH_CALL
 from podium.worker.pendingcalls import PendingCall, PendingCalls
 
 __all__ = ["WorkerClient", "Payload", "prepare"]
@@ -288,7 +289,7 @@ class WorkerClient(WorkerChannel):
         await self._conn.write(frame)
 
     async def _roundtrip(self, kind: int, method: str, payload: Payload, hold: bool,
-                         timeout: float | None) -> Any:
+                         timeout: float | None, decode: bool = True) -> Any:
         if self._broken is not None:
             raise self._broken
         conn = self._conn
@@ -345,7 +346,7 @@ class WorkerClient(WorkerChannel):
                 self._drop_segment(p)
                 self._loop.create_task(self._send_cancel(call_id))
             raise
-        return self._decode_reply(reply)
+        return self._decode_reply(reply) if decode else reply
 
     def _decode_reply(self, reply: Any) -> Any:
         if isinstance(reply, ObjectRef):
@@ -464,6 +465,22 @@ class WorkerClient(WorkerChannel):
         """Run ``method(*args, **kwargs)`` in the worker; the value, or an ObjectRef with ``hold``."""
         payload = Payload(codec.encode((tuple(args), kwargs or {})), reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
+
+    async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
+                    timeout: float | None = None) -> Any:
+        """The value ``ref`` names (or rows of it), from its owner: over the raw call socket
+        when the owner serves one (a bulk frame into this process's reused memory), else the
+        ``Fetch`` RPC (TLS, or an owner with no call socket: the controller's object server).
+        A client that is not started yet is started here."""
+        if self._conn is None and self._broken is None and self._tls is None:
+            if (await self.describe(timeout=timeout or 30.0)).call_port:  # not an object server
+                await self.start(timeout=timeout or 30.0)
+        if self.transport != "socket" or self._broken is not None:
+            return await super().fetch(ref, rows, timeout=timeout)
+        payload = Payload(codec.encode(((ref.object_id, rows), {})), reusable=False)
+        reply = await self._roundtrip(_CALL, FETCH_CALL, payload, False, timeout, decode=False)
+        self.last_fetch_bytes = reply.nbytes if isinstance(reply, _ShmReply) else len(reply)
+        return self._decode_reply(reply)
 
     async def call_encoded(self, method: str, payload: Payload | codec.Encoded, *,
                            hold: bool = False, timeout: float | None = None) -> Any:

@@ -1,7 +1,7 @@
 """Large payloads across hosts: bulk frames on the raw call socket, through a real WorkerGroup.
 
-The clients are told their workers are on another host (no shared memory: what a remote
-worker gets), so every payload of 64 KiB or more goes as one bulk frame, both ways. Each
+Every client treats its peers as remote (``PODIUM_DISABLE_SHM``: no shared memory, what
+a worker on another host gets), so every payload of 64 KiB or more goes as one bulk frame, both ways. Each
 size class (just below the bulk threshold, at it, above one chunk, tens of MiB), every
 dtype the wire carries (NaN payloads, bfloat16, bool, int64, non-contiguous, zero-size)
 and numpy object arrays must come back bit for bit; the client's and the workers'
@@ -11,6 +11,7 @@ counters prove the bulk path carried them. A steady loop reuses its receive memo
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -38,6 +39,10 @@ class Mirror(Worker):
     def echo_value(self, value):
         return value
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def echo_later(self, data):
+        return data
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def bulk_stats(self):
         from podium.worker.host.process import current_host
@@ -46,18 +51,28 @@ class Mirror(Worker):
         return stats["bulk_in"], stats["bulk_out"], stats["shm_in"], stats["shm_out"]
 
 
+REMOTE = {"PODIUM_DISABLE_SHM": "1"}
+
+
 @pytest.fixture(scope="module")
 def wg():
+    """A group whose every client (the controller's, and the workers' own for fetches)
+    treats its peers as remote: PODIUM_DISABLE_SHM, what the bench's cross-host mode sets."""
+    saved = os.environ.get("PODIUM_DISABLE_SHM")
+    os.environ.update(REMOTE)
     podium.init()
     try:
-        group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror))
-        for w in group.workers:  # as if on another host: TCP only
-            w.client.same_host = False
-        assert all(w.client.transport == "socket" for w in group.workers)
+        group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror),
+                            worker_env=REMOTE)
+        assert all(w.client.transport == "socket" and w.client.same_host is False for w in group.workers)
         yield group
         group.shutdown()
     finally:
         podium.shutdown()
+        if saved is None:
+            os.environ.pop("PODIUM_DISABLE_SHM", None)
+        else:
+            os.environ["PODIUM_DISABLE_SHM"] = saved
 
 
 def counters(wg) -> list[int]:
@@ -123,6 +138,32 @@ def test_one_to_all_sends_one_payload_to_every_rank_as_bulk(wg):
         assert same_bits(out["t"], value["t"])
         assert list(out["objs"]) == list(value["objs"])
         assert np.array_equal(out["array"], value["array"]) and out["array"].dtype == np.int16
+
+
+def test_held_results_cross_hosts_as_bulk_to_the_controller_and_to_another_group(wg):
+    sent = batch(60_000)
+    before = counters(wg)
+    future = wg.echo_later(sent)
+    got = podium.get(future)  # the controller fetches each rank's held shard
+    moved = [a - b for a, b in zip(counters(wg), before)]
+    # calls out as bulk, held there; each shard fetched back as a bulk reply (the
+    # FETCH_CALL requests themselves are tiny, and fetches take their own clients)
+    assert moved == [2, 0, 2, 2, 0], moved
+    for key in sent.batch.keys():
+        assert same_bits(got.batch[key], sent.batch[key]), key
+    # A second group takes the future: each of its workers fetches its rows from the owners.
+    readers = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror),
+                          worker_env=REMOTE)
+    try:
+        before = counters(wg)
+        out = readers.echo(future)
+        moved = [a - b for a, b in zip(counters(wg), before)]
+        assert moved[3] >= 2 and moved[4] == 0, moved  # the owners answered with bulk frames
+        for key in sent.batch.keys():
+            assert same_bits(out.batch[key], sent.batch[key]), key
+        assert list(out.non_tensor_batch["objs"]) == list(sent.non_tensor_batch["objs"])
+    finally:
+        readers.shutdown()
 
 
 def test_a_steady_loop_reuses_its_receive_memory(wg):

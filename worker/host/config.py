@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from podium import errors
 from podium.worker.host.heldstore import default_budget
 
-__all__ = ["HostConfig", "RAY_CALL", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES",
+__all__ = ["HostConfig", "RAY_CALL", "FETCH_CALL", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES",
            "DEFAULT_INLINE_RESULT_BYTES"]
 
 #: Largest call payload a worker accepts unless PODIUM_MAX_PAYLOAD_BYTES says otherwise.
@@ -24,6 +24,11 @@ DEFAULT_INLINE_RESULT_BYTES = 64 << 10
 #: Method name of the raw-call escape hatch: ``call(RAY_CALL, (fn, *args))`` runs
 #: ``fn(hosted_object, *args)`` on the execution thread (Ray's ``actor.__ray_call__``).
 RAY_CALL = "__ray_call__"
+#: Method name of a fetch over the call connection: ``call(FETCH_CALL, (object_id, rows))``
+#: returns a held result (or rows ``[start, stop)`` of it). On the raw call socket that is
+#: a bulk frame straight into the fetcher's memory, where the ``Fetch`` RPC streams 4 MiB
+#: protobuf chunks; run on the loop, so it never waits behind a running method.
+FETCH_CALL = "__podium_fetch__"
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:

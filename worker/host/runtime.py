@@ -18,7 +18,7 @@ from podium.transport import chunks, shm
 from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
 from podium.worker.host.callstream import ActiveCall, CallStream
-from podium.worker.host.config import RAY_CALL, HostConfig
+from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
 from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
@@ -99,6 +99,8 @@ class HostRuntime:
         obj = self._obj
         if name == RAY_CALL:
             return self._ray_call, False, True
+        if name == FETCH_CALL:
+            return self._fetch_call, True, False
         if not name or name.startswith("__"):
             raise errors.UnknownMethodError(f"{self._class_name} has no callable method {name!r}",
                                             details={"method": name})
@@ -321,6 +323,8 @@ class HostRuntime:
             try:
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
+                if header.method == FETCH_CALL and isinstance(exc, errors.PodiumError):
+                    raise  # the store's own error (NotFound, OutOfRange), as the Fetch RPC says it
                 raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
             outcome = self.package(result, header, active.stream.conn)
         await active.stream.send_outcome(active.call_id, outcome)
@@ -375,6 +379,13 @@ class HostRuntime:
             return held.value, held.encoded
         value = refs.slice_rows(held.value, rows[0], rows[1])
         return value, codec.encode(value)
+
+    async def _fetch_call(self, object_id: str, rows: tuple[int, int] | None = None) -> Any:
+        """FETCH_CALL: a held result (or rows of it) for a peer, as a call's reply."""
+        value, encoded = self.fetch_value(object_id, tuple(rows) if rows is not None else None)
+        self.stats["fetches_served"] += 1
+        self.stats["bytes_served"] += encoded.nbytes
+        return value
 
     async def fetch_chunks(self, request: worker_pb2.FetchRequest) -> AsyncIterator[worker_pb2.DataChunk]:
         """A held result (or a row range of it) as DataChunks, or one naming a shared-memory segment."""
