@@ -9,7 +9,7 @@ remote worker takes. Here each configuration runs in a child process of its own:
 - ``podium same-host``: the default (shared memory for payloads of 1 MiB and more);
 - ``podium cross-host``: ``PODIUM_DISABLE_SHM=1``, so every client treats its workers as
   remote: every byte crosses a TCP socket (the raw call socket's bulk frames);
-- ``podium cross-host tls``: the same with mutual TLS (every call on the gRPC stream);
+- ``podium cross-host tls``: the same with mutual TLS (the raw call socket under TLS);
 - ``ray one-node``: verl's RayWorkerGroup on ``ray.init()``;
 - ``ray two-nodes``: ``ray.cluster_utils.Cluster`` with a head of 0 CPUs and a second raylet
   holding the group, so arguments and results cross Ray's object manager.

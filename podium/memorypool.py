@@ -30,7 +30,11 @@ import os
 import threading
 import weakref
 
-__all__ = ["MemoryPool", "POOL", "idle_budget"]
+__all__ = ["MemoryPool", "POOL", "idle_budget", "MIN_POOLED_BYTES"]
+
+#: Payloads smaller than this use plain ``bytearray``s: fresh pages are cheap at that size
+#: and a mapping is at least one granule.
+MIN_POOLED_BYTES = 1 << 20
 
 # Mappings are a multiple of this, so payloads whose size varies a little (another
 # skeleton length, a few more rows) reuse the mapping of the previous step.

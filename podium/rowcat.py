@@ -17,19 +17,16 @@ from typing import Any
 
 import torch
 
-from podium.memorypool import POOL
+from podium.memorypool import MIN_POOLED_BYTES, POOL
 
-__all__ = ["cat_rows", "cat_tensordicts", "POOLED_MIN_BYTES"]
-
-#: Results smaller than this use ``torch.cat`` (fresh pages are cheap at that size).
-POOLED_MIN_BYTES = 1 << 20
+__all__ = ["cat_rows", "cat_tensordicts"]
 
 
 def _poolable(tensors: list[torch.Tensor]) -> bool:
     first = tensors[0]
     return all(t.device.type == "cpu" and t.dtype == first.dtype and t.layout == torch.strided
                and not t.requires_grad and t.is_contiguous() and t.dim() >= 1 and t.shape[1:] == first.shape[1:]
-               for t in tensors) and sum(t.nbytes for t in tensors) >= POOLED_MIN_BYTES
+               for t in tensors) and sum(t.nbytes for t in tensors) >= MIN_POOLED_BYTES
 
 
 def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:

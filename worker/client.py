@@ -103,15 +103,17 @@ class WorkerClient(WorkerChannel):
             self.rank = info.rank
         self.worker_id = self.worker_id or info.worker_id
         carrier: Any = None
-        if info.call_port and self._tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
+        if info.call_port and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
             from podium.transport import callsocket
 
             host = self.address.rsplit(":", 1)[0]
+            tls = self._tls
             try:
-                carrier = await callsocket.connect(host, info.call_port, self._token,
-                                                   worker_pb2.ReplyFrame.FromString, self._on_frame,
-                                                   self._on_raw_lost, timeout=timeout,
-                                                   max_bulk=MAX_REPLY_BYTES)
+                carrier = await callsocket.connect(
+                    host, info.call_port, self._token, worker_pb2.ReplyFrame.FromString, self._on_frame,
+                    self._on_raw_lost, timeout=timeout, max_bulk=MAX_REPLY_BYTES,
+                    ssl_context=tls.ssl_context(server=False) if tls is not None else None,
+                    server_hostname=(tls.server_name or host.strip("[]")) if tls is not None else None)
             except errors.AuthenticationError:
                 raise
             except (OSError, asyncio.TimeoutError, errors.PodiumError) as exc:
@@ -470,9 +472,9 @@ class WorkerClient(WorkerChannel):
                     timeout: float | None = None) -> Any:
         """The value ``ref`` names (or rows of it), from its owner: over the raw call socket
         when the owner serves one (a bulk frame into this process's reused memory), else the
-        ``Fetch`` RPC (TLS, or an owner with no call socket: the controller's object server).
+        ``Fetch`` RPC (an owner with no call socket: the controller's object server).
         A client that is not started yet is started here."""
-        if self._conn is None and self._broken is None and self._tls is None:
+        if self._conn is None and self._broken is None:
             if (await self.describe(timeout=timeout or 30.0)).call_port:  # not an object server
                 await self.start(timeout=timeout or 30.0)
         if self.transport != "socket" or self._broken is not None:

@@ -27,9 +27,10 @@ read into a small scratch buffer and dropped, and the frame arrives with the err
 (:class:`BulkFrame`), so the call fails and the connection carries on.
 
 Security is the gRPC port's: the cluster token is checked (in constant time) before any
-frame is read, and a worker opens this port only where it serves without TLS (with TLS
-every call takes the gRPC stream). A frame larger than :data:`MAX_FRAME_BYTES` or one
-that does not parse ends the connection.
+frame is read, and where the cluster uses TLS this port speaks mutual TLS with the same
+certificates (the peer's certificate must be signed by the cluster CA, before the token is
+even read). A frame larger than :data:`MAX_FRAME_BYTES` or one that does not parse ends
+the connection.
 
 :class:`FrameConnection` is an ``asyncio.Protocol`` used by both sides: the server hands
 each accepted connection to the worker host's ``CallStream`` as its ``context``
@@ -71,6 +72,10 @@ _BULK_FLAG = 0x80000000
 # The read buffer of frames (bulk bytes bypass it): this much at first, grown to fit a frame.
 _READ_BUFFER = 256 << 10
 _SCRATCH = 1 << 20
+# Under TLS a bulk payload is written in slices of this size: uvloop encrypts each write
+# whole before sending any of it, so one 128 MiB write runs at ~300 MB/s where 1 MiB
+# slices reach ~850 MB/s (encryption and sending overlap).
+_TLS_SLICE = 1 << 20
 _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
 # Frames smaller than this wait for the end of the loop turn to leave together,
@@ -175,6 +180,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._buffer = bytearray(_READ_BUFFER)
         self._start = self._end = 0
         self._bulk: _Bulk | None = None
+        self._encrypted = False
         self._handshaken = False
         # Set by connection_made, before any other method can run.
         self._transport: Any = None
@@ -194,6 +200,7 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
+        self._encrypted = transport.get_extra_info("sslcontext") is not None
         if self._server:  # a peer that never says hello must not hold a socket forever
             asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
         else:
@@ -404,8 +411,13 @@ class FrameConnection(asyncio.BufferedProtocol):
         transport = self._transport
         transport.write(_BULK.pack(_BULK_FLAG | len(message), nbytes) + message)
         for segment in segments:
-            if segment.nbytes:
-                transport.write(segment)
+            if not self._encrypted:
+                if segment.nbytes:
+                    transport.write(segment)
+                continue
+            view = memoryview(segment).cast("B") if segment.nbytes else segment
+            for at in range(0, view.nbytes, _TLS_SLICE):
+                transport.write(view[at:at + _TLS_SLICE])
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -456,30 +468,35 @@ class FrameConnection(asyncio.BufferedProtocol):
 
 async def serve(address: str, token: str, parse: Callable[[bytes], Any],
                 on_connection: Callable[[FrameConnection], None],
-                max_bulk: int) -> tuple[asyncio.AbstractServer, int]:
+                max_bulk: int, ssl_context: Any = None) -> tuple[asyncio.AbstractServer, int]:
     """Listen on ``address:0``; each authenticated connection goes to ``on_connection``.
-    ``max_bulk``: the largest bulk payload a client may send. Returns the server and its port.
+    ``max_bulk``: the largest bulk payload a client may send; ``ssl_context``: mutual TLS
+    (:meth:`podium.auth.TlsConfig.ssl_context`). Returns the server and its port.
     """
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: FrameConnection(parse, token=token, server=True, on_ready=on_connection, max_bulk=max_bulk),
-        host=address.strip("[]"), port=0)
+        host=address.strip("[]"), port=0, ssl=ssl_context,
+        ssl_handshake_timeout=HANDSHAKE_SECONDS if ssl_context is not None else None)
     port = server.sockets[0].getsockname()[1]
     return server, port
 
 
 async def connect(host: str, port: int, token: str, parse: Callable[[bytes], Any],
                   on_frame: Callable[[Any], None], on_lost: Callable[[BaseException | None], None],
-                  timeout: float | None = 30.0, max_bulk: int = 0) -> FrameConnection:
+                  timeout: float | None = 30.0, max_bulk: int = 0, ssl_context: Any = None,
+                  server_hostname: str | None = None) -> FrameConnection:
     """Open and authenticate a client connection; frames go to ``on_frame`` as they arrive.
-    ``max_bulk``: the largest bulk payload the worker may send back."""
+    ``max_bulk``: the largest bulk payload the worker may send back; ``ssl_context`` and
+    ``server_hostname`` (the name its certificate must carry): mutual TLS."""
     loop = asyncio.get_running_loop()
 
     async def go() -> FrameConnection:
         _, conn = await loop.create_connection(
             lambda: FrameConnection(parse, token=token, server=False, on_frame=on_frame, on_lost=on_lost,
                                     max_bulk=max_bulk),
-            host=host.strip("[]"), port=port)
+            host=host.strip("[]"), port=port, ssl=ssl_context,
+            server_hostname=server_hostname if ssl_context is not None else None)
         try:
             await conn.ready
         except BaseException:

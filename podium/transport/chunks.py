@@ -10,9 +10,11 @@ buffer to :func:`podium.codec.decode`, which makes zero-copy views into it.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable, Iterator
 
 from podium.errors import DataLossError, PayloadTooLargeError
+from podium.memorypool import MIN_POOLED_BYTES, POOL
 
 __all__ = ["CHUNK_SIZE", "iter_chunks", "Assembler"]
 
@@ -82,8 +84,16 @@ class Assembler:
     def __init__(self, total_size: int, max_size: int) -> None:
         check_announced(total_size, max_size)
         self.total_size = total_size
-        self._buffer = bytearray(total_size)
-        self._view = memoryview(self._buffer)
+        # A large payload goes into a reused mapping (podium.memorypool): its pages were
+        # touched before, which costs far less than fresh ones.
+        self._mapping: mmap.mmap | None = None
+        self._buffer: bytearray | None = None
+        if total_size >= MIN_POOLED_BYTES:
+            self._mapping = POOL.take(total_size)
+            self._view = memoryview(self._mapping)
+        else:
+            self._buffer = bytearray(total_size)
+            self._view = memoryview(self._buffer)
         self._received = 0
 
     @property
@@ -109,10 +119,15 @@ class Assembler:
         self._view[self._received:end] = view
         self._received = end
 
-    def result(self) -> bytearray:
-        """The assembled payload; raises DataLossError if bytes are still missing."""
+    def result(self) -> bytearray | memoryview:
+        """The assembled payload, writable (a bytearray, or a view of a pooled mapping that
+        goes back to the pool with the last value decoded from it); raises DataLossError if
+        bytes are still missing."""
         if not self.done:
             raise DataLossError(f"payload truncated: {self._received} of {self.total_size} "
                                 f"announced bytes arrived")
         self._view.release()  # lets the caller resize or free the bytearray
+        if self._mapping is not None:
+            return POOL.lease(self._mapping, self.total_size)
+        assert self._buffer is not None
         return self._buffer

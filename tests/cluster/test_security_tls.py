@@ -140,6 +140,24 @@ def _health(channel, metadata=()) -> grpc.RpcError | None:
     return None
 
 
+def _raw_hello(host: str, port: int, token: str, tls) -> bytes:
+    """The raw call socket's answer to a hello (b"\\x00" accepted, b"\\x01" wrong token,
+    b"" closed), over plaintext (``tls`` None) or mutual TLS with ``tls``'s certificate."""
+    import socket
+    import struct
+
+    from podium.transport import callsocket
+
+    raw = socket.create_connection((host, port), timeout=10)
+    sock = tls.ssl_context(server=False).wrap_socket(raw, server_hostname=host) if tls is not None else raw
+    with sock:
+        sock.sendall(struct.pack("<4sBH", callsocket.MAGIC, callsocket.VERSION, len(token)) + token.encode())
+        try:
+            return sock.recv(1)
+        except (ConnectionResetError, TimeoutError):
+            return b""
+
+
 def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(tls_cluster, producers, tmp_path):
     rt = get_runtime()
     workers = [f"{w.node_address}:{w.port}" for w in rt.run(rt.cluster_state()).workers
@@ -147,14 +165,22 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(tls_cluster
     assert len(workers) >= 2
     targets = {"scheduler": tls_cluster.address, **{f"agent {h}": a for h, a in tls_cluster.agents.items()},
                **{f"worker {a}": a for a in workers}}
-    # Under TLS a worker opens no plaintext side port (podium.transport.callsocket): every call is mTLS gRPC.
+    # Under TLS a worker's raw call socket (podium.transport.callsocket) speaks mutual TLS too:
+    # plaintext and a foreign CA never reach the token check; the right certificate still
+    # needs the token.
     from podium.v1 import worker_pb2, worker_pb2_grpc
+    foreign = make_foreign_tls(tmp_path)
     for address in workers:
         with rpc.make_sync_channel(address, tls_cluster.tls) as channel:
             described = worker_pb2_grpc.WorkerStub(channel).Describe(
                 worker_pb2.DescribeRequest(), metadata=rpc.token_metadata(tls_cluster.token), timeout=10)
-        assert described.call_port == 0, address
-    foreign = make_foreign_tls(tmp_path)
+        host, port = address.rsplit(":", 1)[0], described.call_port
+        assert port, address
+        assert _raw_hello(host, port, tls_cluster.token, None) == b"", address
+        with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+            _raw_hello(host, port, tls_cluster.token, foreign)
+        assert _raw_hello(host, port, tls_cluster.token + "x", tls_cluster.tls) == b"\x01", address
+        assert _raw_hello(host, port, tls_cluster.token, tls_cluster.tls) == b"\x00", address
     for what, address in targets.items():
         with rpc.make_sync_channel(address, tls_cluster.tls) as good:
             assert _health(good, rpc.token_metadata(tls_cluster.token)) is None, what

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 
 import grpc
+import numpy as np
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.certs import make_tls
@@ -23,6 +25,10 @@ class Where(Worker):
     def tls(self):
         return os.environ.get("PODIUM_TLS_CERT"), self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def echo(self, value):
+        return value
+
 
 def test_init_takes_tls_from_the_environment(tmp_path, monkeypatch):
     tls = make_tls(tmp_path / "certs")
@@ -37,6 +43,18 @@ def test_init_takes_tls_from_the_environment(tmp_path, monkeypatch):
         wg = WorkerGroup(ResourcePool([1], use_gpu=True, max_colocate_count=1), ClassWithInitArgs(Where))
         try:
             assert wg.tls() == [(tls.cert, 0)]
+            # Calls take the raw call socket under mutual TLS; a large payload goes as one
+            # bulk frame each way (written in slices) and comes back bit for bit.
+            client = wg.workers[0].client
+            assert client.transport == "socket"
+            client.same_host = False  # as if remote: no shared memory
+            value = {"t": torch.randn(5 << 18)[::2], "b": torch.rand(3 << 20) > 0.5,
+                     "objs": np.array([{"a": 1}, "x", None], dtype=object)}
+            sent = client.stats["bulk_sent"], client.stats["bulk_received"]
+            (back,) = wg.echo(value)
+            assert (client.stats["bulk_sent"], client.stats["bulk_received"]) == (sent[0] + 1, sent[1] + 1)
+            assert torch.equal(back["t"], value["t"]) and torch.equal(back["b"], value["b"])
+            assert list(back["objs"]) == list(value["objs"])
         finally:
             wg.shutdown()
         # The embedded scheduler refuses a plaintext client.

@@ -165,8 +165,8 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
     runtime.address = f"[{address}]:{bound}" if ":" in address else f"{address}:{bound}"
     await rpc.start_server(server, health)
     call_server = None
-    if tls is None and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
-        # The fast path of the Calls stream (podium.transport.callsocket); with TLS, gRPC only.
+    if os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
+        # The fast path of the Calls stream (podium.transport.callsocket), mutual TLS under TLS.
         from podium.transport import callsocket
 
         def on_connection(conn: Any) -> None:
@@ -177,7 +177,8 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
 
         call_server, runtime.call_port = await callsocket.serve(
             address, token, worker_pb2.CallFrame.FromString, on_connection,
-            max_bulk=runtime.config.max_payload_bytes)
+            max_bulk=runtime.config.max_payload_bytes,
+            ssl_context=tls.ssl_context(server=True) if tls is not None else None)
     resolver = HostResolver(runtime, token, tls)
     refs.set_resolver(resolver)
     _current = runtime
