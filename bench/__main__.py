@@ -3,6 +3,10 @@
     python -m bench [--n 1 2 4 8] [--payload-mib 1 16 128] [--backends podium ray]
                     [--repeat K] [--json PATH] [--quick] [--ray-python PATH]
 
+Then the cross-host section (:mod:`bench.crosshost`): DP_COMPUTE_PROTO, one-way and
+worker-to-worker transfers with shared memory, over TCP only (what a worker on another
+host gets), over TCP with TLS, and on Ray with one raylet and across two.
+
 This parent process measures nothing itself: for each N and backend it runs one child
 (``python -m bench.podium_side`` / ``bench.ray_side``) with a deadline, so Ray and Podium
 never share a process and a backend that hangs or crashes costs its own cells only. It then
@@ -55,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--from-json", metavar="PATH",
                         help="measure nothing: print the tables of a run saved with --json")
     parser.add_argument("--podium-python", default=sys.executable, help="interpreter for the Podium child")
+    parser.add_argument("--no-crosshost", action="store_true",
+                        help="skip the cross-host section (bench.crosshost: TCP without shared memory, "
+                             "TLS, Ray across two raylets)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.n = args.n or ([1, 2] if quick else [1, 2, 4, 8])
@@ -252,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.json:
         pathlib.Path(args.json).write_text("\n".join(lines) + "\n")
+    if not args.no_crosshost:  # same host beside cross-host, with Ray across two raylets
+        from bench import crosshost
+
+        print()
+        modes = [m for m in crosshost.MODES if crosshost.MODES[m][0] in backends]
+        crosshost.main(["--n", *map(str, args.n), "--payload-mib", *map(str, args.payload_mib),
+                        "--repeat", str(min(args.repeat, 3)), "--ray-python", args.ray_python,
+                        "--step-timeout", str(args.step_timeout), "--modes", *modes]
+                       + ([] if args.quick else ["--gib"]))
     return 0
 
 
