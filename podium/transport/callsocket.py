@@ -9,7 +9,7 @@ a second port (``DescribeResponse.call_port``, same address) that speaks exactly
 
 Wire form::
 
-    client -> server   b"PDMC" u8 version(1) u16 token length, token (UTF-8)
+    client -> server   b"PDMC" u8 version (2) u16 token length, token (UTF-8)
     server -> client   u8 status: 0 accepted, 1 token rejected (then the server closes)
     then, both ways    u32 length (little-endian), that many bytes of one serialized
                        message: CallFrame client -> server, ReplyFrame server -> client;
@@ -32,7 +32,7 @@ certificates (the peer's certificate must be signed by the cluster CA, before th
 even read). A frame larger than :data:`MAX_FRAME_BYTES` or one that does not parse ends
 the connection.
 
-:class:`FrameConnection` is an ``asyncio.Protocol`` used by both sides: the server hands
+:class:`FrameConnection` is an ``asyncio.BufferedProtocol`` used by both sides: the server hands
 each accepted connection to the worker host's ``CallStream`` as its ``context``
 (``await read()`` / ``await write(frame)``, EOF is ``grpc.aio.EOF``), the client takes
 frames through a callback as they arrive (no reader task, no queue).
@@ -51,7 +51,7 @@ import grpc
 
 from podium import errors
 from podium.transport.chunks import CHUNK_SIZE
-from podium.memorypool import POOL
+from podium.memorypool import MIN_POOLED_BYTES, POOL
 
 __all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "BulkFrame", "FrameConnection", "serve",
            "connect"]
@@ -114,12 +114,14 @@ class _Bulk:
         self.size = size
         self.received = 0
         self.error: errors.PodiumError | None = None
-        self.buffer: Any = None
+        self.buffer: Any = None  # a pooled mapping, for a payload of MIN_POOLED_BYTES or more
         if size > max_size:  # refused before any memory is taken for it
             self.error = errors.PayloadTooLargeError(
                 f"payload of {size} bytes exceeds the maximum of {max_size} bytes",
                 details={"size": str(size), "max_size": str(max_size)})
             self.view = memoryview(bytearray(min(size, _SCRATCH)))
+        elif size < MIN_POOLED_BYTES:  # small: malloc reuses its heap, a mapping is 1 MiB at least
+            self.view = memoryview(bytearray(size))
         else:
             self.buffer = POOL.take(size)
             self.view = memoryview(self.buffer)
@@ -143,6 +145,8 @@ class _Bulk:
     def finish(self) -> BulkFrame:
         if self.error is not None:
             return BulkFrame(self.message, None, self.error)
+        if self.buffer is None:
+            return BulkFrame(self.message, self.view)
         self.view.release()
         return BulkFrame(self.message, POOL.lease(self.buffer, self.size))
 

@@ -216,11 +216,10 @@ class CallStream:
 
     async def send_outcome(self, call_id: int, outcome: Outcome) -> None:
         """Answer ``call_id`` with a packaged result: a ref, a segment, a bulk frame, or chunks."""
-        if self.conn.writes_nowait:
-            if self._reply_nowait(call_id, outcome):
-                if self.conn.must_drain:
-                    await self.conn.carrier.drain()
-                return
+        if self.conn.writes_nowait and self._reply_nowait(call_id, outcome):
+            if self.conn.must_drain:
+                await self.conn.carrier.drain()
+            return
         frame = self._single_frame(call_id, outcome)
         if frame is not None:
             await self.write(frame)
