@@ -20,7 +20,9 @@ import torch
 import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
+from podium.controller.runtime import get_runtime
 from podium.memorypool import POOL
+from podium.transport.payload import prepare
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = pytest.mark.timeout(300)
@@ -42,6 +44,17 @@ class Mirror(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def echo_later(self, data):
         return data
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def kept(self):
+        """A tensor this worker keeps and changes later (weights, a buffer)."""
+        if not hasattr(self, "_kept"):
+            self._kept = torch.zeros(64 << 20, dtype=torch.uint8)
+        return self._kept
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def bump_kept(self):
+        self._kept += 1
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def bulk_stats(self):
@@ -164,6 +177,23 @@ def test_held_results_cross_hosts_as_bulk_to_the_controller_and_to_another_group
         assert list(out.non_tensor_batch["objs"]) == list(sent.non_tensor_batch["objs"])
     finally:
         readers.shutdown()
+
+
+def test_a_reply_is_the_value_at_return_even_if_the_next_call_changes_it(wg):
+    # Two calls sent back to back on one connection: the worker runs the second (which
+    # changes the tensor in place) while the first one's 64 MiB reply is still leaving.
+    client = wg.workers[0].client
+    empty = prepare(((), {}))
+
+    async def both():
+        first, second = client.submit("kept", empty), client.submit("bump_kept", empty)
+        return await first, await second
+
+    before = counters(wg)
+    for step in range(3):
+        reply, _ = get_runtime().run(both(), timeout=120, what="calls")
+        assert int(reply.min()) == step and int(reply.max()) == step, step
+    assert counters(wg)[3] - before[3] >= 3  # the replies went as bulk frames
 
 
 def test_a_steady_loop_reuses_its_receive_memory(wg):

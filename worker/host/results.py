@@ -11,6 +11,7 @@ import traceback
 from typing import Any
 
 from podium import codec, errors
+from podium.memorypool import MIN_POOLED_BYTES, POOL
 from podium.v1 import worker_pb2
 from podium.worker.host import gpucap
 
@@ -30,6 +31,32 @@ class Outcome:
     nbytes: int = 0
 
 
+def _copy_into(target: Any, segments: list) -> None:
+    pos = 0
+    for segment in segments:
+        size = segment.nbytes
+        target[pos:pos + size] = segment.cast("B") if segment.ndim != 1 or segment.itemsize != 1 else segment
+        pos += size
+
+
+def reply_snapshot(segments: list, nbytes: int) -> list[memoryview]:
+    """A result's wire form copied into one buffer, on the thread that made the result.
+
+    The raw call socket sends a reply from the memory it is given, as the socket takes it
+    (the event loop does not copy), so a reply that viewed the method's tensors would pick
+    up what the next call writes into them meanwhile. A copy here makes every reply a
+    snapshot of the value at return, as Ray's object store and this host's shared-memory
+    replies are. Large ones go into the process's pool of reused mappings.
+    """
+    if nbytes < MIN_POOLED_BYTES:
+        buffer = bytearray(nbytes)
+        _copy_into(memoryview(buffer), segments)
+        return [memoryview(buffer)]
+    mapping = POOL.take(nbytes)
+    _copy_into(mapping, segments)
+    return [POOL.lease(mapping, nbytes)]
+
+
 class FrozenResult:
     """A held result's wire form, copied once into one buffer.
 
@@ -43,11 +70,7 @@ class FrozenResult:
     def __init__(self, segments: list, nbytes: int) -> None:
         self.buffer = bytearray(nbytes)
         view = memoryview(self.buffer)
-        pos = 0
-        for segment in segments:
-            size = segment.nbytes
-            view[pos:pos + size] = segment.cast("B") if segment.ndim != 1 or segment.itemsize != 1 else segment
-            pos += size
+        _copy_into(view, segments)
         view.release()
 
     @property

@@ -23,7 +23,7 @@ from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenResult, Outcome, call_error,
-                                        close_names, remote_error)
+                                        close_names, remote_error, reply_snapshot)
 
 __all__ = ["HostRuntime"]
 
@@ -158,6 +158,10 @@ class HostRuntime:
             if name:
                 self.stats["shm_out"] += 1
                 return Outcome(shm_name=name, shm_pooled=pooled, nbytes=nbytes)
+        # The socket reads a reply later: copy it now, unless it is a held result (a frozen
+        # snapshot already) going out to a fetch.
+        if value is not None and type(value) not in IMMUTABLE_RESULTS and header.method != FETCH_CALL:
+            segments = reply_snapshot(segments, nbytes)
         return Outcome(segments=segments, nbytes=nbytes)
 
     def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
