@@ -32,8 +32,10 @@ from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, schedu
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SchedulerConfig", "SchedulerService", "Metrics", "MAX_WAIT_SECONDS"]
+__all__ = ["SchedulerConfig", "SchedulerService", "Metrics", "MAX_WAIT_SECONDS", "INLINE_BUNDLES"]
 
+#: Placement groups with at most this many bundles are placed on the event loop itself.
+INLINE_BUNDLES = 64
 #: Longest a server-side wait may last, whatever the request asks.
 MAX_WAIT_SECONDS = 300.0
 #: A lease checker that wakes this much later than it asked was stalled (see _check_leases).
@@ -335,6 +337,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     async def CreatePlacementGroup(self, request, context):
         """Creates a group: CREATED, PENDING, or INFEASIBLE at once."""
         bundles = [dict(b.resources) for b in request.bundles]
+        if len(bundles) <= INLINE_BUNDLES:
+            # A few bundles place in microseconds: a thread hop would cost more (and
+            # wait for the GIL behind this loop), so place here, on the kept snapshot.
+            group = self.model.create_placement_group(
+                request.name, bundles, request.strategy, request.detached, request.owner,
+                self.clock())
+            await self._commit()
+            return group
         # Validating and placing thousands of bundles takes a while: do that pure work on a
         # thread, so heartbeats keep being served (issue #14); applying it stays here.
         specs = await asyncio.to_thread(validate_bundles, bundles)
