@@ -126,11 +126,18 @@ class NodesMixin:
                     self._capacity_changed()  # the snapshot carries each GPU's total
         del node.processes[:]
         node.processes.extend(processes)
-        # A heartbeat is frequent and only refreshes readings: persist it, but do not
-        # wake waiters (version) for it.
-        self._dirty.nodes[node_id] = None
+        # A heartbeat is frequent and only refreshes readings: they are persisted in
+        # batches (take_readings), not one transaction per heartbeat, and wake no waiter.
+        self._readings[node_id] = None
         effects = self._reconcile_running(node_id, running, now, registering=False)
         return False, effects.stop.get(node_id, [])
+
+    def take_readings(self) -> dict[str, None]:
+        """Ids of the nodes whose heartbeat readings changed since the last call (and forget
+        them): the service writes them in one transaction every lease check. A crash loses at
+        most those readings; a restored node's lease restarts anyway."""
+        readings, self._readings = self._readings, {}
+        return readings
 
     def expire(self, now: float) -> Effects:
         """Mark nodes whose lease ran out DEAD and close sessions whose lease ran out.

@@ -26,7 +26,8 @@ from podium.limits import MAX_GRACE_SECONDS, check_repeated_fields, check_second
 from podium.rpc import error_from_rpc, handle_errors, make_channel
 from podium.resources import Strategy, validate_bundles
 from podium.scheduler import core
-from podium.scheduler.state import LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Effects
+from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
+                                    Effects)
 from podium.scheduler.store import Store
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -187,6 +188,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         for _, channel, _ in self._agents.values():
             await channel.close()
         self._agents.clear()
+        try:
+            self._save_readings()
+        except Exception:  # noqa: BLE001 - closing must close the store whatever happens
+            log.exception("saving the last heartbeat readings failed")
         self.store.close()
 
     async def _check_leases(self) -> None:
@@ -206,18 +211,27 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                                 slept - interval)
                     self.model.excuse_stall(self.clock())
                 effects = self.model.expire(self.clock())
+                self._save_readings()
                 await self._commit()
                 self._stop_later(effects)
             except Exception:  # noqa: BLE001 - the checker must keep running
                 log.exception("lease check failed")
 
     async def _commit(self) -> None:
-        """Persist what changed and wake the waiters."""
+        """Persist what changed and wake the waiters (none when nothing changed: every
+        change a waiter waits for marks its record dirty; a heartbeat usually changes none)."""
         dirty = self.model.take_dirty()
-        if dirty:
-            self.store.save(self.model, dirty)
+        if not dirty:
+            return
+        self.store.save(self.model, dirty)
         async with self._changed:
             self._changed.notify_all()
+
+    def _save_readings(self) -> None:
+        """Write the heartbeat readings gathered since the last time, in one transaction."""
+        readings = self.model.take_readings()
+        if readings:
+            self.store.save(self.model, Dirty(nodes=readings))
 
     async def _wait_until(self, ready: Callable[[], bool], seconds: float) -> bool:
         """Wait until ``ready()`` holds (checked after every change); False on timeout."""

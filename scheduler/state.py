@@ -79,6 +79,8 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
         self._node_workers: dict[str, dict[str, None]] = {}
         self._new_id = new_id
         self._dirty = Dirty()
+        #: Nodes whose heartbeat readings are not saved yet (see take_readings).
+        self._readings: dict[str, None] = {}
         #: Bumped by every mutation; waiters compare it to know something changed.
         self.version = 0
 

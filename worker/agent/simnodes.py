@@ -79,6 +79,8 @@ class _Node:
     number: int = 0
     workers: dict[str, _Worker] = field(default_factory=dict)
     registrations: int = 0
+    #: Heartbeats the scheduler answered.
+    heartbeats: int = 0
     registered: bool = False
     #: The heartbeat request, rebuilt only when the workers change.
     request: scheduler_pb2.HeartbeatRequest | None = None
@@ -291,6 +293,7 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
             if len(stats.heartbeats) >= MAX_SAMPLES:
                 del stats.heartbeats[:MAX_SAMPLES // 10]
             stats.heartbeats.append((sent, time.perf_counter() - started, node.number))
+            node.heartbeats += 1
             if response.reregister:
                 stats.reregister_asked.append(sent)
                 return
