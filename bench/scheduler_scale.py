@@ -356,7 +356,10 @@ def run(args: argparse.Namespace) -> dict:
                                       args.round_seconds)
             group_ids = kept.pop("kept")
             out["kept"] = kept
-            out["workers"] = await _workers(stub, metadata, group_ids[:args.worker_groups], [])
+            try:
+                out["workers"] = await _workers(stub, metadata, group_ids[:args.worker_groups], [])
+            except grpc.RpcError as exc:  # e.g. a group lost with a node whose lease ran out
+                out["workers"] = {"error": f"{exc.code().name}: {exc.details()}"}
             await channel.close()
             return out
 
