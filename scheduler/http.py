@@ -159,18 +159,21 @@ class _PlacementIndex:
             if group.state != common_pb2.PG_CREATED:
                 continue
             specs = model._specs.get(group.id)
+            group_id, group_name = group.id, group.name  # a protobuf field read is not free
+            owners, reserved, cpu = self.owners, self.reserved_units, self.cpu_reserved
             for placed in group.placements:
-                spec = specs[placed.bundle_index] if specs else _bundle_units(group, placed.bundle_index)
-                self.cpu_reserved[placed.node_id] = self.cpu_reserved.get(placed.node_id, 0) + spec.cpu_units
+                bundle_index, node_id = placed.bundle_index, placed.node_id
+                spec = specs[bundle_index] if specs else _bundle_units(group, bundle_index)
+                cpu[node_id] = cpu.get(node_id, 0) + spec.cpu_units
                 share = spec.gpu_units if spec.is_fractional else GPU_UNITS
-                fraction, text = share / GPU_UNITS, fraction_text(share)
+                # One document per bundle, listed under each GPU it owns.
+                doc = {"placement_group_id": group_id, "placement_group": group_name,
+                       "bundle_index": bundle_index, "gpu_fraction": share / GPU_UNITS,
+                       "gpu_fraction_text": fraction_text(share)}
                 for index in placed.gpu_indices:
-                    key = (placed.node_id, index)
-                    self.owners.setdefault(key, []).append({
-                        "placement_group_id": group.id, "placement_group": group.name,
-                        "bundle_index": placed.bundle_index,
-                        "gpu_fraction": fraction, "gpu_fraction_text": text})
-                    self.reserved_units[key] = self.reserved_units.get(key, 0) + share
+                    key = (node_id, index)
+                    owners.setdefault(key, []).append(doc)
+                    reserved[key] = reserved.get(key, 0) + share
         self.on_gpu: dict[tuple[str, int], list[common_pb2.WorkerInfo]] = {}
         for worker in model.workers.values():
             if worker.state in LIVE_WORKER_STATES:

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -91,6 +92,21 @@ class Metrics:
                             ["state"], registry=self.registry)
         self.workers = Gauge("podium_scheduler_workers", "Workers by state", ["state"],
                              registry=self.registry)
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._timers: dict[str, Any] = {}
+
+    def observe(self, method: str, code: str, seconds: float) -> None:
+        """Count one RPC and its latency (the labelled children are looked up once each:
+        a heartbeat is 1,000 RPCs a second on a 1,000-node cluster)."""
+        key = (method, code)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.rpcs.labels(method=method, code=code)
+        timer = self._timers.get(method)
+        if timer is None:
+            timer = self._timers[method] = self.latency.labels(method=method)
+        counter.inc()
+        timer.observe(seconds)
 
     def refresh(self, model: ClusterModel) -> None:
         """Set the state gauges from the model (called on scrape)."""
@@ -127,8 +143,7 @@ def _metered(method):
             code = "INTERNAL"
             raise
         finally:
-            self.metrics.rpcs.labels(method=name, code=code).inc()
-            self.metrics.latency.labels(method=name).observe(time.perf_counter() - start)
+            self.metrics.observe(name, code, time.perf_counter() - start)
     return wrapper
 
 
