@@ -414,9 +414,15 @@ def run(args: argparse.Namespace) -> dict:
     hb = stats["heartbeats"]
     results["heartbeat_client_steady"] = _latency(_split(hb, marks["steady_start"], marks["steady_end"]))
     results["heartbeat_client_during_pg"] = _latency(_split(hb, marks["pg_start"], marks["pg_end"]))
+    # How late the simulator's own loop ran (its share of the latencies above).
+    lag = [(t, seconds, 0) for t, seconds in stats.get("loop_lag", [])]
+    results["simulator_loop_lag_steady"] = _latency(_split(lag, marks["steady_start"], marks["steady_end"]))
+    results["simulator_loop_lag_during_pg"] = _latency(_split(lag, marks["pg_start"], marks["pg_end"]))
     if "restart_up" in marks:
         results["heartbeat_client_after_restart"] = _latency(
             _split(hb, marks["restart_up"] + 5, marks["after_end"]))
+        results["simulator_loop_lag_after_restart"] = _latency(
+            _split(lag, marks["restart_up"] + 5, marks["after_end"]))
         # A node is back at its first registration or answered heartbeat after the restart.
         width = len(str(args.nodes - 1))
         back: dict[str, float] = {}

@@ -128,6 +128,9 @@ class SimStats:
     reregister_asked: list[float] = field(default_factory=list)
     #: Successful RegisterNode calls: (at, node id).
     registrations: list[tuple[float, str]] = field(default_factory=list)
+    #: (at, seconds) by which the simulator's own loop woke late from a 50 ms sleep: how
+    #: much of a heartbeat's latency is this process waiting for a core, not the scheduler.
+    loop_lag: list[tuple[float, float]] = field(default_factory=list)
     spawned: int = 0
     stopped: int = 0
 
@@ -135,7 +138,7 @@ class SimStats:
         """A JSON-ready dict."""
         return {"heartbeats": self.heartbeats, "heartbeat_failures": self.heartbeat_failures,
                 "reregister_asked": self.reregister_asked, "registrations": self.registrations,
-                "spawned": self.spawned, "stopped": self.stopped}
+                "loop_lag": self.loop_lag, "spawned": self.spawned, "stopped": self.stopped}
 
 
 def _check_count(value: int, low: int, high: int, what: str) -> int:
@@ -217,6 +220,7 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
         self._tasks = [loop.create_task(self._run(node, self._stubs[i % len(self._stubs)]),
                                         name=f"sim-{node.node_id}")
                        for i, node in enumerate(self.nodes.values())]
+        self._tasks.append(loop.create_task(self._watch_lag(), name="sim-loop-lag"))
         return self
 
     async def stop(self) -> None:
@@ -242,6 +246,15 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
                 raise errors.DeadlineExceededError(
                     f"{missing} of {len(self.nodes)} simulated nodes not registered after {timeout} s")
             await asyncio.sleep(0.05)
+
+    async def _watch_lag(self, period: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            asked = loop.time()
+            await asyncio.sleep(period)
+            if len(self.stats.loop_lag) >= MAX_SAMPLES:
+                del self.stats.loop_lag[:MAX_SAMPLES // 10]
+            self.stats.loop_lag.append((time.time(), loop.time() - asked - period))
 
     # ------------------------------------------------------------ one node's life
 
