@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     use_uvloop()
     # grpc.aio hands every finished network event from its poller thread to the loop
     # thread, and that thread waits for the GIL: with the default 5 ms switch interval a
-    # loop busy placing groups makes 1,000 nodes' heartbeats wait in batches. A short one
-    # (measured with bench.scheduler_scale: heartbeats during a flood of creations p99
-    # 1.2-3.3 s -> ~0.8 s, creations 286-554/s -> 550-745/s) costs little in a process
-    # whose only other threads are grpc's and short placement jobs.
+    # loop busy placing groups hands them over in 5 ms turns. A short interval costs little
+    # in a process whose only other threads are grpc's and short placement jobs; measured
+    # with bench.scheduler_scale (bench/README.md, "Scale"), steady heartbeats' p99 came
+    # nearer the 20 ms goal and creations got a little faster, within that bench's noise.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     try:
         asyncio.run(_serve(config, args.port_file))
