@@ -10,6 +10,7 @@ The bounds are far above what a real job asks for (a verl job of 1,000 GPUs has
 
 from __future__ import annotations
 
+import functools
 import math
 
 from google.protobuf.message import Message
@@ -63,6 +64,8 @@ def check_repeated_fields(message: Message, path: str = "") -> None:
     Lengths are checked before elements are visited, so a list of a million
     entries is refused after one comparison, not a million.
     """
+    if not _has_lists(message.DESCRIPTOR):
+        return
     name = message.DESCRIPTOR.full_name
     path = path or f"{message.DESCRIPTOR.name}."
     for field, value in message.ListFields():
@@ -75,8 +78,27 @@ def check_repeated_fields(message: Message, path: str = "") -> None:
                     check_repeated_fields(item, f"{label}[{key!r}].")
         elif field.is_repeated:
             check_count(len(value), _LIST_BOUNDS.get((name, field.name), MAX_REPEATED), label)
-            if field.message_type is not None:
+            # Items without lists of their own (a heartbeat's GPUs) need no visit each.
+            if field.message_type is not None and _has_lists(field.message_type):
                 for i, item in enumerate(value):
                     check_repeated_fields(item, f"{label}[{i}].")
         elif field.message_type is not None:
             check_repeated_fields(value, f"{label}.")
+
+
+@functools.cache
+def _has_lists(descriptor) -> bool:
+    """True when a message type holds a list or map at any depth (so it must be visited)."""
+    return _reaches_list(descriptor, set())
+
+
+def _reaches_list(descriptor, seen: set) -> bool:
+    if descriptor.full_name in seen:
+        return False  # a recursive type: its lists, if any, are found on the first visit
+    seen.add(descriptor.full_name)
+    for field in descriptor.fields:
+        if field.is_repeated:  # maps are repeated entry messages too
+            return True
+        if field.message_type is not None and _reaches_list(field.message_type, seen):
+            return True
+    return False

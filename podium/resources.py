@@ -240,14 +240,26 @@ def validate_bundles(bundles: Iterable[Mapping[str, float] | BundleSpec]) -> tup
     if isinstance(bundles, (Mapping, str, bytes)) or not isinstance(bundles, Iterable):
         raise InvalidSpecError(f"bundles must be a list of mappings, got {bundles!r}")
     out = []
+    # A group's bundles are mostly alike (a verl pool: n copies of one): parse each kind once.
+    parsed: dict[tuple, BundleSpec] = {}
     for i, bundle in enumerate(bundles):
         if isinstance(bundle, BundleSpec):
             out.append(bundle)
             continue
         try:
-            out.append(BundleSpec.from_resources(bundle))
-        except InvalidSpecError as exc:
-            raise InvalidSpecError(f"bundle {i}: {exc.message}") from None
+            key = tuple((k, type(v), v) for k, v in bundle.items()) if isinstance(bundle, Mapping) else None
+            hash(key)
+        except TypeError:
+            key = None
+        spec = parsed.get(key) if key is not None else None
+        if spec is None:
+            try:
+                spec = BundleSpec.from_resources(bundle)
+            except InvalidSpecError as exc:
+                raise InvalidSpecError(f"bundle {i}: {exc.message}") from None
+            if key is not None:
+                parsed[key] = spec
+        out.append(spec)
     if not out:
         raise InvalidSpecError("a placement group needs at least one bundle, got none")
     return tuple(out)

@@ -15,6 +15,7 @@ import asyncio
 import functools
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -362,20 +363,22 @@ async def start_server(server: grpc.aio.Server, health_servicer=None) -> None:
 
 
 def make_channel(address: str, token: str, tls: TlsConfig | None = None, *,
-                 add_token: bool = True) -> grpc.aio.Channel:
+                 add_token: bool = True,
+                 extra_options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
     """A grpc.aio channel to ``address`` ("host:port") that presents the token on every call.
 
     Hot paths may pass ``add_token=False`` and send :func:`token_metadata` themselves:
     grpc.aio's interceptor wrappers add a little to every message of a stream.
+    ``extra_options`` are more gRPC channel arguments (e.g. a local subchannel pool).
     """
     interceptors = _token_interceptors(token) if add_token else None
+    options = [*_CHANNEL_OPTIONS, *extra_options]
     if tls is not None:
-        options = list(_CHANNEL_OPTIONS)
         if tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options,
                                        interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def make_sync_channel(address: str, tls: TlsConfig | None = None) -> grpc.Channel:

@@ -16,7 +16,7 @@ from podium.scheduler import core
 from podium.scheduler.records import LIVE_WORKER_STATES, Effects
 from podium.v1 import common_pb2
 
-__all__ = ["GroupsMixin"]
+__all__ = ["GroupsMixin", "placement_of"]
 
 
 class GroupsMixin:
@@ -34,14 +34,32 @@ class GroupsMixin:
             if found is None:
                 raise errors.NotFoundError(f"unknown placement group id {group_id!r}")
             return found
+        live = self._live_names.get(name)
+        if live is not None:
+            return self.groups[live]
         matches = [g for g in self.groups.values() if g.name == name]
         if not matches:
             raise errors.NotFoundError(f"unknown placement group name {name!r}")
-        live = [g for g in matches if g.state != common_pb2.PG_REMOVED]
-        return (live or matches)[-1]
+        return matches[-1]
 
     def snapshot(self) -> core.Snapshot:
-        """The alive nodes with every CREATED group's reservations taken off."""
+        """The alive nodes with every CREATED group's reservations taken off.
+
+        Kept up to date as groups are placed and removed (``core.apply``/``core.release``
+        touch only the nodes of that group); rebuilt from the records, O(groups + nodes),
+        only after a node came, went or changed its capacity. On 1,000 nodes a rebuild
+        takes tens of milliseconds, an update tens of microseconds.
+        """
+        cached = self._capacity
+        if cached is None:
+            cached = self._capacity = self._build_snapshot()
+        return cached
+
+    def _capacity_changed(self) -> None:
+        """A node came, went or changed what it has: rebuild the snapshot when next asked."""
+        self._capacity = None
+
+    def _build_snapshot(self) -> core.Snapshot:
         cpu_used: dict[str, int] = {}
         gpu_used: dict[tuple[str, int], int] = {}
         for group in self.groups.values():
@@ -59,9 +77,12 @@ class GroupsMixin:
                     key = (placed.node_id, index)
                     gpu_used[key] = gpu_used.get(key, 0) + per_gpu
         views = []
-        for node in self.alive_nodes():
+        # Order carries no meaning to the core (it sorts by address itself).
+        for node in self.nodes.values():
+            if node.state != common_pb2.NODE_ALIVE:
+                continue
             info = node.info
-            total_cpu = cpu_units(info.cpus) if math.isfinite(info.cpus) and info.cpus >= 0 else 0
+            total_cpu = _total_cpu_units(info.cpus)
             gpus = tuple(core.GpuView(index=g.index, uuid=g.uuid,
                                       free_units=max(0, GPU_UNITS - gpu_used.get((info.node_id, g.index), 0)),
                                       memory_total_bytes=g.memory_total_bytes)
@@ -71,6 +92,21 @@ class GroupsMixin:
                                        free_cpu_units=max(0, total_cpu - cpu_used.get(info.node_id, 0)),
                                        gpus=gpus))
         return core.Snapshot(tuple(views))
+
+    def _track_capacity(self, group: common_pb2.PlacementGroup, placement: core.Placement,
+                        sign: int) -> None:
+        """Take (sign -1) or give back (+1) a group's resources in the kept snapshot."""
+        snapshot = self._capacity
+        if snapshot is None:
+            return
+        request = core.PlacementRequest(self._specs[group.id], Strategy(group.strategy))
+        try:
+            change = core.apply if sign < 0 else core.release
+            self._capacity = change(snapshot, placement, request)
+        except errors.PodiumError:
+            # The records and the snapshot disagree (a node re-registered with other
+            # GPUs under a group): the records are the truth, rebuild from them.
+            self._capacity = None
 
     def _place(self, group: common_pb2.PlacementGroup, snapshot: core.Snapshot):
         return core.place(core.PlacementRequest(self._specs[group.id], Strategy(group.strategy)),
@@ -87,6 +123,7 @@ class GroupsMixin:
         group.state = common_pb2.PG_CREATED
         group.reason = ""
         self._touch(groups=[group.id])
+        self._track_capacity(group, placement, -1)
 
     def _promote_pending(self) -> list[str]:
         """Retry pending groups in creation order; ids of those now CREATED."""
@@ -133,7 +170,7 @@ class GroupsMixin:
             owner = ""
         elif owner:
             self.session(owner)
-        if any(g.name == name and g.state != common_pb2.PG_REMOVED for g in self.groups.values()):
+        if name in self._live_names:
             raise errors.AlreadyExistsError(f"placement group name {name!r} is already taken")
         group = common_pb2.PlacementGroup(id=self._new_id("pg"), name=name, strategy=int(strat),
                                           state=common_pb2.PG_PENDING, detached=detached,
@@ -144,7 +181,7 @@ class GroupsMixin:
         if not snapshot.nodes:
             result = None
         else:
-            if placed is not None and placed[0] == snapshot:
+            if placed is not None and placed[0] is snapshot:
                 result = placed[1]
             else:
                 result = core.place(core.PlacementRequest(specs, strat), snapshot)
@@ -154,6 +191,7 @@ class GroupsMixin:
                     node_reasons=dict(result.node_reasons))
         self.groups[group.id] = group
         self._specs[group.id] = specs
+        self._live_names[name] = group.id
         self._touch(groups=[group.id])
         if isinstance(result, core.Placement):
             self._apply_placement(group, result)
@@ -175,13 +213,18 @@ class GroupsMixin:
 
     def _remove_group(self, group: common_pb2.PlacementGroup, reason: str,
                       now: float) -> tuple[int, Effects]:
+        if group.state == common_pb2.PG_CREATED:
+            self._track_capacity(group, placement_of(group), +1)
+        if self._live_names.get(group.name) == group.id:
+            del self._live_names[group.name]
         group.state = common_pb2.PG_REMOVED
         group.reason = reason
         self._touch(groups=[group.id])
         effects = Effects()
         count = 0
-        for worker in self.workers.values():
-            if worker.spec.placement_group_id == group.id and worker.state in LIVE_WORKER_STATES:
+        for worker_id in list(self._group_workers.get(group.id, ())):
+            worker = self.workers[worker_id]
+            if worker.state in LIVE_WORKER_STATES:
                 self._stop_worker(worker, reason, effects)
                 count += 1
         return count, effects
@@ -189,6 +232,17 @@ class GroupsMixin:
     def pending_text(self, group: common_pb2.PlacementGroup) -> str:
         """Why a group is still pending, for a DeadlineExceeded message."""
         return group.reason or "waiting for capacity"
+
+
+def placement_of(group: common_pb2.PlacementGroup) -> core.Placement:
+    """A CREATED group's placements as the core's Placement (bundle order)."""
+    return core.Placement(tuple(
+        core.BundleAssignment(p.bundle_index, p.node_id, tuple(p.gpu_indices))
+        for p in sorted(group.placements, key=lambda p: p.bundle_index)))
+
+
+def _total_cpu_units(cpus: float) -> int:
+    return cpu_units(cpus) if math.isfinite(cpus) and cpus >= 0 else 0
 
 
 def _reason_text(result) -> str:

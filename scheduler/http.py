@@ -18,9 +18,10 @@ check). Errors are JSON ``{"error": "..."}``: 404 unknown path, 405 wrong method
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from fractions import Fraction
+import time
 
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
@@ -35,7 +36,8 @@ from podium.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HttpServer", "placement_view", "nodes_view", "workers_view"]
+__all__ = ["HttpServer", "placement_view", "placement_json", "nodes_view", "workers_view",
+           "PLACEMENT_CHUNK", "PLACEMENT_CACHE_SECONDS"]
 
 _OPEN_PATHS = frozenset({"/healthz", "/readyz"}) | dashboard.PATHS
 
@@ -109,83 +111,126 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
     asked share of this GPU's NVML total; ``applied`` and ``detail`` are the worker's own
     report ("not applied: no CUDA"; ``applied`` None until the worker is ready).
     """
-    groups = [g for g in model.groups.values() if g.state != common_pb2.PG_REMOVED]
-    # (node, gpu index) -> bundles owning part or all of it
-    owners: dict[tuple[str, int], list[dict]] = {}
-    for group in groups:
-        if group.state != common_pb2.PG_CREATED:
-            continue
-        for placed in group.placements:
-            spec = _bundle_units(group, placed.bundle_index)
-            share = spec.gpu_units if spec.is_fractional else GPU_UNITS
-            for index in placed.gpu_indices:
-                owners.setdefault((placed.node_id, index), []).append({
-                    "placement_group_id": group.id, "placement_group": group.name,
-                    "bundle_index": placed.bundle_index,
-                    "gpu_fraction": share / GPU_UNITS, "gpu_fraction_text": fraction_text(share)})
-    on_gpu: dict[tuple[str, int], list[common_pb2.WorkerInfo]] = {}
-    for worker in model.workers.values():
-        if worker.state in LIVE_WORKER_STATES:
-            for index in worker.gpu_indices:
-                on_gpu.setdefault((worker.node_id, index), []).append(worker)
-    nodes = []
-    for node in sorted(model.nodes.values(), key=lambda n: n.info.node_id):
-        info = node.info
-        memory: dict[tuple[int, str], int] = {}
-        by_worker: dict[tuple[str, str], int] = {}
-        for proc in node.processes:
-            memory[(proc.pid, proc.gpu_uuid)] = memory.get((proc.pid, proc.gpu_uuid), 0) + proc.used_bytes
-            if proc.worker_id:
-                by_worker[(proc.worker_id, proc.gpu_uuid)] = proc.used_bytes
-        gpus = []
-        for gpu in sorted(info.gpus, key=lambda g: g.index):
-            key = (info.node_id, gpu.index)
-            bundles = owners.get(key, [])
-            reserved = sum(Fraction(b["gpu_fraction_text"]) for b in bundles)
-            workers = []
-            for worker in sorted(on_gpu.get(key, []), key=lambda w: (w.spec.group, w.spec.rank)):
-                units = gpu_units(worker.spec.num_gpus) if worker.spec.num_gpus else 0
-                used = memory.get((worker.pid, gpu.uuid)) if worker.pid else None
-                if used is None:
-                    used = by_worker.get((worker.id, gpu.uuid), 0)
-                workers.append({
-                    "worker_id": worker.id, "name": worker.spec.name, "group": worker.spec.group,
-                    "rank": worker.spec.rank, "state": common_pb2.WorkerState.Name(worker.state),
-                    "pid": worker.pid, "port": worker.port,
-                    "placement_group_id": worker.spec.placement_group_id,
-                    "bundle_index": worker.spec.bundle_index,
-                    "gpu_fraction": units / GPU_UNITS, "gpu_fraction_text": fraction_text(units),
-                    "memory_used_bytes": used,
-                    "memory_cap": _memory_cap(worker, gpu.memory_total_bytes)})
-            gpus.append({
-                "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
-                "memory_total_bytes": gpu.memory_total_bytes,
-                "memory_used_bytes": gpu.memory_used_bytes,
-                "reserved_fraction": float(reserved), "reserved_fraction_text": str(reserved),
-                "bundles": bundles, "workers": workers})
-        total_cpu = cpu_units(info.cpus) if info.cpus >= 0 else 0
-        used_cpu = 0
-        for group in groups:
-            if group.state == common_pb2.PG_CREATED:
-                for placed in group.placements:
-                    if placed.node_id == info.node_id:
-                        used_cpu += _bundle_units(group, placed.bundle_index).cpu_units
-        nodes.append({
-            "node_id": info.node_id, "address": info.address, "hostname": info.hostname,
-            "agent_port": info.agent_port, "state": common_pb2.NodeState.Name(node.state),
-            "last_heartbeat": node.last_heartbeat,
-            "cpus_total": total_cpu / CPU_UNITS, "cpus_reserved": used_cpu / CPU_UNITS,
-            "gpus": gpus})
+    ix = _PlacementIndex(model)
     return {
         "scheduler_id": scheduler_id,
-        "nodes": nodes,
-        "placement_groups": [{
-            "id": g.id, "name": g.name, "state": common_pb2.PlacementGroupState.Name(g.state),
+        "nodes": [_node_doc(node, ix) for node in ix.nodes],
+        "placement_groups": [_group_doc(g) for g in ix.groups],
+    }
+
+
+#: Nodes (or groups) rendered between two returns to the event loop in placement_json.
+PLACEMENT_CHUNK = 50
+
+
+async def placement_json(model: ClusterModel, scheduler_id: str = "",
+                         chunk: int = PLACEMENT_CHUNK) -> bytes:
+    """:func:`placement_view` as compact JSON bytes, built and encoded ``chunk`` nodes at a
+    time with a return to the event loop in between, so heartbeats are served while a
+    1,000-node page is made (one block of ~0.3 s otherwise). Who owns which GPU is read
+    at the start, in one step; a node's readings are as of when its chunk is rendered.
+    """
+    ix = _PlacementIndex(model)
+    dumps = _compact
+    parts = ['{"scheduler_id":', dumps(scheduler_id), ',"nodes":[']
+    for items, render, closing in ((ix.nodes, lambda n: _node_doc(n, ix), '],"placement_groups":['),
+                                   (ix.groups, _group_doc, ']}')):
+        for start in range(0, len(items), chunk):
+            if start:
+                parts.append(",")
+                await asyncio.sleep(0)
+            parts.append(",".join(dumps(render(item)) for item in items[start:start + chunk]))
+        parts.append(closing)
+    return "".join(parts).encode()
+
+
+class _PlacementIndex:
+    """Who owns and runs on each GPU: one pass over the groups and one over the workers,
+    so rendering is linear in the cluster (a per-node pass over every group took seconds
+    on 1,000 nodes x 8 GPUs)."""
+
+    def __init__(self, model: ClusterModel) -> None:
+        self.groups = [g for g in model.groups.values() if g.state != common_pb2.PG_REMOVED]
+        #: (node, gpu index) -> bundles owning part or all of it, and their units together
+        self.owners: dict[tuple[str, int], list[dict]] = {}
+        self.reserved_units: dict[tuple[str, int], int] = {}
+        self.cpu_reserved: dict[str, int] = {}
+        for group in self.groups:
+            if group.state != common_pb2.PG_CREATED:
+                continue
+            specs = model._specs.get(group.id)
+            group_id, group_name = group.id, group.name  # a protobuf field read is not free
+            owners, reserved, cpu = self.owners, self.reserved_units, self.cpu_reserved
+            for placed in group.placements:
+                bundle_index, node_id = placed.bundle_index, placed.node_id
+                spec = specs[bundle_index] if specs else _bundle_units(group, bundle_index)
+                cpu[node_id] = cpu.get(node_id, 0) + spec.cpu_units
+                share = spec.gpu_units if spec.is_fractional else GPU_UNITS
+                # One document per bundle, listed under each GPU it owns.
+                doc = {"placement_group_id": group_id, "placement_group": group_name,
+                       "bundle_index": bundle_index, "gpu_fraction": share / GPU_UNITS,
+                       "gpu_fraction_text": fraction_text(share)}
+                for index in placed.gpu_indices:
+                    key = (node_id, index)
+                    owners.setdefault(key, []).append(doc)
+                    reserved[key] = reserved.get(key, 0) + share
+        self.on_gpu: dict[tuple[str, int], list[common_pb2.WorkerInfo]] = {}
+        for worker in model.workers.values():
+            if worker.state in LIVE_WORKER_STATES:
+                for index in worker.gpu_indices:
+                    self.on_gpu.setdefault((worker.node_id, index), []).append(worker)
+        self.nodes = sorted(model.nodes.values(), key=lambda n: n.info.node_id)
+
+
+def _node_doc(node: common_pb2.NodeStatus, ix: _PlacementIndex) -> dict:
+    info = node.info
+    memory: dict[tuple[int, str], int] = {}
+    by_worker: dict[tuple[str, str], int] = {}
+    for proc in node.processes:
+        memory[(proc.pid, proc.gpu_uuid)] = memory.get((proc.pid, proc.gpu_uuid), 0) + proc.used_bytes
+        if proc.worker_id:
+            by_worker[(proc.worker_id, proc.gpu_uuid)] = proc.used_bytes
+    gpus = []
+    for gpu in sorted(info.gpus, key=lambda g: g.index):
+        key = (info.node_id, gpu.index)
+        reserved = ix.reserved_units.get(key, 0)
+        workers = []
+        for worker in sorted(ix.on_gpu.get(key, []), key=lambda w: (w.spec.group, w.spec.rank)):
+            units = gpu_units(worker.spec.num_gpus) if worker.spec.num_gpus else 0
+            used = memory.get((worker.pid, gpu.uuid)) if worker.pid else None
+            if used is None:
+                used = by_worker.get((worker.id, gpu.uuid), 0)
+            workers.append({
+                "worker_id": worker.id, "name": worker.spec.name, "group": worker.spec.group,
+                "rank": worker.spec.rank, "state": common_pb2.WorkerState.Name(worker.state),
+                "pid": worker.pid, "port": worker.port,
+                "placement_group_id": worker.spec.placement_group_id,
+                "bundle_index": worker.spec.bundle_index,
+                "gpu_fraction": units / GPU_UNITS, "gpu_fraction_text": fraction_text(units),
+                "memory_used_bytes": used,
+                "memory_cap": _memory_cap(worker, gpu.memory_total_bytes)})
+        gpus.append({
+            "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
+            "memory_total_bytes": gpu.memory_total_bytes,
+            "memory_used_bytes": gpu.memory_used_bytes,
+            "reserved_fraction": reserved / GPU_UNITS,
+            "reserved_fraction_text": fraction_text(reserved),
+            "bundles": ix.owners.get(key, []), "workers": workers})
+    total_cpu = cpu_units(info.cpus) if info.cpus >= 0 else 0
+    return {
+        "node_id": info.node_id, "address": info.address, "hostname": info.hostname,
+        "agent_port": info.agent_port, "state": common_pb2.NodeState.Name(node.state),
+        "last_heartbeat": node.last_heartbeat,
+        "cpus_total": total_cpu / CPU_UNITS,
+        "cpus_reserved": ix.cpu_reserved.get(info.node_id, 0) / CPU_UNITS,
+        "gpus": gpus}
+
+
+def _group_doc(g: common_pb2.PlacementGroup) -> dict:
+    return {"id": g.id, "name": g.name, "state": common_pb2.PlacementGroupState.Name(g.state),
             "strategy": common_pb2.Strategy.Name(g.strategy), "detached": g.detached,
             "owner": g.owner, "created_at": g.created_at, "reason": g.reason,
-            "bundles": [_bundle_json(g, i) for i in range(len(g.bundles))],
-        } for g in groups],
-    }
+            "bundles": _bundles_json(g)}
 
 
 def _memory_cap(worker: common_pb2.WorkerInfo, total_bytes: int) -> dict | None:
@@ -202,13 +247,26 @@ def _memory_cap(worker: common_pb2.WorkerInfo, total_bytes: int) -> dict | None:
     return cap
 
 
-def _bundle_json(group: common_pb2.PlacementGroup, index: int) -> dict:
-    placed = next((p for p in group.placements if p.bundle_index == index), None)
-    return {"index": index, "resources": dict(group.bundles[index].resources),
-            "node_id": placed.node_id if placed else "",
-            "node_address": placed.node_address if placed else "",
-            "gpu_indices": list(placed.gpu_indices) if placed else [],
-            "gpu_uuids": list(placed.gpu_uuids) if placed else []}
+def _bundles_json(group: common_pb2.PlacementGroup) -> list[dict]:
+    placed_at = {p.bundle_index: p for p in group.placements}
+    out = []
+    for index, bundle in enumerate(group.bundles):
+        placed = placed_at.get(index)
+        out.append({"index": index, "resources": dict(bundle.resources),
+                    "node_id": placed.node_id if placed else "",
+                    "node_address": placed.node_address if placed else "",
+                    "gpu_indices": list(placed.gpu_indices) if placed else [],
+                    "gpu_uuids": list(placed.gpu_uuids) if placed else []})
+    return out
+
+
+#: How long one /v1/placement page is served again while no record changed (its memory
+#: readings may be this much older than the last heartbeat).
+PLACEMENT_CACHE_SECONDS = 1.0
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -224,6 +282,8 @@ class HttpServer:
         #: Set by the server once gRPC serves and the state is loaded (/readyz).
         self.ready = False
         self._runner: web.AppRunner | None = None
+        #: (model version, when, body) of the last /v1/placement page.
+        self._placement_cache: tuple[int, float, bytes] | None = None
         app = web.Application(middlewares=[self._guard])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -282,8 +342,17 @@ class HttpServer:
         return web.json_response(nodes_view(self.service.model))
 
     async def _placement(self, request):
-        return web.json_response(placement_view(self.service.model, self.service.scheduler_id),
-                                 dumps=lambda v: json.dumps(v, indent=1))
+        # Compact JSON (json's C encoder runs only without indent: on 1,000 nodes the
+        # indented, pure-Python encoding took ~0.4 s of the scheduler's loop, and 40% more
+        # bytes), made in chunks, and one page serves every poll within PLACEMENT_CACHE_SECONDS
+        # while no record changed (each open dashboard polls every 1.5 s).
+        model = self.service.model
+        now = time.monotonic()
+        cached = self._placement_cache
+        if cached is None or cached[0] != model.version or now - cached[1] > PLACEMENT_CACHE_SECONDS:
+            body = await placement_json(model, self.service.scheduler_id)
+            cached = self._placement_cache = (model.version, now, body)
+        return web.Response(body=cached[2], content_type="application/json")
 
     async def _workers(self, request):
         return web.json_response(workers_view(self.service.model))

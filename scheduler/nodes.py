@@ -59,6 +59,11 @@ class NodesMixin:
         old = self.nodes.get(info.node_id)
         if old is not None:
             node.processes.extend(old.processes)
+        # An agent re-registering with what it had (after a scheduler restart, a lost
+        # heartbeat) keeps the capacity snapshot: a storm of 1,000 must not rebuild it 1,000 times.
+        if (old is None or old.state != common_pb2.NODE_ALIVE
+                or _capacity_of(old.info) != _capacity_of(info)):
+            self._capacity_changed()
         self.nodes[info.node_id] = node
         self._touch(nodes=[info.node_id])
         effects = self._reconcile_running(info.node_id, running, now, registering=True)
@@ -91,8 +96,8 @@ class NodesMixin:
         if registering:
             # A worker the agent spawned (it has a pid) but no longer lists died with
             # the previous agent; one without a pid may still be in an in-flight spawn.
-            for worker in self.workers.values():
-                if (worker.node_id == node_id and worker.state in LIVE_WORKER_STATES
+            for worker in self.workers_on_node(node_id):
+                if (worker.state in LIVE_WORKER_STATES
                         and worker.pid and worker.id not in alive_ids):
                     self._end_worker(worker, common_pb2.WORKER_EXITED, common_pb2.ExitInfo(
                         exit_code=-1, reason=f"not running on node {node_id} after it re-registered"))
@@ -116,15 +121,23 @@ class NodesMixin:
             fresh = by_index.get(gpu.index)
             if fresh is not None:
                 gpu.memory_used_bytes = fresh.memory_used_bytes
-                if fresh.memory_total_bytes:
+                if fresh.memory_total_bytes and fresh.memory_total_bytes != gpu.memory_total_bytes:
                     gpu.memory_total_bytes = fresh.memory_total_bytes
+                    self._capacity_changed()  # the snapshot carries each GPU's total
         del node.processes[:]
         node.processes.extend(processes)
-        # A heartbeat is frequent and only refreshes readings: persist it, but do not
-        # wake waiters (version) for it.
-        self._dirty.nodes[node_id] = None
+        # A heartbeat is frequent and only refreshes readings: they are persisted in
+        # batches (take_readings), not one transaction per heartbeat, and wake no waiter.
+        self._readings[node_id] = None
         effects = self._reconcile_running(node_id, running, now, registering=False)
         return False, effects.stop.get(node_id, [])
+
+    def take_readings(self) -> dict[str, None]:
+        """Ids of the nodes whose heartbeat readings changed since the last call (and forget
+        them): the service writes them in one transaction every lease check. A crash loses at
+        most those readings; a restored node's lease restarts anyway."""
+        readings, self._readings = self._readings, {}
+        return readings
 
     def expire(self, now: float) -> Effects:
         """Mark nodes whose lease ran out DEAD and close sessions whose lease ran out.
@@ -166,7 +179,7 @@ class NodesMixin:
         """
         ended = [w.id for w in self.workers.values() if w.state in TERMINAL_WORKER_STATES]
         for worker_id in ended[:max(0, len(ended) - self.max_ended)]:
-            del self.workers[worker_id]
+            self._unindex_worker(self.workers.pop(worker_id))
             self._touch(workers=[worker_id])
         removed = [g.id for g in self.groups.values() if g.state == common_pb2.PG_REMOVED]
         for group_id in removed[:max(0, len(removed) - self.max_ended)]:
@@ -178,10 +191,11 @@ class NodesMixin:
         node_id = node.info.node_id
         reason = f"node {node_id} died"
         node.state = common_pb2.NODE_DEAD
+        self._capacity_changed()
         self._touch(nodes=[node_id])
         effects = Effects()
-        for worker in self.workers.values():
-            if worker.node_id == node_id and worker.state in LIVE_WORKER_STATES:
+        for worker in self.workers_on_node(node_id):
+            if worker.state in LIVE_WORKER_STATES:
                 self._end_worker(worker, common_pb2.WORKER_EXITED,
                                  common_pb2.ExitInfo(exit_code=-1, reason=reason))
         for group in list(self.groups.values()):
@@ -189,3 +203,9 @@ class NodesMixin:
                 _, more = self._remove_group(group, reason, now)
                 effects.merge(more)
         return effects
+
+
+def _capacity_of(info: common_pb2.NodeInfo) -> tuple:
+    """What of a NodeInfo the capacity snapshot holds (memory used is not)."""
+    return (info.address, info.cpus,
+            tuple((g.index, g.uuid, g.memory_total_bytes) for g in info.gpus))

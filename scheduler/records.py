@@ -7,6 +7,7 @@ composes; plain data, no state of their own.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -25,6 +26,7 @@ LIVE_WORKER_STATES = frozenset({common_pb2.WORKER_STARTING, common_pb2.WORKER_RU
 TERMINAL_WORKER_STATES = frozenset({common_pb2.WORKER_EXITED, common_pb2.WORKER_FAILED})
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of distinct shares, asked per GPU per page
 def fraction_text(units: int, per: int = GPU_UNITS) -> str:
     """Units as an exact fraction for people: ``"1/3"``, ``"1"``, ``"2"``."""
     value = Fraction(units, per)

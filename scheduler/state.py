@@ -68,8 +68,19 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
         self.workers: dict[str, common_pb2.WorkerInfo] = {}
         self.sessions: dict[str, Session] = {}
         self._specs: dict[str, tuple[BundleSpec, ...]] = {}
+        #: The free capacity of the alive nodes, kept up to date (see :meth:`snapshot`);
+        #: None: rebuild on next use.
+        self._capacity = None
+        #: Name -> id of the live (not REMOVED) group of that name.
+        self._live_names: dict[str, str] = {}
+        #: Group id / node id -> ids of the workers in it / on it (insertion-ordered sets):
+        #: what a removal, a registration or a slot check looks at, instead of every worker.
+        self._group_workers: dict[str, dict[str, None]] = {}
+        self._node_workers: dict[str, dict[str, None]] = {}
         self._new_id = new_id
         self._dirty = Dirty()
+        #: Nodes whose heartbeat readings are not saved yet (see take_readings).
+        self._readings: dict[str, None] = {}
         #: Bumped by every mutation; waiters compare it to know something changed.
         self.version = 0
 
@@ -105,8 +116,11 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
         for group in sorted(groups, key=lambda g: g.created_at):
             self.groups[group.id] = group
             self._specs[group.id] = validate_bundles([dict(b.resources) for b in group.bundles])
+            if group.state != common_pb2.PG_REMOVED:
+                self._live_names[group.name] = group.id
         for worker in workers:
             self.workers[worker.id] = worker
+            self._index_worker(worker)
             if worker.state == common_pb2.WORKER_STARTING and not worker.pid:
                 # Its spawn died with the previous scheduler unless its agent lists it.
                 self._unspawned[worker.id] = now + self.restore_grace
@@ -116,6 +130,29 @@ class ClusterModel(NodesMixin, GroupsMixin, WorkersMixin, SessionsMixin):
         if self.sessions or any(n.state == common_pb2.NODE_ALIVE for n in self.nodes.values()):
             self._quiet_until = now + self.restore_grace
         self.version += 1
+
+    def _index_worker(self, worker: common_pb2.WorkerInfo) -> None:
+        """Add a new worker to the by-group and by-node indexes."""
+        self._group_workers.setdefault(worker.spec.placement_group_id, {})[worker.id] = None
+        self._node_workers.setdefault(worker.node_id, {})[worker.id] = None
+
+    def _unindex_worker(self, worker: common_pb2.WorkerInfo) -> None:
+        """Drop a forgotten worker from the indexes."""
+        for index, key in ((self._group_workers, worker.spec.placement_group_id),
+                           (self._node_workers, worker.node_id)):
+            members = index.get(key)
+            if members is not None:
+                members.pop(worker.id, None)
+                if not members:
+                    del index[key]
+
+    def workers_of_group(self, group_id: str) -> list[common_pb2.WorkerInfo]:
+        """Every remembered worker of a placement group, in creation order."""
+        return [self.workers[i] for i in self._group_workers.get(group_id, ())]
+
+    def workers_on_node(self, node_id: str) -> list[common_pb2.WorkerInfo]:
+        """Every remembered worker of a node, in creation order."""
+        return [self.workers[i] for i in self._node_workers.get(node_id, ())]
 
     def cluster_state(self) -> tuple[list, list, list]:
         """(nodes, placement groups, workers) as lists of the live records."""

@@ -103,11 +103,18 @@ class WorkersMixin(WorkerSpecsMixin):
             created.append(worker)
         for worker in created:
             self.workers[worker.id] = worker
+            self._index_worker(worker)
+        # This group's live processes per node (PODIUM_LOCAL_WORLD_SIZE), counted once
+        # over the nodes involved, not once per worker over every worker.
+        local_counts: dict[tuple[str, str], int] = {}
+        for node_id in {w.node_id for w in created}:
+            for w in self.workers_on_node(node_id):
+                if w.state in LIVE_WORKER_STATES:
+                    key = (w.spec.group, node_id)
+                    local_counts[key] = local_counts.get(key, 0) + 1
         for worker in created:
             spec = worker.spec
-            local = sum(1 for w in self.workers.values()
-                        if w.spec.group == spec.group and w.node_id == worker.node_id
-                        and w.state in LIVE_WORKER_STATES)
+            local = local_counts.get((spec.group, worker.node_id), 0)
             env = system_env(rank=spec.rank, world_size=spec.world_size, master_addr=plan.address,
                              master_port=port, gpu_indices=list(worker.gpu_indices),
                              group=spec.group, local_world_size=local, worker_id=worker.id,

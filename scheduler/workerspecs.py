@@ -21,9 +21,9 @@ class WorkerSpecsMixin:
 
     def _bundle_usage(self, group_id: str, bundle_index: int) -> tuple[int, int]:
         cpu = gpu = 0
-        for worker in self.workers.values():
+        for worker in self.workers_of_group(group_id):
             spec = worker.spec
-            if (spec.placement_group_id == group_id and spec.bundle_index == bundle_index
+            if (spec.bundle_index == bundle_index
                     and worker.state in LIVE_WORKER_STATES):
                 cpu += _worker_cpu(spec)
                 gpu += _worker_gpu(spec)

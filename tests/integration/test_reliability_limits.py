@@ -12,6 +12,7 @@ import pytest
 
 from podium import errors, limits
 from podium.scheduler import core
+from podium.scheduler.service import INLINE_BUNDLES
 from podium.v1 import common_pb2, scheduler_pb2
 from tests.support.scheduler_fakes import Cluster, node_info
 
@@ -105,7 +106,9 @@ def test_a_scheduler_stall_longer_than_the_node_lease_kills_no_node(token, arun)
 
 def test_placement_runs_off_the_loop_so_heartbeats_are_served_meanwhile(token, arun, monkeypatch):
     """A slow placement (stand-in: core.place made to take 2 s) does not hold the loop that
-    answers heartbeats: a heartbeat sent while it runs is answered before it ends."""
+    answers heartbeats: a heartbeat sent while it runs is answered before it ends. Only a
+    large group can be slow to place (one of a few bundles takes microseconds and is placed
+    on the loop, INLINE_BUNDLES), so the stand-in has one bundle more than that."""
     entered, release = threading.Event(), threading.Event()
     real_place = core.place
 
@@ -119,7 +122,8 @@ def test_placement_runs_off_the_loop_so_heartbeats_are_served_meanwhile(token, a
     async def scenario():
         async with Cluster(token, agents=0) as c:
             await c.client.register_node(node_info("n1", "127.0.0.2", 7001))
-            create = asyncio.ensure_future(c.client.create_placement_group("slow", [SMALL] * 4, "PACK"))
+            create = asyncio.ensure_future(c.client.create_placement_group(
+                "slow", [SMALL] * (INLINE_BUNDLES + 1), "PACK"))
             for _ in range(500):
                 if entered.is_set():
                     break

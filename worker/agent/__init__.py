@@ -9,6 +9,8 @@
   (its argv and environment), :mod:`~podium.worker.agent.exitinfo` (log tails, exit records).
 - :mod:`~podium.worker.agent.forkserver`: a pre-imported parent that forks workers fast.
 - :mod:`~podium.worker.agent.metrics`: the agent's Prometheus metrics.
+- :mod:`~podium.worker.agent.simnodes`: many simulated nodes in one process, speaking the
+  agent's side of the gRPC contract, to load-test a real scheduler (no process is forked).
 
 Importing it stays light (no torch): the agent must start fast on every node.
 """
