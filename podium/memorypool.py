@@ -29,8 +29,10 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["MemoryPool", "POOL", "idle_budget", "MIN_POOLED_BYTES"]
+__all__ = ["MemoryPool", "POOL", "idle_budget", "MIN_POOLED_BYTES", "copy_segments"]
 
 #: Payloads smaller than this use plain ``bytearray``s: fresh pages are cheap at that size
 #: and a mapping is at least one granule.
@@ -54,6 +56,28 @@ def idle_budget() -> int:
     except (ValueError, OSError):
         physical = 8 << 30
     return min(physical // 8, 4 << 30)
+
+
+def copy_segments(target: Any, segments: Sequence[Any]) -> int:
+    """Copy the concatenation of ``segments`` to the start of the writable buffer ``target``
+    (a mapping, a bytearray); returns the bytes copied.
+
+    numpy copies without the GIL, so threads (the ranks of a fan-out, an execution thread
+    beside the event loop) copy in parallel.
+    """
+    import numpy as np
+
+    dest = np.frombuffer(target, dtype=np.uint8)
+    at = 0
+    for segment in segments:
+        view = memoryview(segment)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        size = view.nbytes
+        if size:
+            np.copyto(dest[at:at + size], np.frombuffer(view, dtype=np.uint8))
+        at += size
+    return at
 
 
 def _rounded(nbytes: int) -> int:

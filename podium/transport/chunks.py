@@ -3,8 +3,8 @@
 A payload (the segments of :meth:`podium.codec.Encoded.to_segments`) is sent as
 a sequence of chunks no larger than :data:`CHUNK_SIZE`, so no gRPC message
 limit ever reaches the user. The sender announces the total size first; the
-receiver preallocates one buffer of exactly that size with :class:`Assembler`
-and copies each chunk into place (the one copy of this hop), then hands the
+receiver refuses one over its limit before taking any memory, copies each chunk
+into one buffer with :class:`Assembler` (the one copy of this hop), then hands the
 buffer to :func:`podium.codec.decode`, which makes zero-copy views into it.
 """
 
@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from podium.errors import DataLossError, PayloadTooLargeError
 from podium.memorypool import MIN_POOLED_BYTES, POOL
+
+if TYPE_CHECKING:
+    from podium.transport.reservation import ReservationBudget
 
 __all__ = ["CHUNK_SIZE", "iter_chunks", "Assembler"]
 
@@ -73,32 +77,36 @@ def check_announced(total_size: int, max_size: int) -> None:
 
 
 class Assembler:
-    """Collects the chunks of one payload into a single preallocated bytearray.
+    """Collects the chunks of one payload into memory that is committed as they arrive.
 
-    ``total_size`` is the size the sender announced; ``max_size`` is this
-    receiver's limit (a larger announcement raises PayloadTooLargeError before
-    anything is allocated). More bytes than announced raise DataLossError at
-    once; fewer are caught by :meth:`result`.
+    ``total_size`` is the size the sender announced; ``max_size`` is this receiver's limit
+    (a larger announcement raises PayloadTooLargeError before anything is allocated). More
+    bytes than announced raise DataLossError at once; fewer are caught by :meth:`result`.
+    With a ``budget`` (:class:`podium.transport.reservation.ReservationBudget`) every byte
+    held is counted against it, and bytes beyond it raise ResourceExhaustedError.
+
+    A large payload (that fits the budget) goes into a mapping of the process's pool
+    (:mod:`podium.memorypool`): a reused one was touched before (no fresh pages), a new
+    one is committed page by page as data lands in it. Others grow a bytearray.
     """
 
-    def __init__(self, total_size: int, max_size: int) -> None:
+    def __init__(self, total_size: int, max_size: int, budget: ReservationBudget | None = None) -> None:
         check_announced(total_size, max_size)
         self.total_size = total_size
-        # A large payload goes into a reused mapping (podium.memorypool): its pages were
-        # touched before, which costs far less than fresh ones.
+        self._budget = budget
+        self._buffer = bytearray()
         self._mapping: mmap.mmap | None = None
-        self._buffer: bytearray | None = None
-        if total_size >= MIN_POOLED_BYTES:
-            self._mapping = POOL.take(total_size)
-            self._view = memoryview(self._mapping)
-        else:
-            self._buffer = bytearray(total_size)
-            self._view = memoryview(self._buffer)
         self._received = 0
+        self._reserved = 0
+        if total_size >= MIN_POOLED_BYTES and (budget is None or total_size <= budget.limit):
+            try:
+                self._mapping = POOL.take(total_size)
+            except OSError:  # no address space for it now: grow a bytearray instead
+                self._mapping = None
 
     @property
     def received(self) -> int:
-        """Bytes received so far."""
+        """Bytes received (and held) so far."""
         return self._received
 
     @property
@@ -107,7 +115,7 @@ class Assembler:
         return self._received == self.total_size
 
     def add(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Copy ``chunk`` into place after the bytes already received."""
+        """Put ``chunk`` after the bytes already received."""
         view = memoryview(chunk)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
@@ -116,18 +124,33 @@ class Assembler:
         end = self._received + view.nbytes
         if end > self.total_size:
             raise DataLossError(f"payload overrun: {end} bytes arrived, {self.total_size} announced")
-        self._view[self._received:end] = view
+        if self._budget is not None:
+            self._budget.reserve(view.nbytes)
+            self._reserved += view.nbytes
+        if self._mapping is not None:
+            self._mapping[self._received:end] = view
+        else:
+            self._buffer += view
         self._received = end
 
     def result(self) -> bytearray | memoryview:
         """The assembled payload, writable (a bytearray, or a view of a pooled mapping that
-        goes back to the pool with the last value decoded from it); raises DataLossError if
-        bytes are still missing."""
+        goes back to the pool with the last value decoded from it); it leaves the budget.
+        Raises DataLossError if bytes are still missing."""
         if not self.done:
             raise DataLossError(f"payload truncated: {self._received} of {self.total_size} "
                                 f"announced bytes arrived")
-        self._view.release()  # lets the caller resize or free the bytearray
-        if self._mapping is not None:
-            return POOL.lease(self._mapping, self.total_size)
-        assert self._buffer is not None
-        return self._buffer
+        mapping, buffer = self._mapping, self._buffer
+        self._mapping = None
+        self.close()
+        return POOL.lease(mapping, self.total_size) if mapping is not None else buffer
+
+    def close(self) -> None:
+        """Drop what arrived and give its bytes back to the budget (idempotent)."""
+        if self._budget is not None:
+            self._budget.release(self._reserved)
+        self._reserved = 0
+        self._buffer = bytearray()
+        if self._mapping is not None:  # an unfinished payload: its pages go, not to the pool
+            self._mapping.close()
+            self._mapping = None

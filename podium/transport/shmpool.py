@@ -36,8 +36,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
+from podium.memorypool import copy_segments
 from podium.transport import shm
 from podium.errors import DataLossError, PayloadTooLargeError
 
@@ -88,24 +87,6 @@ class _Budget:
 
 
 _budget = _Budget()
-
-
-def _copy_into(target: mmap.mmap, segments: Sequence[Any]) -> int:
-    """Copy the concatenation of ``segments`` to the start of ``target``; bytes copied.
-
-    numpy copies without the GIL, so the ranks of a fan-out fill their segments in parallel.
-    """
-    dest = np.frombuffer(target, dtype=np.uint8)
-    at = 0
-    for segment in segments:
-        view = memoryview(segment)
-        if view.ndim != 1 or view.itemsize != 1:
-            view = view.cast("B")
-        size = view.nbytes
-        if size:
-            np.copyto(dest[at:at + size], np.frombuffer(view, dtype=np.uint8))
-        at += size
-    return at
 
 
 class _Segment:
@@ -165,7 +146,7 @@ class SegmentPool:
         if segment is None:
             return None
         try:
-            written = _copy_into(segment.mapping, segments)
+            written = copy_segments(segment.mapping, segments)
             if written != nbytes:
                 raise ValueError(f"payload segments hold {written} bytes, expected {nbytes}")
         except BaseException:

@@ -11,7 +11,7 @@ import traceback
 from typing import Any
 
 from podium import codec, errors
-from podium.memorypool import MIN_POOLED_BYTES, POOL
+from podium.memorypool import MIN_POOLED_BYTES, POOL, copy_segments
 from podium.v1 import worker_pb2
 from podium.worker.host import gpucap
 
@@ -31,14 +31,6 @@ class Outcome:
     nbytes: int = 0
 
 
-def _copy_into(target: Any, segments: list) -> None:
-    pos = 0
-    for segment in segments:
-        size = segment.nbytes
-        target[pos:pos + size] = segment.cast("B") if segment.ndim != 1 or segment.itemsize != 1 else segment
-        pos += size
-
-
 def reply_snapshot(segments: list, nbytes: int) -> list[memoryview]:
     """A result's wire form copied into one buffer, on the thread that made the result.
 
@@ -50,10 +42,10 @@ def reply_snapshot(segments: list, nbytes: int) -> list[memoryview]:
     """
     if nbytes < MIN_POOLED_BYTES:
         buffer = bytearray(nbytes)
-        _copy_into(memoryview(buffer), segments)
+        copy_segments(buffer, segments)
         return [memoryview(buffer)]
     mapping = POOL.take(nbytes)
-    _copy_into(mapping, segments)
+    copy_segments(mapping, segments)
     return [POOL.lease(mapping, nbytes)]
 
 
@@ -69,9 +61,7 @@ class FrozenResult:
 
     def __init__(self, segments: list, nbytes: int) -> None:
         self.buffer = bytearray(nbytes)
-        view = memoryview(self.buffer)
-        _copy_into(view, segments)
-        view.release()
+        copy_segments(self.buffer, segments)
 
     @property
     def nbytes(self) -> int:
