@@ -141,3 +141,44 @@ def test_exec_when_the_fork_server_is_off(monkeypatch):
         podium.shutdown()
     import gc
     assert gc.get_freeze_count() == 0  # init() froze the import-time heap; shutdown() gave it back
+
+
+def test_a_burst_of_spawns_is_all_forked_even_when_the_socket_is_full(tmp_path):
+    """Requests sent back to back fill the socket to the helper; each waits for room
+    (none is refused with EAGAIN and exec'd instead, which cost a torch import each)."""
+    import asyncio
+    import socket
+
+    from podium.worker.agent.forkserver import ForkServer
+
+    async def burst() -> list:
+        server = ForkServer(dict(os.environ), tmp_path / "forkserver.log")
+        server.start()
+        try:
+            assert await server.wait_ready(180)
+            # The smallest buffer the kernel allows: a handful of requests fill it.
+            server._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
+            env = {"PATH": os.environ.get("PATH", ""), "PODIUM_PADDING": "x" * 1024}
+            log = os.open(tmp_path / "child.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            pipes = [os.pipe() for _ in range(40)]
+            try:
+                children = await asyncio.gather(*(
+                    server.spawn(env, str(tmp_path), (w, log, log), ["podium.worker.host"])
+                    for _, w in pipes))
+            finally:
+                os.close(log)
+                for r, w in pipes:
+                    os.close(r)
+                    os.close(w)
+            # Without a worker environment each child's host exits at once, with a code.
+            for _ in range(600):
+                if all(child.poll() is not None for child in children):
+                    break
+                await asyncio.sleep(0.05)
+            return children
+        finally:
+            await server.close()
+
+    children = asyncio.run(burst())
+    assert len({child.pid for child in children}) == 40
+    assert all(child.poll() not in (None, 0) for child in children), [c.poll() for c in children]

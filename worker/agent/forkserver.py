@@ -57,6 +57,17 @@ PRELOAD = ("podium.worker.host.process", "podium.worker.base", "podium.dataproto
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 20
 
+#: Send buffer of the agent's end of the socket pair. A group's spawns are requested back
+#: to back and each request carries a whole worker environment (a few KiB); with the
+#: default buffer the 13th request of a burst got EAGAIN and its worker was exec'd instead
+#: (importing torch by itself, several seconds of CPU on 2 cores).
+_SEND_BUFFER = 4 << 20
+
+#: Longest a request waits for room in the socket, and for the helper's answer (its pid).
+#: The helper forks one request after another, so a deep queue on a loaded machine takes
+#: seconds; past this, the agent treats the helper as wedged and execs the worker.
+_REQUEST_SECONDS = 60.0
+
 
 def enabled(env: dict | os._Environ | None = None) -> bool:
     """Whether workers are forked (``PODIUM_FORKSERVER``, default on where Linux allows)."""
@@ -253,6 +264,8 @@ class ForkServer:
         self._children: dict[int, ForkedProcess] = {}
         self._early_exits: dict[int, int] = {}
         self._next_id = 0
+        self._send_lock: asyncio.Lock | None = None
+        self._room: asyncio.Future | None = None  # set while a request waits for socket room
         self.dead = False
 
     def start(self) -> None:
@@ -276,7 +289,10 @@ class ForkServer:
             if out is not subprocess.DEVNULL:
                 out.close()
         mine.setblocking(False)
+        with contextlib.suppress(OSError):
+            mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
         self._sock = mine
+        self._send_lock = asyncio.Lock()
         self._ready = loop.create_future()
         loop.add_reader(mine.fileno(), self._on_readable)
 
@@ -292,7 +308,8 @@ class ForkServer:
 
     async def spawn(self, env: dict[str, str], cwd: str, fds: tuple[int, int, int],
                     argv: list[str]) -> ForkedProcess:
-        """Fork a worker; returns once the helper reported its pid (OSError on failure)."""
+        """Fork a worker; returns once the helper reported its pid (OSError on failure,
+        including no room in the socket or no answer within ``_REQUEST_SECONDS``)."""
         if self.dead or self._sock is None:
             raise OSError("the fork server is not running")
         self._next_id += 1
@@ -301,16 +318,43 @@ class ForkServer:
         self._requests[request_id] = future
         message = json.dumps({"id": request_id, "env": env, "cwd": cwd, "argv": argv}).encode()
         try:
-            socket.send_fds(self._sock, [message], list(fds))
-        except OSError:
+            await self._send(message, list(fds))
+            pid = await asyncio.wait_for(future, _REQUEST_SECONDS)
+        except asyncio.TimeoutError:
+            raise OSError(f"the fork server did not answer within {_REQUEST_SECONDS:.0f} s") from None
+        finally:
             self._requests.pop(request_id, None)
-            raise
-        pid = await future
         child = ForkedProcess(pid)
         self._children[pid] = child
         if pid in self._early_exits:  # it ended before we knew its pid
             child._ended(self._early_exits.pop(pid))
         return child
+
+    async def _send(self, message: bytes, fds: list[int]) -> None:
+        """Send one request, waiting (in turn with other senders) while the socket is full."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _REQUEST_SECONDS
+        assert self._send_lock is not None and self._sock is not None
+        async with self._send_lock:
+            while True:
+                if self.dead:
+                    raise OSError("the fork server ended")
+                try:
+                    socket.send_fds(self._sock, [message], fds)
+                    return
+                except (BlockingIOError, InterruptedError):
+                    pass
+                self._room = room = loop.create_future()
+                fileno = self._sock.fileno()
+                loop.add_writer(fileno, lambda: room.done() or room.set_result(None))
+                try:
+                    await asyncio.wait_for(room, max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    raise OSError(f"the fork server took no request for {_REQUEST_SECONDS:.0f} s") from None
+                finally:
+                    self._room = None
+                    if not self.dead:
+                        loop.remove_writer(fileno)
 
     def _on_readable(self) -> None:
         while True:
@@ -349,7 +393,11 @@ class ForkServer:
             return
         self.dead = True
         with contextlib.suppress(Exception):
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self._sock.fileno())
+            loop.remove_writer(self._sock.fileno())
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)  # the waiting sender sees ``dead`` and gives up
         with contextlib.suppress(OSError):
             self._sock.close()
         error = OSError("the fork server ended")
