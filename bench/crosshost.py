@@ -198,7 +198,7 @@ def child(mode: str, ns: list[int], mibs: list[int], repeat: int, step_timeout: 
 
 def run_mode(mode: str, args: argparse.Namespace) -> list[dict]:
     """One child per configuration, with a deadline; its cells (a failure becomes error cells)."""
-    from bench.__main__ import child_env, reap_run
+    from bench.children import child_env, reap_run
 
     backend, extra = MODES[mode]
     python = args.ray_python if backend == "ray" else sys.executable
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child(args.child, args.n, args.payload_mib, args.repeat, args.step_timeout)
-    from bench.__main__ import importable
+    from bench.children import importable
 
     cells: list[dict] = []
     modes = []

@@ -13,6 +13,10 @@ Measures (cell ``measure`` names, shared with bench.report):
   cold_start_torch_s       the same for a worker whose __init__ imports torch
   noop_latency_median_ms   no-op ONE_TO_ALL, median after warm-up
   noop_latency_p90_ms      the same calls, 90th percentile
+  noop_controller_cpu_ms   CPU time of the controller process (all its threads) per no-op call
+  noop_workers_cpu_ms      CPU time of all the group's worker processes together per no-op call
+  worker_pss_mib           proportional set size of one worker, mean over ranks, after the
+                           DP_COMPUTE_PROTO step (shared pages split between their sharers)
   dp_proto_mb_s            DP_COMPUTE_PROTO round trip, MB/s = 2 * payload bytes / time
   nonblocking_calls_s      blocking=False ONE_TO_ALL group calls issued then all fetched, per second
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import statistics
 import sys
@@ -152,8 +157,10 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
 def _cells_of(args: argparse.Namespace, n: int) -> list[dict]:
     cells = [{"measure": "cluster_start_s", "n": n}, {"measure": "cold_start_s", "n": n},
              {"measure": "noop_latency_median_ms", "n": n},
-             {"measure": "noop_latency_p90_ms", "n": n}]
+             {"measure": "noop_latency_p90_ms", "n": n},
+             {"measure": "noop_controller_cpu_ms", "n": n}, {"measure": "noop_workers_cpu_ms", "n": n}]
     cells += [{"measure": "dp_proto_mb_s", "n": n, "payload_mib": mib} for mib in args.payload_mib]
+    cells.append({"measure": "worker_pss_mib", "n": n})
     cells.append({"measure": "nonblocking_calls_s", "n": n})
     cells.append({"measure": "cold_start_torch_s", "n": n})
     return cells
@@ -222,19 +229,33 @@ def _measure_n(adapter: Adapter, worker_cls: type, torch_worker_cls: type, api, 
     def latency() -> list[dict]:
         for _ in range(20):
             group.noop()
+        pids = worker_pids(group)
         samples = []
         budget_end = time.perf_counter() + args.step_timeout / 3
+        cpu_before, workers_before = time.process_time(), processes_cpu_seconds(pids)
         for _ in range(args.latency_calls):
             start = time.perf_counter()
             group.noop()
             samples.append((time.perf_counter() - start) * 1e3)
             if time.perf_counter() > budget_end:
                 break
+        controller_ms = (time.process_time() - cpu_before) / len(samples) * 1e3
+        workers_ms = (processes_cpu_seconds(pids) - workers_before) / len(samples) * 1e3
         stats = {"calls": len(samples), "min": min(samples), "mean": statistics.fmean(samples)}
         return [{"measure": "noop_latency_median_ms", "value": statistics.median(samples), "unit": "ms",
                  **stats},
                 {"measure": "noop_latency_p90_ms", "value": percentile(samples, 0.9), "unit": "ms",
-                 **stats}]
+                 **stats},
+                {"measure": "noop_controller_cpu_ms", "value": controller_ms, "unit": "ms", "calls": len(samples)},
+                {"measure": "noop_workers_cpu_ms", "value": workers_ms, "unit": "ms", "calls": len(samples),
+                 "per_worker_us": workers_ms / n * 1e3}]
+
+    def memory() -> list[dict]:
+        sizes = [size for size in map(pss_mib, worker_pids(group)) if size is not None]
+        if not sizes:
+            raise RuntimeError("no worker's /proc/<pid>/smaps_rollup was readable")
+        return [{"measure": "worker_pss_mib", "value": statistics.fmean(sizes), "unit": "MiB",
+                 "min": min(sizes), "max": max(sizes), "workers": len(sizes)}]
 
     def throughput(mib: int) -> Callable[[], list[dict]]:
         def body() -> list[dict]:
@@ -268,11 +289,13 @@ def _measure_n(adapter: Adapter, worker_cls: type, torch_worker_cls: type, api, 
 
     try:
         step([{"measure": "cold_start_s"}], "cold start", cold_start("cold_start_s", worker_cls, keep=True))
-        step([{"measure": "noop_latency_median_ms"}, {"measure": "noop_latency_p90_ms"}],
+        step([{"measure": "noop_latency_median_ms"}, {"measure": "noop_latency_p90_ms"},
+              {"measure": "noop_controller_cpu_ms"}, {"measure": "noop_workers_cpu_ms"}],
              "no-op latency", latency)
         for mib in args.payload_mib:
             step([{"measure": "dp_proto_mb_s", "payload_mib": mib}], f"DP_COMPUTE_PROTO {mib} MiB",
                  throughput(mib))
+        step([{"measure": "worker_pss_mib"}], "worker memory", memory)
         step([{"measure": "nonblocking_calls_s"}], "non-blocking calls", nonblocking)
         # Last, on its own group: the same cold start for a worker that imports torch in
         # __init__, as every training worker does (verl's Worker already pulls torch in on
@@ -288,6 +311,37 @@ def _measure_n(adapter: Adapter, worker_cls: type, torch_worker_cls: type, api, 
                     adapter.destroy_group(group)
             except BaseException as exc:  # noqa: BLE001
                 print(f"[{adapter.name} n={n}] teardown failed: {_describe(exc)}", file=sys.stderr)
+
+
+def worker_pids(group: Any) -> list[int]:
+    """The pid of every rank of ``group`` (its ``startup_times`` say; both backends run it)."""
+    stamps = group.startup_times()
+    return [r["pid"] for r in (stamps if isinstance(stamps, list) else [stamps]) if isinstance(r, dict)]
+
+
+def processes_cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (all their threads) so far; gone ones count 0."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 overall)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pss_mib(pid: int) -> float | None:
+    """A process's proportional set size in MiB, or None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _breakdown(start_epoch: float, constructed_s: float, returned_s: float, stamps: Any) -> dict:

@@ -1,0 +1,106 @@
+"""Podium vs verl on Ray at hundreds of workers: ``python -m bench.scale``.
+
+    python -m bench.scale [--n 8 16 32 64 128 256] [--backends podium ray]
+                          [--ray-python PATH] [--ray-minutes 10] [--json PATH]
+
+One group of N CPU workers on one embedded cluster per (backend, N), in a child process
+of its own (the same children as ``python -m bench``, see bench.measure), measuring:
+
+* cold start of a plain worker and of one whose ``__init__`` imports torch, with the phase
+  breakdown (spawn requested, forked, serving, constructed, first call);
+* no-op ONE_TO_ALL latency, and the CPU time of the controller and of all workers per call;
+* DP_COMPUTE_PROTO round trip of a 16 MiB batch;
+* memory per worker (PSS after the DP step, so torch and a batch have been through it);
+* non-blocking calls per second.
+
+A backend's larger N are skipped once one N of it failed or took longer than
+``--ray-minutes`` (Ray): at that point the next size cannot finish in time either, and
+the machine's memory is the limit that stops both (see bench/README.md for where).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from bench import report
+from bench.children import expected_keys, importable, run_child
+
+#: The sizes the issue asks for; 256 fits Podium on a 24 GiB machine (about 15 MiB each).
+DEFAULT_N = [8, 16, 32, 64, 128, 256]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, nargs="+", default=DEFAULT_N, help="workers per group")
+    parser.add_argument("--backends", nargs="+", choices=report.BACKENDS, default=list(report.BACKENDS))
+    parser.add_argument("--payload-mib", type=int, nargs="+", default=[16])
+    parser.add_argument("--ray-python", default=os.environ.get("BENCH_RAY_PYTHON", sys.executable),
+                        help="interpreter for the Ray child (default: this one, or $BENCH_RAY_PYTHON)")
+    parser.add_argument("--podium-python", default=sys.executable)
+    parser.add_argument("--ray-minutes", type=float, default=10.0,
+                        help="a Ray N that takes longer than this ends Ray's run (larger N skipped)")
+    parser.add_argument("--step-timeout", type=float, default=300.0, help="deadline of one step, seconds")
+    parser.add_argument("--latency-calls", type=int, default=200)
+    parser.add_argument("--json", metavar="PATH", help="also write the JSON lines here")
+    args = parser.parse_args(argv)
+    # What bench.children.run_child passes on to every child.
+    args.repeat, args.cold_repeat, args.nonblocking_calls = 3, 1, 200
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run each backend at each N (largest last), then print the tables and JSON lines."""
+    args = parse_args(argv)
+    backends = []
+    for backend in args.backends:
+        python = args.ray_python if backend == "ray" else args.podium_python
+        reason = importable(python, backend)
+        if reason is None:
+            backends.append(backend)
+        else:
+            print(f"{backend}: not measured ({python} cannot import it: {reason})", file=sys.stderr)
+    if not backends:
+        print("nothing to measure: no backend imports")
+        return 2
+    started = time.monotonic()
+    cells: list[dict] = []
+    stopped: dict[str, str] = {}
+    for n in sorted(args.n):
+        for backend in backends:
+            if backend in stopped:
+                cells += [{"backend": backend, "measure": measure, "n": n, "payload_mib": mib,
+                           "error": f"skipped: {stopped[backend]}"} for measure, _, mib in _keys(args, n)]
+                continue
+            print(f"[{time.monotonic() - started:6.1f}s] {backend} N={n}", file=sys.stderr, flush=True)
+            began = time.monotonic()
+            got = [c for c in run_child(args, backend, n) if c.get("measure") != "meta"]
+            cells += got
+            took = time.monotonic() - began
+            failed = [c for c in got if c.get("error")]
+            if failed:
+                stopped[backend] = f"N={n} failed ({failed[0]['measure']}: {failed[0]['error'][:120]})"
+            elif backend == "ray" and took > args.ray_minutes * 60:
+                stopped[backend] = f"N={n} took {took / 60:.1f} min (more than --ray-minutes {args.ray_minutes:g})"
+    paired = report.pair_cells(cells)
+    print(f"# Scale: Podium vs verl on Ray ({os.cpu_count()} CPUs; {time.monotonic() - started:.0f} s; "
+          f"1-min load average {os.getloadavg()[0]:.1f} at the end)\n")
+    print(report.tables(paired, backends))
+    print(report.breakdown_table(cells))
+    lines = report.json_lines(paired)
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as out:
+            out.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _keys(args: argparse.Namespace, n: int) -> list[tuple]:
+    return sorted(expected_keys(args, n), key=lambda k: (k[0], k[2] or 0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
