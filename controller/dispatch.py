@@ -477,6 +477,10 @@ def unpad_output(output: Any, padding_size: int, padded_rows: int | None, world_
 
 def unique_payload_groups(per_rank: list[tuple[tuple, dict]]) -> list[list[int]]:
     """Group ranks whose arguments are the very same objects, so their payload is encoded once."""
+    if per_rank:  # ONE_TO_ALL: every rank holds the very same tuple and dict
+        args0, kwargs0 = per_rank[0]
+        if all(args is args0 and kwargs is kwargs0 for args, kwargs in per_rank):
+            return [list(range(len(per_rank)))]
     groups: dict[tuple, list[int]] = {}
     for rank, (args, kwargs) in enumerate(per_rank):
         key = tuple(id(a) for a in args) + tuple((k, id(v)) for k, v in sorted(kwargs.items()))

@@ -40,8 +40,16 @@ def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable,
     """The bound method: an instance of a class named after ``method_name`` (for observability)."""
     rank_zero = getattr(execute_fn, "__name__", "") == "execute_rank_zero"
     replicated = dispatch_fn is not _dispatch.dispatch_all_to_all
+    one_to_all = dispatch_fn is _dispatch.dispatch_one_to_all
 
     def __call__(this, *args: Any, **kwargs: Any) -> Any:
+        if one_to_all and not rank_zero:
+            # Every rank gets the very same arguments: one (args, kwargs) for all, encoded
+            # once, without building and slicing N-long lists per argument (what
+            # dispatch_one_to_all + slice_for_ranks would give, at O(N) Python per call).
+            output = self._run(list(range(self.world_size)), method_name,
+                               [(args, kwargs)] * self.world_size, blocking)
+            return collect_fn(self, output)
         args, kwargs = dispatch_fn(self, *args, **kwargs)
         padding_count = kwargs.pop(_dispatch.PADDING_SIZE_KEY, 0)
         padded_rows = kwargs.pop(_dispatch.PADDED_ROWS_KEY, None)
@@ -115,8 +123,12 @@ class GroupCalls(GroupState):
             raise PodiumError(f"WorkerGroup {self.name_prefix!r} is shut down")
         rt = self._rt
         calls = []
-        for rank, (args, kwargs) in zip(ranks, per_rank):
-            name, args = self._remote(method_name, args)
+        last: Any = None
+        for rank, entry in zip(ranks, per_rank):
+            if entry is not last:  # ONE_TO_ALL's ranks share one entry: prepared once
+                last = entry
+                name, args = self._remote(method_name, entry[0])
+                kwargs = entry[1]
             calls.append((rank, name, args, kwargs))
         timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
         if blocking:
@@ -171,9 +183,12 @@ class GroupCalls(GroupState):
                         timeout: float | None = None) -> list:
         try:
             prepared = []
+            last: Any = None
             for rank, name, args, kwargs in calls:
-                args, kwargs = await resolve_args(args, kwargs)
-                prepared.append((rank, name, args, kwargs))
+                if last is None or args is not last[0] or kwargs is not last[1]:
+                    last = (args, kwargs)  # ranks sharing their arguments share the resolved ones
+                    resolved = await resolve_args(args, kwargs)
+                prepared.append((rank, name, *resolved))
             payloads = self._payloads(prepared)
         except BaseException as exc:
             if sinks is None:

@@ -47,8 +47,12 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     # could not reach a scheduler that was down for a minute until long after it is back,
     # and its session lease could run out meanwhile.
     ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # gRPC also takes the minimum backoff as the time a connection attempt may take until
+    # the peer's HTTP/2 SETTINGS arrive. At 250 ms, 128 workers starting at once on 2 cores
+    # failed the controller's first Describe with "connection attempt timed out before
+    # receiving SETTINGS frame"; a refused connection (peer down) is not affected by this.
+    ("grpc.min_reconnect_backoff_ms", 20_000),
     # gRPC shares connections (subchannels) between channels to the same address. Worker
     # ports are reused: a new worker can get the port of one that just exited, and a
     # shared subchannel still backing off from the dead one failed the new worker's first

@@ -307,3 +307,13 @@ def test_nd_dispatch_tensordict_jagged():
     out = run(group, mode, lambda r, td: td, jagged_td(4))
     assert out["a"].tolist() == [0, 1, 2, 3]
     assert [t.tolist() for t in out["pos"].unbind()] == [list(range(i + 1)) for i in range(4)]
+
+
+def test_ranks_sharing_one_entry_make_one_payload_group_and_equal_copies_do_not():
+    entry = ((proto(2),), {"k": 1})
+    assert d.unique_payload_groups([entry] * 5) == [[0, 1, 2, 3, 4]]
+    value = proto(2)
+    # Separate tuples over the same objects still share (by identity of the values).
+    assert d.unique_payload_groups([((value,), {}), ((value,), {})]) == [[0, 1]]
+    # Equal but distinct values are encoded apart.
+    assert d.unique_payload_groups([((proto(2),), {}), ((proto(2),), {})]) == [[0], [1]]
