@@ -13,9 +13,9 @@ of its own (the same children as ``python -m bench``, see bench.measure), measur
 * memory per worker (PSS after the DP step, so torch and a batch have been through it);
 * non-blocking calls per second.
 
-A backend's larger N are skipped once one N of it failed or took longer than
-``--ray-minutes`` (Ray): at that point the next size cannot finish in time either, and
-the machine's memory is the limit that stops both (see bench/README.md for where).
+A backend's larger N are skipped once one N of it failed, took longer than
+``--ray-minutes`` (Ray), or would need more memory than the machine has (memory per worker
+at the last N times the next N, with a margin): the reason is printed with the tables.
 """
 
 from __future__ import annotations
@@ -69,8 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     cells: list[dict] = []
     stopped: dict[str, str] = {}
+    per_worker_mib: dict[str, float] = {}  # memory per worker at the last N measured
     for n in sorted(args.n):
         for backend in backends:
+            if backend not in stopped and backend in per_worker_mib:
+                need = per_worker_mib[backend] * n * 1.25 / 1024
+                free = _available_gib()
+                if need > free * 0.8:
+                    stopped[backend] = (f"N={n} would need about {need:.1f} GiB for its workers "
+                                        f"(PSS at the last N), the machine has {free:.1f} GiB available")
             if backend in stopped:
                 cells += [{"backend": backend, "measure": measure, "n": n, "payload_mib": mib,
                            "error": f"skipped: {stopped[backend]}"} for measure, _, mib in _keys(args, n)]
@@ -80,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             got = [c for c in run_child(args, backend, n) if c.get("measure") != "meta"]
             cells += got
             took = time.monotonic() - began
+            for cell in got:
+                if cell.get("measure") == "worker_pss_mib" and not cell.get("error"):
+                    per_worker_mib[backend] = cell["value"]
             failed = [c for c in got if c.get("error")]
             if failed:
                 stopped[backend] = f"N={n} failed ({failed[0]['measure']}: {failed[0]['error'][:120]})"
@@ -89,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# Scale: Podium vs verl on Ray ({os.cpu_count()} CPUs; {time.monotonic() - started:.0f} s; "
           f"1-min load average {os.getloadavg()[0]:.1f} at the end)\n")
     print(report.tables(paired, backends))
+    for backend, reason in stopped.items():
+        print(f"{backend} stopped: {reason}\n")
     print(report.breakdown_table(cells))
     lines = report.json_lines(paired)
     print("\n".join(lines))
@@ -96,6 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as out:
             out.write("\n".join(lines) + "\n")
     return 0
+
+
+def _available_gib() -> float:
+    """MemAvailable from /proc/meminfo, GiB (inf where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except (OSError, ValueError):
+        pass
+    return float("inf")
 
 
 def _keys(args: argparse.Namespace, n: int) -> list[tuple]:
