@@ -182,3 +182,40 @@ def test_a_burst_of_spawns_is_all_forked_even_when_the_socket_is_full(tmp_path):
     children = asyncio.run(burst())
     assert len({child.pid for child in children}) == 40
     assert all(child.poll() not in (None, 0) for child in children), [c.poll() for c in children]
+
+
+def test_a_child_forked_after_its_request_gave_up_is_killed(tmp_path, monkeypatch):
+    """A spawn that stops waiting for the helper's answer falls back to exec; the child the
+    helper forks anyway must not live on unmanaged."""
+    import asyncio
+    import signal as signals
+
+    from podium.worker.agent import forkserver
+
+    async def late() -> dict:
+        server = forkserver.ForkServer(dict(os.environ), tmp_path / "forkserver.log")
+        server.start()
+        try:
+            assert await server.wait_ready(180)
+            monkeypatch.setattr(forkserver, "_REQUEST_SECONDS", 0.0)
+            # A worker that would serve until told to stop if left alone.
+            env = {"PATH": os.environ.get("PATH", ""), "RANK": "0", "WORLD_SIZE": "1",
+                   "PODIUM_WORKER_ID": "w-late", "PODIUM_TOKEN": "t" * 32}
+            log = os.open(tmp_path / "child.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            r, w = os.pipe()
+            try:
+                with pytest.raises(OSError, match="did not answer"):
+                    await server.spawn(env, str(tmp_path), (w, log, log), ["podium.worker.host"])
+            finally:
+                for fd in (log, r, w):
+                    os.close(fd)
+            for _ in range(300):  # its exit, reported by the helper, for a pid nobody asked for
+                if server._early_exits:
+                    break
+                await asyncio.sleep(0.05)
+            return dict(server._early_exits)
+        finally:
+            await server.close()
+
+    exits = asyncio.run(late())
+    assert list(exits.values()) == [-signals.SIGKILL], (exits, (tmp_path / "child.log").read_text()[-2000:])

@@ -387,6 +387,11 @@ class ForkServer:
                         future.set_result(int(message["pid"]))
                     else:
                         future.set_exception(OSError(f"fork server: {message.get('error')}"))
+                elif "pid" in message:
+                    # Forked after its request gave up (and the worker was exec'd instead):
+                    # nobody manages this one, so it must not live on.
+                    with contextlib.suppress(OSError):
+                        os.kill(int(message["pid"]), signal.SIGKILL)
 
     def _lost(self) -> None:
         if self.dead:
