@@ -27,7 +27,7 @@ import sys
 import time
 
 from bench import report
-from bench.children import importable, run_child
+from bench.children import run_child, usable_backends
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,14 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.breakdown_table(cells))
         return 0
     cells: list[dict] = []
-    backends = []
-    for backend in args.backends:
-        python = args.ray_python if backend == "ray" else args.podium_python
-        reason = importable(python, backend)
-        if reason is None:
-            backends.append(backend)
-        else:
-            print(f"{backend}: not measured ({python} cannot import it: {reason})", file=sys.stderr)
+    backends = usable_backends(args)
     if not backends:
         print("nothing to measure: no backend imports (see above; bench/README.md says how to "
               "install the Ray side)")

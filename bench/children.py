@@ -20,7 +20,7 @@ import time
 import uuid
 
 from bench import report
-from bench.measure import MARKER
+from bench.measure import MARKER, cells_of
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 IMPORT_CHECK = {"podium": "import podium.controller, podium.worker, torch",
@@ -49,6 +49,20 @@ def importable(python: str, backend: str) -> str | None:
         return None
     lines = (proc.stderr or proc.stdout).strip().splitlines()
     return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+def usable_backends(args: argparse.Namespace) -> list[str]:
+    """The backends of ``args.backends`` that import in their interpreter
+    (``args.ray_python`` / ``args.podium_python``); each other one is named on stderr."""
+    usable = []
+    for backend in args.backends:
+        python = args.ray_python if backend == "ray" else args.podium_python
+        reason = importable(python, backend)
+        if reason is None:
+            usable.append(backend)
+        else:
+            print(f"{backend}: not measured ({python} cannot import it: {reason})", file=sys.stderr)
+    return usable
 
 
 def processes_of_run(run_id: str) -> list[int]:
@@ -154,10 +168,8 @@ def _interrupt(proc: subprocess.Popen) -> None:
 
 
 def expected_keys(args: argparse.Namespace, n: int) -> set[tuple]:
-    keys = {(m, n, None) for m in ("cluster_start_s", "cold_start_s", "noop_latency_median_ms", "noop_latency_p90_ms",
-                                    "noop_controller_cpu_ms", "noop_workers_cpu_ms", "worker_pss_mib",
-                                    "nonblocking_calls_s", "cold_start_torch_s")}
-    return keys | {("dp_proto_mb_s", n, mib) for mib in args.payload_mib}
+    """The cell keys a child should report for one N (bench.measure.cells_of)."""
+    return {report.cell_key(cell) for cell in cells_of(args, n)}
 
 
 def _progress(cell: dict) -> None:

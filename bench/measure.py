@@ -140,7 +140,7 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - report, never crash the run
         error = _describe(exc)
         for n in args.n:
-            for cell in _cells_of(args, n):
+            for cell in cells_of(args, n):
                 emit({**base, **cell, "error": f"cluster start failed: {error}"})
         adapter.stop()
         return 1
@@ -154,7 +154,8 @@ def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cells_of(args: argparse.Namespace, n: int) -> list[dict]:
+def cells_of(args: argparse.Namespace, n: int) -> list[dict]:
+    """The cells (measure, n, payload) a child reports for one N, values not filled in."""
     cells = [{"measure": "cluster_start_s", "n": n}, {"measure": "cold_start_s", "n": n},
              {"measure": "noop_latency_median_ms", "n": n},
              {"measure": "noop_latency_p90_ms", "n": n},
@@ -324,8 +325,7 @@ def processes_cpu_seconds(pids: list[int]) -> float:
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
+            fields = workloads.proc_stat_fields(pid)
         except OSError:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 overall)

@@ -26,7 +26,7 @@ import sys
 import time
 
 from bench import report
-from bench.children import expected_keys, importable, run_child
+from bench.children import expected_keys, run_child, usable_backends
 
 #: The sizes the issue asks for; 256 fits Podium on a 24 GiB machine (about 15 MiB each).
 DEFAULT_N = [8, 16, 32, 64, 128, 256]
@@ -55,14 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run each backend at each N (largest last), then print the tables and JSON lines."""
     args = parse_args(argv)
-    backends = []
-    for backend in args.backends:
-        python = args.ray_python if backend == "ray" else args.podium_python
-        reason = importable(python, backend)
-        if reason is None:
-            backends.append(backend)
-        else:
-            print(f"{backend}: not measured ({python} cannot import it: {reason})", file=sys.stderr)
+    backends = usable_backends(args)
     if not backends:
         print("nothing to measure: no backend imports")
         return 2

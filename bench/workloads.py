@@ -34,6 +34,13 @@ def verl_api(backend: str) -> SimpleNamespace:
     return SimpleNamespace(Worker=Worker, register=register, Dispatch=Dispatch, DataProto=DataProto)
 
 
+def proc_stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (fields[0] is field 3,
+    the state), split safely whatever the name holds; OSError where it cannot be read."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rsplit(b")", 1)[1].split()
+
+
 def process_start_epoch() -> float | None:
     """Wall-clock time (epoch seconds) at which this process started, or None off Linux.
 
@@ -41,8 +48,7 @@ def process_start_epoch() -> float | None:
     turns that into an offset from now, which is finer than /proc/stat's whole-second btime.
     """
     try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
+        fields = proc_stat_fields("self")
         start_ticks = int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
         since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
         return time.time() - since_start
