@@ -77,7 +77,7 @@ import cloudpickle
 from podium import cudawire
 from podium.errors import DataLossError, InvalidArgumentError
 
-__all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "dumps", "loads"]
+__all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "without_buffers", "dumps", "loads"]
 
 #: First four bytes of every payload.
 MAGIC = b"PDM1"
@@ -187,7 +187,7 @@ def _unpicklable_part(value: Any, path: str = "", depth: int = 0) -> str:
     return ""
 
 
-def decode(data: bytes | bytearray | memoryview) -> Any:
+def decode(data: bytes | bytearray | memoryview, external: dict[int, memoryview] | None = None) -> Any:
     """Rebuild a value from its wire form (see the module docstring).
 
     Tensors and arrays are views into ``data`` when it is writable (no copy);
@@ -196,6 +196,10 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     this process cannot import; the original exception is chained as
     ``__cause__``). Unsafe on untrusted input (it unpickles): authenticate the
     sender first.
+
+    ``external`` maps buffer indexes to memory that holds those buffers instead of the
+    payload (whose entries for them are empty): a result written in place into memory the
+    receiver already has (see :func:`without_buffers`). The views are used as they are.
     """
     try:
         view = memoryview(data)
@@ -233,10 +237,23 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         # writable memory: one copy of read-only input.
         view = memoryview(bytearray(view))
     buffers = [view[offset:offset + length] for offset, length in entries]
+    if external:
+        for index, outside in external.items():
+            if not 0 <= index < count or entries[index][1]:
+                raise DataLossError(f"payload has no empty buffer {index} to take from outside "
+                                    f"(it has {count} buffers)")
+            buffers[index] = outside
     try:
         return pickle.loads(view[skeleton_at:skeleton_at + skeleton_len], buffers=buffers)
     except Exception as exc:  # garbage skeletons raise anything
         raise DataLossError(f"cannot decode payload: {type(exc).__name__}: {exc}") from exc
+
+
+def without_buffers(encoded: Encoded, indexes: set[int]) -> Encoded:
+    """``encoded`` with the buffers at ``indexes`` left empty: the receiver supplies them
+    (``decode(..., external=...)``) from memory it already holds."""
+    empty = memoryview(b"")
+    return Encoded(encoded.skeleton, [empty if i in indexes else buf for i, buf in enumerate(encoded.buffers)])
 
 
 def dumps(value: Any) -> bytes:

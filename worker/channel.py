@@ -44,7 +44,7 @@ class WorkerChannel:
         self.last_fetch_bytes = 0
         #: Payloads that went through shared memory, each way.
         #: Payloads this client sent and received through shared memory and as bulk frames.
-        self.stats = {"shm_sent": 0, "shm_received": 0, "bulk_sent": 0, "bulk_received": 0}
+        self.stats = {"shm_sent": 0, "shm_received": 0, "bulk_sent": 0, "bulk_received": 0, "in_place_received": 0}
         self._token = token
         self._tls = tls
         self._metadata = rpc.token_metadata(token)

@@ -214,10 +214,10 @@ class WorkerClient(WorkerChannel):
                                                          r.inline_value or None))
                 return
             if header.shm_name:
-                self._finish(frame.call_id, p, _ShmReply.of(header))
+                self._finish(frame.call_id, p, self._with_refs(header, _ShmReply.of(header)))
                 return
             if frame.last:
-                self._finish(frame.call_id, p, frame.data)
+                self._finish(frame.call_id, p, self._with_refs(header, frame.data))
                 return
             try:
                 p.assembler = chunks.Assembler(header.payload_size, MAX_REPLY_BYTES)
@@ -248,14 +248,32 @@ class WorkerClient(WorkerChannel):
                 f"a bulk reply for call {frame.call_id} without a success header from {self._who()}"))
         else:
             self.stats["bulk_received"] += 1
-            self._finish(frame.call_id, p, bulk.data)
+            self._finish(frame.call_id, p, self._with_refs(frame.header, bulk.data))
+
+    def _with_refs(self, header: worker_pb2.ReplyHeader, reply: Any) -> Any:
+        # A reply that left buffers in this call's argument segment: view them now, while the
+        # call still pins the segment (the views then keep it from reuse).
+        if not header.refs_segment:
+            return reply
+        assert self._conn is not None
+        try:
+            return _InPlaceReply(reply, self._conn.reply_views(header.refs_segment, header.refs))
+        except errors.PodiumError as exc:
+            return _FailedReply(exc)
 
     def _finish(self, call_id: int, p: PendingCall, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
-        # A pooled argument comes back in shm_released instead.
+        if type(value) is _FailedReply:
+            value, exc = None, value.error
+        # A pooled argument comes back in shm_released instead; its pin ends here (a reply
+        # written in place into it holds views of it by now).
         if p.shm_name and (exc is not None or not p.shm_pooled):
             self._drop_segment(p)
+        elif p.shm_name and self._conn is not None:
+            self._conn.unpin_segment(p.shm_name)
         if p.done():
+            if type(value) is _InPlaceReply:
+                value = value.reply
             if isinstance(value, _ShmReply) and self._conn is not None:
                 self._conn.discard_segment(value.name, value.pooled, value.nbytes)
             return
@@ -307,8 +325,9 @@ class WorkerClient(WorkerChannel):
         try:
             name = ""
             if same_host and payload.nbytes >= self.shm_threshold:
+                # Pinned: its reply may be views of it (a result computed in place), see _finish.
                 copy = asyncio.ensure_future(asyncio.to_thread(conn.write_segment, payload.segments(),
-                                                               payload.nbytes))
+                                                               payload.nbytes, True))
                 try:
                     name, p.shm_pooled = await asyncio.shield(copy)
                 except asyncio.CancelledError:  # the copy finishes anyway: drop what it wrote
@@ -353,11 +372,16 @@ class WorkerClient(WorkerChannel):
     def _decode_reply(self, reply: Any) -> Any:
         if isinstance(reply, ObjectRef):
             return reply
+        external = None
+        if type(reply) is _InPlaceReply:
+            self.stats["in_place_received"] += 1
+            reply, external = reply.reply, reply.views
         if isinstance(reply, _ShmReply):
             self.stats["shm_received"] += 1
             assert self._conn is not None
-            return codec.decode(self._conn.read_segment(reply.name, reply.pooled, reply.nbytes, MAX_REPLY_BYTES))
-        return codec.decode(reply)
+            return codec.decode(self._conn.read_segment(reply.name, reply.pooled, reply.nbytes, MAX_REPLY_BYTES),
+                                external)
+        return codec.decode(reply, external)
 
     # ---------------------------------------------------------------- shared memory
 
@@ -490,6 +514,24 @@ class WorkerClient(WorkerChannel):
         if not isinstance(payload, Payload):
             payload = Payload(payload, reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
+
+class _InPlaceReply:
+    """A reply whose large buffers the worker left in the call's argument segment: the rest
+    of the payload (bytes, bulk data or a _ShmReply) and views of those buffers, by index."""
+
+    __slots__ = ("reply", "views")
+
+    def __init__(self, reply: Any, views: dict[int, memoryview]) -> None:
+        self.reply = reply
+        self.views = views
+
+
+class _FailedReply:
+    __slots__ = ("error",)
+
+    def __init__(self, error: errors.PodiumError) -> None:
+        self.error = error
+
 
 class _ShmReply:
     __slots__ = ("name", "pooled", "nbytes")

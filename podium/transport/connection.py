@@ -154,12 +154,15 @@ class CallConnection:
 
     # ---------------------------------------------------------------- shared memory
 
-    def write_segment(self, segments: list, nbytes: int) -> tuple[str, bool]:
+    def write_segment(self, segments: list, nbytes: int, pin: bool = False) -> tuple[str, bool]:
         """Put a payload in shared memory for the peer: ``(name, pooled)``, or ``("", False)``
-        when it must go over TCP (/dev/shm full or missing). Safe on any thread."""
+        when it must go over TCP (/dev/shm full or missing). Safe on any thread.
+
+        ``pin``: a pooled segment stays out of reuse until :meth:`unpin_segment` (a call's
+        argument, whose reply may view it: see :meth:`reply_views`)."""
         try:
             if self.segments is not None:
-                name = self.segments.pool.write(segments, nbytes)
+                name = self.segments.pool.write(segments, nbytes, pin=pin)
                 if name:
                     return name, True
             return shm.write_segments(segments)[0], False
@@ -175,6 +178,23 @@ class CallConnection:
                                            "without shared memory")
             return self.segments.cache.read(name, nbytes, max_size)
         return shm.read_segment(name, max_size=max_size)
+
+    def unpin_segment(self, name: str) -> None:
+        """The call that pinned pooled segment ``name`` is over."""
+        if self.segments is not None:
+            self.segments.pool.unpin(name)
+
+    def reply_views(self, name: str, refs: Any) -> dict[int, memoryview]:
+        """The buffers a reply left in this side's segment ``name`` (written in place by the
+        peer): ``refs`` is the flat (index, offset, length) triples of ``ReplyHeader.refs``."""
+        if self.segments is None:
+            raise errors.DataLossError(f"a reply refers to segment {name!r} on a connection "
+                                       "without shared memory")
+        if len(refs) % 3:
+            raise errors.DataLossError(f"a reply's segment references are {len(refs)} numbers, "
+                                       "not (index, offset, length) triples")
+        view = self.segments.pool.view
+        return {refs[i]: view(name, refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)}
 
     def drop_segment(self, name: str, pooled: bool) -> None:
         """A segment this side wrote for a call that failed: never written again, never leaked.

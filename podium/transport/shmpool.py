@@ -40,7 +40,7 @@ from podium.memorypool import copy_segments
 from podium.transport import shm
 from podium.errors import DataLossError, PayloadTooLargeError
 
-__all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget"]
+__all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget", "address_of"]
 
 # Segments are made a multiple of this, so batches whose size varies a little (another
 # skeleton length, a few more rows) still fit the segment of the previous step.
@@ -90,7 +90,7 @@ _budget = _Budget()
 
 
 class _Segment:
-    __slots__ = ("name", "size", "mapping", "fresh")
+    __slots__ = ("name", "size", "mapping", "fresh", "peer", "pins", "views")
 
     def __init__(self, name: str, size: int, mapping: mmap.mmap) -> None:
         self.name = name
@@ -99,6 +99,16 @@ class _Segment:
         #: Never released by the peer yet: its file may still exist (the peer unlinks it
         #: when it maps it), so dropping the segment must remove the file too.
         self.fresh = True
+        #: In the peer's hands (written for it, not yet released).
+        self.peer = False
+        #: Calls in flight that may still be answered with views of it (see :meth:`SegmentPool.pin`).
+        self.pins = 0
+        #: Values of this side that view it (a reply written in place, see :meth:`SegmentPool.view`).
+        self.views = 0
+
+    @property
+    def in_use(self) -> bool:
+        return self.peer or self.pins > 0 or self.views > 0
 
     def drop(self) -> None:
         if self.fresh:
@@ -130,13 +140,17 @@ class SegmentPool:
 
     @property
     def busy(self) -> int:
-        """Segments in the peer's hands now (written, not yet given back)."""
+        """Segments in use now: in the peer's hands, pinned, or viewed by a value here."""
         with self._lock:
             return len(self._busy)
 
-    def write(self, segments: Sequence[Any], nbytes: int) -> str | None:
+    def write(self, segments: Sequence[Any], nbytes: int, pin: bool = False) -> str | None:
         """Copy a payload of ``nbytes`` (the concatenation of ``segments``) into a pooled
         segment and return its name; the segment belongs to the peer until it is released.
+
+        With ``pin`` it also stays out of reuse until :meth:`unpin`, even once the peer has
+        released it: a call whose reply may come back as views of its argument's segment
+        (see :meth:`view`) pins it until that reply is decoded.
 
         None when the pool cannot take it (its budget or segment count is spent): the
         caller then uses a one-shot segment or TCP. Raises OSError when ``/dev/shm``
@@ -145,6 +159,9 @@ class SegmentPool:
         segment = self._take(nbytes)
         if segment is None:
             return None
+        if pin:
+            with self._lock:
+                segment.pins += 1
         try:
             written = copy_segments(segment.mapping, segments)
             if written != nbytes:
@@ -162,6 +179,7 @@ class SegmentPool:
             if fits:
                 segment = min(fits, key=lambda s: s.size)
                 self._free.remove(segment)
+                segment.peer = True
                 self._busy[segment.name] = segment
                 return segment
             if len(self._free) + len(self._busy) >= _MAX_SEGMENTS:
@@ -183,6 +201,7 @@ class SegmentPool:
                 segment.drop()
                 _budget.give(size)
                 return None
+            segment.peer = True
             self._busy[segment.name] = segment
         return segment
 
@@ -203,20 +222,63 @@ class SegmentPool:
             self._evict_free_locked(keep=0)
 
     def release(self, names: Sequence[str]) -> None:
-        """The peer is done with these segments: they may be written again."""
+        """The peer is done with these segments: they may be written again (once no pin
+        or view of this side holds them)."""
         with self._lock:
             for name in names:
-                segment = self._busy.pop(name, None)
+                segment = self._busy.get(name)
                 if segment is None:  # dropped meanwhile (a failed call): nothing to reuse
                     continue
                 segment.fresh = False
-                if self._closed:
-                    segment.drop()
-                    _budget.give(segment.size)
-                else:
-                    self._free.append(segment)
-            if len(self._free) > _MAX_FREE:
-                self._evict_free_locked(keep=_MAX_FREE)
+                segment.peer = False
+                self._settle_locked(segment)
+
+    def unpin(self, name: str) -> None:
+        """The call that pinned ``name`` is over (its reply decoded, or it failed)."""
+        with self._lock:
+            segment = self._busy.get(name)
+            if segment is not None and segment.pins > 0:
+                segment.pins -= 1
+                self._settle_locked(segment)
+
+    def view(self, name: str, offset: int, length: int) -> memoryview:
+        """A writable view of ``length`` bytes at ``offset`` of segment ``name``, which is in
+        use (a reply the peer wrote in place into this call's argument); the segment is not
+        reused while the view, or anything decoded from it, lives.
+
+        Raises DataLossError for a segment not in use here or a range outside it.
+        """
+        with self._lock:
+            segment = self._busy.get(name)
+            if segment is None or not (segment.peer or segment.pins):
+                raise DataLossError(f"a reply refers to segment {name}, which this side has not "
+                                    "lent to the peer")
+            if offset < 0 or length < 0 or offset + length > segment.size:
+                raise DataLossError(f"a reply refers to bytes {offset}..{offset + length} of the "
+                                    f"{segment.size}-byte segment {name}")
+            segment.views += 1
+        array = (ctypes.c_ubyte * length).from_buffer(segment.mapping, offset)
+        weakref.finalize(array, self._unview, segment)
+        return memoryview(array).cast("B")
+
+    def _unview(self, segment: _Segment) -> None:
+        with self._lock:
+            segment.views -= 1
+            if self._busy.get(segment.name) is segment:
+                self._settle_locked(segment)
+
+    def _settle_locked(self, segment: _Segment) -> None:
+        # Back to the free list once nothing holds it.
+        if segment.in_use:
+            return
+        del self._busy[segment.name]
+        if self._closed:
+            segment.drop()
+            _budget.give(segment.size)
+            return
+        self._free.append(segment)
+        if len(self._free) > _MAX_FREE:
+            self._evict_free_locked(keep=_MAX_FREE)
 
     def abandon(self, name: str) -> None:
         """The call that carried ``name`` failed: the peer may or may not map it, or may
@@ -262,12 +324,24 @@ def _create(size: int) -> _Segment:
 
 
 class _Mapped:
-    __slots__ = ("mapping", "leased", "forgotten")
+    __slots__ = ("mapping", "leased", "forgotten", "base")
 
     def __init__(self, mapping: mmap.mmap) -> None:
         self.mapping = mapping
         self.leased = False
         self.forgotten = False
+        self.base = address_of(mapping)
+
+
+def address_of(buffer: Any) -> int:
+    """The address of a writable buffer's first byte (0 when it is read-only or empty)."""
+    try:
+        probe = ctypes.c_char.from_buffer(buffer)
+    except (TypeError, ValueError):
+        return 0
+    address = ctypes.addressof(probe)
+    del probe  # releases the export, so the buffer can be closed again
+    return address
 
 
 class SegmentCache:
@@ -321,6 +395,38 @@ class SegmentCache:
         array = (ctypes.c_ubyte * nbytes).from_buffer(entry.mapping)
         weakref.finalize(array, self._returned, name, entry)
         return memoryview(array).cast("B")
+
+    def leased(self, name: str) -> bool:
+        """Whether anything still views the payload last read from segment ``name``."""
+        with self._lock:
+            entry = self._mapped.get(name)
+            return entry is not None and entry.leased
+
+    def locate(self, name: str, buffers: Sequence[memoryview], min_bytes: int) -> dict[int, tuple[int, int]]:
+        """``{index: (offset, length)}`` of the ``buffers`` (of at least ``min_bytes``) that
+        lie inside segment ``name`` as this side mapped it: a result the method computed in
+        place in its argument."""
+        with self._lock:
+            entry = self._mapped.get(name)
+        if entry is None or not entry.base:
+            return {}
+        start, size = entry.base, len(entry.mapping)
+        found = {}
+        for index, buf in enumerate(buffers):
+            if buf.nbytes < min_bytes:
+                continue
+            at = address_of(buf) - start
+            if 0 <= at and at + buf.nbytes <= size:
+                found[index] = (at, buf.nbytes)
+        return found
+
+    def peek(self, name: str, offset: int, length: int) -> memoryview:
+        """Bytes of segment ``name``, which must still be leased (no lease of their own)."""
+        with self._lock:
+            entry = self._mapped.get(name)
+            if entry is None or not entry.leased:
+                raise DataLossError(f"shared-memory segment {name} is no longer in use here")
+        return memoryview(entry.mapping)[offset:offset + length]
 
     def _returned(self, name: str, entry: _Mapped) -> None:
         with self._lock:

@@ -392,6 +392,8 @@ class ReplyHeader(_message.Message):
     REF_FIELD_NUMBER: _builtins.int
     SHM_NAME_FIELD_NUMBER: _builtins.int
     SHM_POOLED_FIELD_NUMBER: _builtins.int
+    REFS_SEGMENT_FIELD_NUMBER: _builtins.int
+    REFS_FIELD_NUMBER: _builtins.int
     ok: _builtins.bool
     """False when the call raised or could not run; `error` says why."""
     payload_size: _builtins.int
@@ -403,6 +405,12 @@ class ReplyHeader(_message.Message):
     payload_size bytes of it, and sends its name back in CallFrame.shm_released once no
     value uses it.
     """
+    refs_segment: _builtins.str
+    """When set, some of the result's buffers are not sent: they lie in this pooled segment
+    of the caller's (the call's own argument, changed in place by the method), and the
+    payload holds empty buffers in their place. `refs` gives (buffer index, offset,
+    length) triples into it. The caller keeps the segment until the decoded value dies.
+    """
     @_builtins.property
     def error(self) -> _common_pb2.ErrorInfo:
         """The error, when ok is false."""
@@ -411,6 +419,8 @@ class ReplyHeader(_message.Message):
     def ref(self) -> Global___ObjectRefInfo:
         """Set instead of a payload when the call asked for hold_result."""
 
+    @_builtins.property
+    def refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -420,10 +430,12 @@ class ReplyHeader(_message.Message):
         ref: Global___ObjectRefInfo | None = ...,
         shm_name: _builtins.str = ...,
         shm_pooled: _builtins.bool = ...,
+        refs_segment: _builtins.str = ...,
+        refs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ref", b"ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "payload_size", b"payload_size", "ref", b"ref", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "payload_size", b"payload_size", "ref", b"ref", "refs", b"refs", "refs_segment", b"refs_segment", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

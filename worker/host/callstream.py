@@ -185,7 +185,7 @@ class CallStream:
         if outcome.ref is None and not outcome.shm_name and self.conn.takes_bulk(outcome.nbytes):
             self.host.stats["bytes_out"] += outcome.nbytes
             self.host.stats["bulk_out"] += 1
-            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
+            header = outcome.header()
             self.conn.write_bulk_nowait(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True),
                                         outcome.segments, outcome.nbytes)
             return True
@@ -202,13 +202,10 @@ class CallStream:
             header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
             frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
         elif outcome.shm_name:
-            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes, shm_name=outcome.shm_name,
-                                            shm_pooled=outcome.shm_pooled)
-            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=outcome.header(), last=True)
         elif outcome.nbytes <= chunks.CHUNK_SIZE:
-            header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
-            frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, data=b"".join(outcome.segments),
-                                          last=True)
+            frame = worker_pb2.ReplyFrame(call_id=call_id, header=outcome.header(),
+                                          data=b"".join(outcome.segments), last=True)
         else:
             return None
         self.host.stats["bytes_out"] += outcome.nbytes
@@ -225,7 +222,7 @@ class CallStream:
             await self.write(frame)
             return
         self.host.stats["bytes_out"] += outcome.nbytes
-        header = worker_pb2.ReplyHeader(ok=True, payload_size=outcome.nbytes)
+        header = outcome.header()
         await self.conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
 
     async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from podium import errors
+from podium.worker.host.results import Outcome
 
 __all__ = ["ExecutionThread", "Job"]
 
@@ -100,8 +101,15 @@ class ExecutionThread:
                 job.state = 1
             try:
                 result, ok = job.fn(*job.args), True
+                # The call's arguments die here, before its outcome is settled: a result
+                # computed in place in an argument is sent by reference only if nothing
+                # else kept that argument (HostRuntime.package).
+                job.args = ()
+                if type(result) is Outcome and result.pending is not None:
+                    result = result.settle()
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
                 result, ok = exc, False
+                job.args = ()
             # Outcomes of a burst of calls reach the loop with one wake-up, not one each.
             with self._lock:
                 self._done.append((job, ok, result))

@@ -29,6 +29,24 @@ class Outcome:
     shm_pooled: bool = False
     segments: list | None = None
     nbytes: int = 0
+    #: Buffers left in the caller's segment ``refs_segment``: flat (index, offset, length).
+    refs_segment: str = ""
+    refs: list[int] = dataclasses.field(default_factory=list)
+    #: Not final yet: ``pending()`` makes the final Outcome (see :meth:`settle`).
+    pending: Any = None
+
+    def settle(self) -> Outcome:
+        """The final form of this outcome. A result computed in place in its call's argument
+        segment is packaged on the execution thread only once the call's arguments are
+        dropped (``ExecutionThread``), since only then can it tell whether the method kept a
+        view of them (see ``HostRuntime.package``)."""
+        return self if self.pending is None else self.pending()
+
+    def header(self) -> worker_pb2.ReplyHeader:
+        """The success header of a reply carrying this outcome (not a ref)."""
+        return worker_pb2.ReplyHeader(ok=True, payload_size=self.nbytes, shm_name=self.shm_name,
+                                      shm_pooled=self.shm_pooled, refs_segment=self.refs_segment,
+                                      refs=self.refs)
 
 
 def reply_snapshot(segments: list, nbytes: int) -> list[memoryview]:

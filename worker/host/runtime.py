@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -27,6 +28,10 @@ from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenR
 
 __all__ = ["HostRuntime"]
 
+# Result buffers at least this large that lie in the call's argument segment go back as
+# references into it (see HostRuntime.package); smaller ones are cheaper to copy than to track.
+IN_PLACE_MIN_BYTES = 1 << 16
+
 log = logging.getLogger("podium.worker.host")
 
 
@@ -50,7 +55,7 @@ class HostRuntime:
         self.raw_connections: set = set()
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
-                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
+                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0, "in_place_out": 0,
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
@@ -133,9 +138,18 @@ class HostRuntime:
         return result
 
     def package(self, value: Any, header: worker_pb2.CallHeader,
-                conn: CallConnection | None = None) -> Outcome:
+                conn: CallConnection | None = None, settle_later: bool = False) -> Outcome:
         """Encode a result and hold it, put it in shared memory for the caller (``conn``'s
-        segments when it has room, else a one-shot segment), or ready it for streaming."""
+        segments when it has room, else a one-shot segment), or ready it for streaming.
+
+        A result whose large buffers lie in the call's own argument segment (a method that
+        changed its batch in place and returned it) is sent as references into that segment,
+        which the caller owns, instead of a copy, when the method kept no view of its
+        argument: then nothing here can change those bytes any more, so the caller's value
+        is a snapshot, as a copy would be. Whether it kept one is known only once the call's
+        arguments are dropped; with ``settle_later`` (the execution thread) the decision is
+        left to ``Outcome.settle`` at that point, else it is made now.
+        """
         encoded = ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
         nbytes = encoded.nbytes
         if header.hold_result:
@@ -152,17 +166,49 @@ class HostRuntime:
                 size_bytes=nbytes, rows=rows,
                 # Small results ride along, so the caller's get() needs no Fetch.
                 inline_value=bytes(frozen.buffer) if nbytes <= self.config.inline_result_bytes else b""))
+        # The socket reads a reply later: copy it now, unless it is a held result (a frozen
+        # snapshot already) going out to a fetch.
+        snapshot = value is not None and type(value) not in IMMUTABLE_RESULTS and header.method != FETCH_CALL
+        if (snapshot and header.reply_in_shm and header.shm_pooled and conn is not None
+                and conn.segments is not None and nbytes >= self.config.shm_threshold_bytes):
+            found = conn.segments.cache.locate(header.shm_name, encoded.buffers, IN_PLACE_MIN_BYTES)
+            if found:
+                # Keep no view of the argument here (the buffers found are dropped), or the
+                # check in _settle_in_place would always see one.
+                rest = codec.without_buffers(encoded, set(found))
+                del value, encoded
+                outcome = Outcome(pending=functools.partial(self._settle_in_place, rest, found, header, conn))
+                return outcome if settle_later else outcome.settle()
+        return self._package_encoded(encoded, nbytes, header, conn, snapshot)
+
+    def _package_encoded(self, encoded: Any, nbytes: int, header: worker_pb2.CallHeader,
+                         conn: CallConnection | None, snapshot: bool) -> Outcome:
         segments = encoded.to_segments()
         if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes and conn is not None:
             name, pooled = conn.write_segment(segments, nbytes)  # ("", False): /dev/shm full, use TCP
             if name:
                 self.stats["shm_out"] += 1
                 return Outcome(shm_name=name, shm_pooled=pooled, nbytes=nbytes)
-        # The socket reads a reply later: copy it now, unless it is a held result (a frozen
-        # snapshot already) going out to a fetch.
-        if value is not None and type(value) not in IMMUTABLE_RESULTS and header.method != FETCH_CALL:
+        if snapshot:
             segments = reply_snapshot(segments, nbytes)
         return Outcome(segments=segments, nbytes=nbytes)
+
+    def _settle_in_place(self, rest: codec.Encoded, found: dict[int, tuple[int, int]],
+                         header: worker_pb2.CallHeader, conn: CallConnection) -> Outcome:
+        # See package(): references if nothing here views the argument any more, else a copy.
+        name = header.shm_name
+        cache = conn.segments.cache
+        if cache.leased(name):  # the method kept (a view of) its argument: send a copy
+            buffers = list(rest.buffers)
+            for index, (offset, length) in found.items():
+                buffers[index] = cache.peek(name, offset, length)
+            full = codec.Encoded(rest.skeleton, buffers)
+            return self._package_encoded(full, full.nbytes, header, conn, True)
+        outcome = self._package_encoded(rest, rest.nbytes, header, conn, True)
+        outcome.refs_segment = name
+        outcome.refs = [number for index in sorted(found) for number in (index, *found[index])]
+        self.stats["in_place_out"] += 1
+        return outcome
 
     def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
                      conn: CallConnection | None) -> Outcome:
@@ -171,7 +217,7 @@ class HostRuntime:
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
             raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-        return self.package(value, header, conn)
+        return self.package(value, header, conn, settle_later=True)
 
     def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
         # Runs on the execution thread: CUDA/NCCL state made here belongs to it.
@@ -318,6 +364,9 @@ class HostRuntime:
                         f"call {header.method!r} reached its deadline before it started")
                 job = self.exec_thread.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.conn)
                 active.job = job
+                # Only the job holds the arguments now: the execution thread drops them after
+                # the call, so a result computed in place can be told from a kept argument.
+                value = args = kwargs = decoded = payload = None
         finally:
             self.open_gate(prev, mine)
         self.stats["calls"] += 1

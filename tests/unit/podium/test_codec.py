@@ -394,3 +394,25 @@ def test_code_sent_by_value_keeps_its_file_name():
     rebuilt = codec.loads(codec.dumps(local_function))
     assert rebuilt() == 1
     assert rebuilt.__code__.co_filename == __file__
+
+
+def test_buffers_left_out_are_taken_from_outside_memory():
+    value = {"a": torch.arange(10_000, dtype=torch.int64), "b": np.ones(5_000), "c": "text"}
+    encoded = codec.encode(value)
+    assert len(encoded.buffers) == 2
+    rest = codec.without_buffers(encoded, {0})
+    assert rest.nbytes < encoded.nbytes - 70_000
+    outside = memoryview(bytearray(encoded.buffers[0]))
+    got = codec.decode(b"".join(rest.to_segments()), {0: outside})
+    assert torch.equal(got["a"], value["a"]) and np.array_equal(got["b"], value["b"]) and got["c"] == "text"
+    got["a"][0] = 99  # a view of the outside memory, not a copy
+    assert outside.cast("q")[0] == 99
+
+
+@pytest.mark.parametrize("external", [{1: memoryview(bytearray(8))}, {5: memoryview(bytearray(8))}],
+                         ids=["buffer-not-left-out", "no-such-buffer"])
+def test_outside_memory_only_replaces_buffers_left_out(external):
+    encoded = codec.encode([torch.zeros(1000), torch.zeros(1000)])
+    rest = codec.without_buffers(encoded, {0})
+    with pytest.raises(DataLossError, match="no empty buffer"):
+        codec.decode(b"".join(rest.to_segments()), external)

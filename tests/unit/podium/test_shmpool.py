@@ -147,3 +147,87 @@ def test_close_removes_every_file_not_yet_mapped(link):
     link.pool.close()
     assert not any(_files(n) for n in names)
     assert link.pool.write([b"x"], 1) is None  # a closed pool takes nothing
+
+
+# ------------------------------------------------------------ replies written in place
+
+
+def _in_place_reply(link, value):
+    """What a worker does with an argument it changed in place: locate its buffers in the
+    argument's segment, and send the rest with references (see HostRuntime.package)."""
+    name, nbytes = link.send(((value,), {}))
+    (arg,), _ = link.receive(name, nbytes)
+    arg += 1
+    encoded = codec.encode(arg)
+    found = link.cache.locate(name, encoded.buffers, 1 << 16)
+    rest = codec.without_buffers(encoded, set(found))
+    return name, arg, found, rest
+
+
+def test_a_pinned_segment_released_by_the_peer_is_not_reused_until_unpinned(link):
+    encoded = codec.encode(torch.ones(1 << 18))
+    name = link.pool.write(encoded.to_segments(), encoded.nbytes, pin=True)
+    link.receive(name, encoded.nbytes)
+    gc.collect()
+    link.deliver()  # the peer released it: a reply that views it may still be on its way
+    second = link.pool.write(encoded.to_segments(), encoded.nbytes)
+    assert second != name
+    link.pool.unpin(name)
+    link.receive(second, encoded.nbytes)
+    gc.collect()
+    link.deliver()
+    assert link.pool.busy == 0 and link.pool.segments == 2
+
+
+def test_a_reply_in_place_is_located_and_decoded_as_views_of_the_callers_segment(link):
+    name, arg, found, rest = _in_place_reply(link, torch.arange(1 << 18, dtype=torch.float32))
+    assert list(found) == [0] and found[0][1] == (1 << 18) * 4
+    assert rest.nbytes < 4096  # the data is not in the reply
+    del arg
+    gc.collect()
+    assert not link.cache.leased(name) and link.released == [name]
+    link.deliver()
+    # Sent without a pin, the segment went back to the free list with the release: a reply
+    # that refers to it now is refused rather than read from memory that may be reused.
+    with pytest.raises(DataLossError, match="not lent"):
+        link.pool.view(name, *found[0])
+
+
+def test_views_of_a_reply_keep_the_segment_from_reuse_until_they_die(link):
+    encoded = codec.encode(((torch.zeros(1 << 18),), {}))
+    name = link.pool.write(encoded.to_segments(), encoded.nbytes, pin=True)
+    (arg,), _ = link.receive(name, encoded.nbytes)
+    arg += 3
+    found = link.cache.locate(name, codec.encode(arg).buffers, 1 << 16)
+    rest = codec.without_buffers(codec.encode(arg), set(found))
+    del arg
+    gc.collect()
+    link.deliver()  # released first, as the worker's frames arrive, then the reply
+    views = {i: link.pool.view(name, offset, length) for i, (offset, length) in found.items()}
+    link.pool.unpin(name)
+    result = codec.decode(b"".join(rest.to_segments()), views)
+    del views
+    assert torch.equal(result, torch.full((1 << 18,), 3.0))
+    again = link.pool.write(encoded.to_segments(), encoded.nbytes)
+    assert again != name  # the result still views it
+    assert torch.equal(result, torch.full((1 << 18,), 3.0))
+    del result
+    gc.collect()
+    assert link.pool.busy == 1  # only `again`, in the peer's hands
+
+
+def test_a_view_outside_the_segment_or_of_a_segment_not_lent_is_data_loss(link):
+    encoded = codec.encode(torch.zeros(1 << 18))
+    name = link.pool.write(encoded.to_segments(), encoded.nbytes, pin=True)
+    with pytest.raises(DataLossError, match="bytes"):
+        link.pool.view(name, 1 << 30, 16)
+    with pytest.raises(DataLossError, match="not lent"):
+        link.pool.view("podium-1-nosuch", 0, 16)
+    link.pool.unpin(name)
+
+
+def test_a_kept_argument_is_still_leased_and_its_bytes_can_be_copied(link):
+    name, arg, found, rest = _in_place_reply(link, torch.zeros(1 << 18))
+    assert link.cache.leased(name)  # the "worker" keeps arg
+    copy = bytes(link.cache.peek(name, *found[0]))
+    assert copy == bytes(arg.numpy().tobytes())
