@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -19,6 +20,7 @@ from podium.controller.futures import PendingRef, is_pending, resolve_args
 from podium.controller.groupworkers import WorkerHandle, _first_failure_or_all, _no_arguments
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
+from podium.transport.shmstage import MIN_STAGED_BYTES, STAGE
 from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
                            WorkerDiedError)
 from podium.worker.decorator import MAGIC_ATTR, get_registration
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from podium.controller.group import WorkerGroup
 
 __all__ = ["GroupCalls", "func_generator"]
+
+log = logging.getLogger("podium.controller")
 
 #: How long to poll the scheduler for a dead worker's exit record.
 _DEATH_LOOKUP_SECONDS = 5.0
@@ -196,7 +200,14 @@ class GroupCalls(GroupState):
             for sink in sinks:
                 sink._set_exception(exc)
             return []
-        tasks = self._submit_all(prepared, payloads, hold, sinks, timeout)
+        staged = await self._stage(prepared, payloads)
+        try:
+            tasks = self._submit_all(prepared, payloads, hold, sinks, timeout)
+        finally:
+            if staged is not None:
+                # Each rank's call pins the segment itself as it starts (its task's first
+                # step, queued before this): until then the group call's own pin holds it.
+                asyncio.get_running_loop().call_soon(STAGE.unpin, staged)
         if sinks is not None:
             return []
         if len(tasks) == 1:
@@ -220,6 +231,27 @@ class GroupCalls(GroupState):
             rank, name, _, _ = prepared[failed[0]]
             raise await self._convert(self._workers[rank], tasks[failed[0]].exception(), name) from None
         return [t.result() for t in tasks]
+
+    async def _stage(self, prepared: list, payloads: dict[int, Any]) -> str | None:
+        """Put the large buffers of the payloads for same-host ranks into one staged segment
+        (:mod:`podium.transport.shmstage`) when two or more ranks take one: the name (pinned),
+        or None. Off the loop: it copies the batch."""
+        workers = self._workers
+        local: dict[int, Any] = {}
+        for i, (rank, _, _, _) in enumerate(prepared):
+            client = workers[rank].client
+            payload = payloads[i]
+            if (client.same_host is True and client.segments is not None
+                    and payload.nbytes >= client.shm_threshold):
+                local.setdefault(id(payload), payload)
+        ranks = sum(1 for i, (rank, _, _, _) in enumerate(prepared) if id(payloads[i]) in local)
+        if ranks < 2:
+            return None
+        try:
+            return await asyncio.to_thread(STAGE.stage, list(local.values()), MIN_STAGED_BYTES)
+        except OSError as exc:  # /dev/shm full: each rank's own segment, or TCP
+            log.warning("cannot stage a group call's arguments in shared memory (%s)", exc)
+            return None
 
     def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool,
                     sinks: list[PendingRef] | None, timeout: float | None = None) -> list:

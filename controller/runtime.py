@@ -417,6 +417,9 @@ def shutdown() -> None:
         runtime.close()
     finally:
         from podium.refs import get_resolver, set_resolver
+        from podium.transport.shmstage import STAGE
+
+        STAGE.close()  # no staged segment's file outlives the groups
         with contextlib.suppress(Exception):
             if isinstance(get_resolver(), _Resolver):
                 set_resolver(None)

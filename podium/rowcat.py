@@ -6,7 +6,9 @@ the first touch of fresh memory costs far more than the copy (~180 ms against ~2
 for 128 MiB: see :mod:`podium.memorypool`); torch's own copy loop is also
 2-3x slower there than ``memmove``. So a large concatenation of plain CPU tensors goes
 into a mapping from the process's receive pool (given back when the result dies) with
-one ``memmove`` per part; anything else (small, CUDA, strided, autograd, nested
+one ``memmove`` per part, or, when the parts already lie one after another in one staged
+segment (results computed in place, :mod:`podium.transport.shmstage`), is a view of
+those bytes with no copy at all; anything else (small, CUDA, strided, autograd, nested
 TensorDicts) is ``torch.cat`` as before. The values are the same either way.
 """
 
@@ -29,13 +31,31 @@ def _poolable(tensors: list[torch.Tensor]) -> bool:
                for t in tensors) and sum(t.nbytes for t in tensors) >= MIN_POOLED_BYTES
 
 
+def _adjacent_span(tensors: list[torch.Tensor], nbytes: int) -> memoryview | None:
+    # Rows of several ranks' results computed in place in one staged segment lie one after
+    # another there, as they did in the batch (podium.transport.shmstage): a view of that run
+    # of bytes is their concatenation.
+    at = start = tensors[0].data_ptr()
+    for t in tensors:
+        if t.data_ptr() != at:
+            return None
+        at += t.nbytes
+    from podium.transport.shmstage import STAGE
+
+    return STAGE.span(start, nbytes)
+
+
 def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(tensors, dim=0)``; large plain CPU tensors land in reused memory."""
+    """``torch.cat(tensors, dim=0)``; large plain CPU tensors land in reused memory, or are
+    a view of the staged segment they already lie in, one after another."""
     if not tensors or not _poolable(tensors):
         return torch.cat(tensors, dim=0)
     first = tensors[0]
     rows = sum(t.shape[0] for t in tensors)
     nbytes = sum(t.nbytes for t in tensors)
+    span = _adjacent_span(tensors, nbytes) if len(tensors) > 1 else None
+    if span is not None:
+        return torch.frombuffer(span, dtype=first.dtype).view(rows, *first.shape[1:])
     view = POOL.lease(POOL.take(nbytes), nbytes)
     out = torch.frombuffer(view, dtype=first.dtype).view(rows, *first.shape[1:])
     at = out.data_ptr()

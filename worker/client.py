@@ -31,7 +31,7 @@ import grpc
 from podium import codec, errors, rpc
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
-from podium.transport import chunks, frames, shm
+from podium.transport import chunks, frames, shm, shmstage
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, prepare, shares_shm
@@ -267,10 +267,14 @@ class WorkerClient(WorkerChannel):
             value, exc = None, value.error
         # A pooled argument comes back in shm_released instead; its pin ends here (a reply
         # written in place into it holds views of it by now).
-        if p.shm_name and (exc is not None or not p.shm_pooled):
+        if exc is not None or (p.shm_name and not p.shm_pooled):
             self._drop_segment(p)
-        elif p.shm_name and self._conn is not None:
-            self._conn.unpin_segment(p.shm_name)
+        else:
+            if p.shm_name and self._conn is not None:
+                self._conn.unpin_segment(p.shm_name)
+            if p.staged:
+                shmstage.STAGE.unpin(p.staged)
+                p.staged = ""
         if p.done():
             if type(value) is _InPlaceReply:
                 value = value.reply
@@ -323,6 +327,16 @@ class WorkerClient(WorkerChannel):
                                        hold_result=hold, timeout_seconds=timeout or 0.0,
                                        reply_in_shm=same_host)
         try:
+            staged = payload.staged if same_host and conn.segments is not None else None
+            if staged is not None:
+                # Its large buffers are in the group call's staged segment: only the rest goes
+                # here, with references (the worker maps the segment itself).
+                shmstage.STAGE.sent(staged.name, conn.segments)
+                p.staged = staged.name
+                header.refs_segment = staged.name
+                header.refs.extend(staged.refs)
+                header.payload_size = staged.nbytes
+                payload = Payload(staged.rest, reusable=False)
             name = ""
             if same_host and payload.nbytes >= self.shm_threshold:
                 # Pinned: its reply may be views of it (a result computed in place), see _finish.
@@ -392,6 +406,9 @@ class WorkerClient(WorkerChannel):
 
     def _drop_segment(self, p: PendingCall) -> None:
         # The argument segment of a call that ended without the worker taking it.
+        if p.staged:
+            shmstage.STAGE.abandon(p.staged, self._conn.segments if self._conn is not None else None)
+            p.staged = ""
         if not p.shm_name:
             return
         if self._conn is not None:

@@ -22,7 +22,7 @@ class PendingCall:
     """One call waiting for its reply: an asyncio future, or a sink (see ``submit_into``)."""
 
     __slots__ = ("future", "sink", "on_error", "method", "assembler", "deadline", "timeout", "shm_name",
-                 "shm_pooled", "decode")
+                 "shm_pooled", "staged", "decode")
 
     def __init__(self, future: asyncio.Future | None, method: str) -> None:
         self.future = future
@@ -39,6 +39,9 @@ class PendingCall:
         self.shm_name = ""
         #: shm_name is a segment of the client's pool (podium.transport.shmpool), not a one-shot one.
         self.shm_pooled = False
+        #: The group call's staged segment this call carries (podium.transport.shmstage), pinned
+        #: until the reply is decoded.
+        self.staged = ""
         #: Resolve with the decoded value (submit) rather than the raw reply.
         self.decode = False
 

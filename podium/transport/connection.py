@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from podium import errors
-from podium.transport import shm, shmpool
+from podium.transport import shm, shmpool, shmstage
 from podium.transport.callsocket import BULK_MIN_BYTES, FrameConnection
 
 __all__ = ["CallConnection"]
@@ -193,8 +193,16 @@ class CallConnection:
         if len(refs) % 3:
             raise errors.DataLossError(f"a reply's segment references are {len(refs)} numbers, "
                                        "not (index, offset, length) triples")
-        view = self.segments.pool.view
+        view = self.segments.pool.view if self.segments.pool.holds(name) else shmstage.STAGE.view
         return {refs[i]: view(name, refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)}
+
+    def read_refs(self, name: str, refs: Any, max_size: int) -> dict[int, memoryview]:
+        """The buffers a call left in the peer's staged segment ``name`` (mapped, not copied,
+        not unlinked: other workers map it too), by buffer index."""
+        if self.segments is None:
+            raise errors.DataLossError(f"the peer sent staged segment {name!r} on a connection "
+                                       "without shared memory")
+        return self.segments.cache.read_refs(name, refs, max_size)
 
     def drop_segment(self, name: str, pooled: bool) -> None:
         """A segment this side wrote for a call that failed: never written again, never leaked.

@@ -28,12 +28,15 @@ class Payload:
     instead, so a huge argument is never held twice.
     """
 
-    __slots__ = ("encoded", "nbytes", "reusable", "_chunks", "_tails")
+    __slots__ = ("encoded", "nbytes", "reusable", "staged", "_chunks", "_tails")
 
     def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
         self.encoded = encoded
         self.nbytes = encoded.nbytes
         self.reusable = reusable
+        #: Its large buffers copied into a group call's staged segment, for same-host workers
+        #: (a :class:`podium.transport.shmstage.Staged`), or None.
+        self.staged: Any = None
         self._chunks: list[bytes] | None = None
         self._tails: dict | None = None
 

@@ -44,7 +44,7 @@ __all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget", "addr
 
 # Segments are made a multiple of this, so batches whose size varies a little (another
 # skeleton length, a few more rows) still fit the segment of the previous step.
-_GRANULE = 1 << 20
+GRANULE = 1 << 20
 # Free segments a pool keeps for reuse; more are forgotten (least recently released first).
 _MAX_FREE = 2
 # Whole segments a pool may have at once (free + in the peer's hands).
@@ -86,7 +86,7 @@ class _Budget:
             self.used -= size
 
 
-_budget = _Budget()
+budget = _Budget()
 
 
 class _Segment:
@@ -186,20 +186,20 @@ class SegmentPool:
                 self._evict_free_locked(keep=0)
                 if len(self._busy) >= _MAX_SEGMENTS:
                     return None
-        size = -(-nbytes // _GRANULE) * _GRANULE
-        if not _budget.take(size):
+        size = -(-nbytes // GRANULE) * GRANULE
+        if not budget.take(size):
             self._evict_all_free()  # make room for the next call
-            if not _budget.take(size):
+            if not budget.take(size):
                 return None
         try:
-            segment = _create(size)
+            segment = create_segment(size)
         except BaseException:
-            _budget.give(size)
+            budget.give(size)
             raise
         with self._lock:
             if self._closed:
                 segment.drop()
-                _budget.give(size)
+                budget.give(size)
                 return None
             segment.peer = True
             self._busy[segment.name] = segment
@@ -212,7 +212,7 @@ class SegmentPool:
             # loop's batches are the sizes it used last (not necessarily the largest).
             segment = self._free.pop(0)
             segment.drop()
-            _budget.give(segment.size)
+            budget.give(segment.size)
             dropped.append(segment.name)
         if dropped:
             self._send_forget(dropped)
@@ -221,17 +221,26 @@ class SegmentPool:
         with self._lock:
             self._evict_free_locked(keep=0)
 
-    def release(self, names: Sequence[str]) -> None:
+    def release(self, names: Sequence[str]) -> list[str]:
         """The peer is done with these segments: they may be written again (once no pin
-        or view of this side holds them)."""
+        or view of this side holds them). Returns the names this pool does not hold (dropped
+        meanwhile by a failed call, or not the pool's: staged ones)."""
+        unknown = []
         with self._lock:
             for name in names:
                 segment = self._busy.get(name)
-                if segment is None:  # dropped meanwhile (a failed call): nothing to reuse
+                if segment is None:
+                    unknown.append(name)
                     continue
                 segment.fresh = False
                 segment.peer = False
                 self._settle_locked(segment)
+        return unknown
+
+    def holds(self, name: str) -> bool:
+        """Whether ``name`` is one of this pool's segments in use."""
+        with self._lock:
+            return name in self._busy
 
     def unpin(self, name: str) -> None:
         """The call that pinned ``name`` is over (its reply decoded, or it failed)."""
@@ -274,7 +283,7 @@ class SegmentPool:
         del self._busy[segment.name]
         if self._closed:
             segment.drop()
-            _budget.give(segment.size)
+            budget.give(segment.size)
             return
         self._free.append(segment)
         if len(self._free) > _MAX_FREE:
@@ -292,7 +301,7 @@ class SegmentPool:
         with self._lock:
             self._busy.pop(segment.name, None)
         segment.drop()
-        _budget.give(segment.size)
+        budget.give(segment.size)
         self._send_forget([segment.name])
 
     def close(self) -> None:
@@ -303,10 +312,22 @@ class SegmentPool:
             self._free, self._busy = [], {}
         for segment in segments:
             segment.drop()
-            _budget.give(segment.size)
+            budget.give(segment.size)
 
 
-def _create(size: int) -> _Segment:
+def drop_segment(name: str, size: int, mapping: mmap.mmap) -> None:
+    """Unlink a segment this process created, give its bytes back to the budget, and unmap it
+    (at once, or when the last view of it dies)."""
+    shm.remove_segment(name)
+    try:
+        mapping.close()
+    except BufferError:  # still viewed: unmapped when the views die
+        pass
+    budget.give(size)
+
+
+def create_segment(size: int) -> _Segment:
+    """A new segment of ``size`` bytes in ``/dev/shm``, its pages reserved and mapped."""
     name = f"{shm.PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
     path = os.path.join(shm.SHM_DIR, name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -363,7 +384,24 @@ class SegmentCache:
         with self._lock:
             return len(self._mapped)
 
-    def read(self, name: str, nbytes: int, max_size: int | None = None) -> memoryview:
+    def read_refs(self, name: str, refs: Sequence[int], max_size: int) -> dict[int, memoryview]:
+        """``{index: view}`` of the (index, offset, length) triples ``refs`` in a staged segment
+        (shared by several readers, so not unlinked), under one lease as :meth:`read` gives."""
+        if len(refs) % 3:
+            raise DataLossError(f"a call's segment references are {len(refs)} numbers, not "
+                                "(index, offset, length) triples")
+        triples = [(refs[i], refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)]
+        if not triples:
+            raise DataLossError(f"a call names staged segment {name} but no bytes of it")
+        total = sum(length for _, _, length in triples)
+        if total > max_size:
+            raise PayloadTooLargeError(f"payload of {total} bytes exceeds the maximum of {max_size} bytes",
+                                       details={"size": str(total), "max_size": str(max_size)})
+        end = max(offset + length for _, offset, length in triples)
+        whole = self.read(name, end, unlink=False)
+        return {index: whole[offset:offset + length] for index, offset, length in triples}
+
+    def read(self, name: str, nbytes: int, max_size: int | None = None, unlink: bool = True) -> memoryview:
         """A writable view of the first ``nbytes`` of segment ``name``, mapping it the first
         time (and unlinking its file). Decode it at once; the segment goes back to the
         writer when every value viewing it is gone.
@@ -379,7 +417,7 @@ class SegmentCache:
             if entry is not None and entry.leased:
                 raise DataLossError(f"shared-memory segment {name} sent again while still in use")
         if entry is None:
-            view = shm.read_segment(name, max_size=None)
+            view = shm.read_segment(name, unlink=unlink, max_size=None)
             if not isinstance(view.obj, mmap.mmap):
                 raise DataLossError(f"shared-memory segment {name} is empty")
             entry = _Mapped(view.obj)
@@ -490,15 +528,30 @@ class SharedSegments:
             # call id 0: a frame that carries only segment bookkeeping
             self._send(self._make_frame(call_id=0, shm_released=released, shm_forget=forget))
 
+    def forget_foreign(self, names: Sequence[str]) -> None:
+        """Tell the peer to forget segments this side dropped that are not the pool's (staged
+        ones, :mod:`podium.transport.shmstage`). Safe on any thread."""
+        self._queue(forget=names)
+
     def on_frame(self, frame: Any) -> None:
-        """Apply a received frame's ``shm_released`` (to the pool) and ``shm_forget`` (to the cache)."""
+        """Apply a received frame's ``shm_released`` (to the pool, or to the staged segments
+        for names not its own) and ``shm_forget`` (to the cache)."""
         if frame.shm_released:
-            self.pool.release(list(frame.shm_released))
+            foreign = self.pool.release(list(frame.shm_released))
+            if foreign:
+                from podium.transport.shmstage import STAGE  # imports this module
+
+                for name in foreign:
+                    STAGE.release(name, self)
         if frame.shm_forget:
             self.cache.forget(list(frame.shm_forget))
 
     def close(self) -> None:
-        """The connection ended: drop the pool's segments and forget the peer's."""
+        """The connection ended: drop the pool's segments and forget the peer's (and the
+        staged segments the peer held are its no more)."""
         self.closed = True
         self.pool.close()
         self.cache.close()
+        from podium.transport.shmstage import STAGE  # imports this module
+
+        STAGE.link_closed(self)

@@ -241,6 +241,8 @@ class CallHeader(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     REPLY_IN_SHM_FIELD_NUMBER: _builtins.int
     SHM_POOLED_FIELD_NUMBER: _builtins.int
+    REFS_SEGMENT_FIELD_NUMBER: _builtins.int
+    REFS_FIELD_NUMBER: _builtins.int
     kind: Global___CallKind.ValueType
     """What the call asks for."""
     method: _builtins.str
@@ -262,6 +264,17 @@ class CallHeader(_message.Message):
     it mapped, reads payload_size bytes of it, and sends its name back in
     ReplyFrame.shm_released once no value uses it.
     """
+    refs_segment: _builtins.str
+    """When set, the payload's large buffers are not in it (it holds empty buffers in their
+    place): they lie in this shared-memory segment of the caller's, which one group call
+    shares among all its same-host ranks (podium.transport.shmstage). The worker maps it
+    without unlinking it and sends its name back in ReplyFrame.shm_released once no value
+    uses it.
+    """
+    @_builtins.property
+    def refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """(buffer index, offset, length) triples into refs_segment, flattened."""
+
     def __init__(
         self,
         *,
@@ -273,10 +286,12 @@ class CallHeader(_message.Message):
         timeout_seconds: _builtins.float = ...,
         reply_in_shm: _builtins.bool = ...,
         shm_pooled: _builtins.bool = ...,
+        refs_segment: _builtins.str = ...,
+        refs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "refs", b"refs", "refs_segment", b"refs_segment", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -408,8 +423,8 @@ class ReplyHeader(_message.Message):
     refs_segment: _builtins.str
     """When set, some of the result's buffers are not sent: they lie in this pooled segment
     of the caller's (the call's own argument, changed in place by the method), and the
-    payload holds empty buffers in their place. `refs` gives (buffer index, offset,
-    length) triples into it. The caller keeps the segment until the decoded value dies.
+    payload holds empty buffers in their place. The caller keeps the segment until the
+    decoded value dies.
     """
     @_builtins.property
     def error(self) -> _common_pb2.ErrorInfo:
@@ -420,7 +435,9 @@ class ReplyHeader(_message.Message):
         """Set instead of a payload when the call asked for hold_result."""
 
     @_builtins.property
-    def refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """(buffer index, offset, length) triples into refs_segment, flattened."""
+
     def __init__(
         self,
         *,

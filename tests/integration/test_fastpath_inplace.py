@@ -1,12 +1,15 @@
 """Results computed in place in the call's argument go back as references, not copies.
 
-A same-host call's argument arrives in a shared-memory segment the controller owns; a method
-that changes its batch in place and returns it (``data.batch[k] += 1; return data``) has its
-result in that very segment. The worker then sends references into it instead of copying the
-result into a segment of its own, provided it kept no view of the argument, so the
-controller's value is still a snapshot (``HostRuntime.package``). These tests check the values
-bit for bit, that the references were used exactly when allowed, that neither side sees the
-other's later writes, and that every segment is given back and no file is left.
+A same-host call's argument arrives in a shared-memory segment the controller owns (one rank:
+the connection's pooled segment; two or more: one staged segment for the whole group call,
+podium.transport.shmstage). A method that changes its batch in place and returns it
+(``data.batch[k] += 1; return data``) has its result in that very segment. The worker then
+sends references into it instead of copying the result into a segment of its own, provided it
+kept no view of the argument, so the controller's value is still a snapshot
+(``HostRuntime.package``); the ranks' rows, adjacent in the staged segment, concatenate into a
+view of it. These tests check the values bit for bit, that references were used exactly when
+allowed, that neither side sees the other's later writes, that a kept result's segment is not
+reused, and that every segment is given back and no file is left.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.transport import shm
+from podium.transport.shmstage import STAGE
 from podium.worker import Dispatch, Worker, register
 from tests.support.waiting import eventually
 
@@ -71,6 +75,8 @@ class InPlace(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def kept_x_sum(self):
+        if self.kept is None:
+            return None
         kept = self.kept if isinstance(self.kept, torch.Tensor) else self.kept.batch["x"]
         return float(kept.double().sum())
 
@@ -89,6 +95,16 @@ class InPlace(Worker):
         from podium.worker.host.process import current_host
 
         return current_host().stats["in_place_out"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def staged_calls(self):
+        from podium.worker.host.process import current_host
+
+        return current_host().stats["staged_in"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def row_sums(self, tensor):
+        return float(tensor.double().sum())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self):
@@ -147,6 +163,7 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _segment_files(pids) -> list[str]:
+    STAGE.close()  # free staged segments are kept (as files) for the next call
     prefixes = tuple(f"{shm.PREFIX}{pid}-" for pid in pids)
     return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(prefixes)]
 
@@ -155,6 +172,8 @@ def test_a_batch_changed_in_place_comes_back_by_reference_bit_exact(wg):
     data = _batch()
     want = _expected(data)
     sent, received = _counts(wg)
+    staged = wg.staged_calls()
+    pooled = [w.client.stats["shm_sent"] for w in wg.workers]
     for _ in range(3):
         out = wg.bump(data)
         _assert_equal(out, want)
@@ -162,6 +181,8 @@ def test_a_batch_changed_in_place_comes_back_by_reference_bit_exact(wg):
     after_sent, after_received = _counts(wg)
     assert [a - b for a, b in zip(after_sent, sent)] == [3, 3]
     assert [a - b for a, b in zip(after_received, received)] == [3, 3]
+    assert [a - b for a, b in zip(wg.staged_calls(), staged)] == [3, 3]  # one staged segment per call
+    assert [w.client.stats["shm_sent"] for w in wg.workers] == pooled  # not each rank's own segment
     _assert_equal(data, DataProto.from_dict(tensors=dict(_batch().batch.items()),
                                             non_tensors=dict(_batch().non_tensor_batch)))  # untouched
 
@@ -232,12 +253,63 @@ def test_a_result_kept_at_one_rank_holds_its_segment_and_stays_intact(wg):
     assert _segment_files(pids) == []
 
 
+def test_the_ranks_rows_of_a_kept_result_are_one_view_of_the_staged_segment(wg):
+    data = _batch()
+    kept = wg.bump(data)
+    gc.collect()
+    eventually(lambda: STAGE.in_use == 1, "only the kept result's staged segment to stay in use", timeout=30,
+               interval=0.01)
+    assert STAGE.span(kept.batch["x"].data_ptr(), kept.batch["x"].nbytes) is not None  # not a copy
+    other = _batch()
+    other.batch["x"].fill_(-5.0)
+    for _ in range(3):  # more calls while it lives take other segments
+        out = wg.bump(other)
+        assert float(out.batch["x"].min()) == float(out.batch["x"].max()) == -4.0
+        del out
+    _assert_equal(kept, _expected(data))
+    kept.batch["x"] += 1  # the controller may write its result
+    assert torch.equal(kept.batch["x"], _expected(data).batch["x"] + 1)
+    del kept
+    gc.collect()
+    eventually(lambda: STAGE.in_use == 0, "the staged segments to come back", timeout=30, interval=0.01)
+
+
+def test_one_kept_rank_gets_a_copy_while_the_other_sends_references(wg):
+    class Mixed(InPlace):
+        @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+        def bump_keep_on_rank_0(self, data):
+            _bump(data)
+            if self.rank == 0:
+                self.kept = data
+            return data
+
+    data = _batch()
+    mixed = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mixed))
+    try:
+        out = mixed.bump_keep_on_rank_0(data)
+        _assert_equal(out, _expected(data))
+        assert mixed.in_place_replies() == [0, 1]
+        before = mixed.kept_x_sum()[0]
+        out.batch["x"] += 7
+        assert mixed.kept_x_sum()[0] == before
+    finally:
+        mixed.shutdown()
+
+
+def test_a_large_one_to_all_argument_is_staged_once_for_every_rank(wg):
+    tensor = torch.arange(1 << 20, dtype=torch.float32)
+    staged = wg.staged_calls()
+    assert wg.row_sums(tensor) == [float(tensor.double().sum())] * 2
+    assert [a - b for a, b in zip(wg.staged_calls(), staged)] == [1, 1]
+
+
 def test_every_segment_goes_back_and_no_file_is_left(wg):
     data = _batch()
     for _ in range(4):
         out = wg.bump(data)
         del out
     gc.collect()
-    eventually(lambda: all(w.client.segments.pool.busy == 0 for w in wg.workers),
+    eventually(lambda: STAGE.in_use == 0 and all(w.client.segments.pool.busy == 0 for w in wg.workers),
                "every argument segment to come back", timeout=30, interval=0.01)
+    assert STAGE.segments <= 2  # reused, not one per call
     assert _segment_files(wg.pid() + [os.getpid()]) == []

@@ -17,6 +17,7 @@ import torch
 
 import podium
 from podium.transport import shm
+from podium.transport.shmstage import STAGE
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
@@ -69,6 +70,7 @@ def wg():
 
 
 def _segment_files(pids) -> list[str]:
+    STAGE.close()  # free staged segments are kept (as files) for the next call
     prefixes = tuple(f"{shm.PREFIX}{pid}-" for pid in pids)
     return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(prefixes)]
 
@@ -92,6 +94,7 @@ def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
     data = DataProto.from_dict(tensors={"x": torch.zeros(64, BIG // 16)})
     sent_before = [w.client.stats["shm_sent"] for w in wg.workers]
     kept = [w.client.segments.pool.busy for w in wg.workers]  # arguments the workers keep
+    staged_kept = STAGE.in_use
     for step in range(12):
         out = wg.add_one(data)
         assert float(out.batch["x"].min()) == float(out.batch["x"].max()) == 1.0, step
@@ -101,11 +104,14 @@ def test_a_steady_loop_reuses_a_few_segments_and_leaves_no_file(wg):
         # input is gone, which is after the reply: wait for it, as a loop that does any
         # work between steps would, or the next step's arguments take a fresh segment
         # (collect() is ~1 ms with the controller's import heap frozen).
-        eventually(lambda: [w.client.segments.pool.busy for w in wg.workers] == kept,
+        eventually(lambda: [w.client.segments.pool.busy for w in wg.workers] == kept
+                   and STAGE.in_use == staged_kept,
                    f"the workers to give step {step}'s argument segments back", timeout=30, interval=0.002)
-    assert [w.client.stats["shm_sent"] - s for w, s in zip(wg.workers, sent_before)] == [12, 12]
+    # Both ranks' shards went into one staged segment per call (shmstage), reused.
+    assert [w.client.stats["shm_sent"] - s for w, s in zip(wg.workers, sent_before)] == [0, 0]
+    assert STAGE.in_use == staged_kept and STAGE.segments <= staged_kept + 2  # not one per call
     for w in wg.workers:
-        assert w.client.segments.pool.segments <= 4  # not one per call
+        assert w.client.segments.pool.segments <= 4
     assert float(data.batch["x"].max()) == 0.0  # the controller's own batch is untouched
     pids = wg.pid() + [os.getpid()]
     assert _segment_files(pids) == []  # every segment was mapped and unlinked

@@ -130,7 +130,7 @@ class CallStream:
         header = frame.header
         host = self.host
         call_id = frame.call_id
-        if (header.kind != _CALL or header.shm_name or host.construct_state != "done"
+        if (header.kind != _CALL or header.shm_name or header.refs_segment or host.construct_state != "done"
                 or not host.gate.done() or call_id in self.active or call_id in self.incoming
                 or self.conn.must_drain):
             return None

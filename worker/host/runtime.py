@@ -55,7 +55,7 @@ class HostRuntime:
         self.raw_connections: set = set()
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
-                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0, "in_place_out": 0,
+                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0, "staged_in": 0, "in_place_out": 0,
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
@@ -97,6 +97,10 @@ class HostRuntime:
             payload = stream.conn.read_segment(header.shm_name, header.shm_pooled, header.payload_size,
                                                self.config.max_payload_bytes)
             self.stats["shm_in"] += 1
+        if header.refs_segment:
+            self.stats["staged_in"] += 1
+            return codec.decode(payload, stream.conn.read_refs(header.refs_segment, header.refs,
+                                                               self.config.max_payload_bytes))
         return codec.decode(payload)
 
     def _lookup(self, name: str) -> tuple[Any, bool, bool]:
@@ -169,9 +173,10 @@ class HostRuntime:
         # The socket reads a reply later: copy it now, unless it is a held result (a frozen
         # snapshot already) going out to a fetch.
         snapshot = value is not None and type(value) not in IMMUTABLE_RESULTS and header.method != FETCH_CALL
-        if (snapshot and header.reply_in_shm and header.shm_pooled and conn is not None
+        argument = header.refs_segment or (header.shm_name if header.shm_pooled else "")
+        if (snapshot and header.reply_in_shm and argument and conn is not None
                 and conn.segments is not None and nbytes >= self.config.shm_threshold_bytes):
-            found = conn.segments.cache.locate(header.shm_name, encoded.buffers, IN_PLACE_MIN_BYTES)
+            found = conn.segments.cache.locate(argument, encoded.buffers, IN_PLACE_MIN_BYTES)
             if found:
                 # Keep no view of the argument here (the buffers found are dropped), or the
                 # check in _settle_in_place would always see one.
@@ -196,7 +201,7 @@ class HostRuntime:
     def _settle_in_place(self, rest: codec.Encoded, found: dict[int, tuple[int, int]],
                          header: worker_pb2.CallHeader, conn: CallConnection) -> Outcome:
         # See package(): references if nothing here views the argument any more, else a copy.
-        name = header.shm_name
+        name = header.refs_segment or header.shm_name
         cache = conn.segments.cache
         if cache.leased(name):  # the method kept (a view of) its argument: send a copy
             buffers = list(rest.buffers)
