@@ -14,12 +14,11 @@ TensorDicts) is ``torch.cat`` as before. The values are the same either way.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import torch
 
-from podium.memorypool import MIN_POOLED_BYTES, POOL
+from podium.memorypool import MIN_POOLED_BYTES, POOL, move
 
 __all__ = ["cat_rows", "cat_tensordicts"]
 
@@ -59,9 +58,11 @@ def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
     view = POOL.lease(POOL.take(nbytes), nbytes)
     out = torch.frombuffer(view, dtype=first.dtype).view(rows, *first.shape[1:])
     at = out.data_ptr()
-    for t in tensors:  # memmove releases the GIL
-        ctypes.memmove(at, t.data_ptr(), t.nbytes)
+    moves = []
+    for t in tensors:
+        moves.append((at, t.data_ptr(), t.nbytes))
         at += t.nbytes
+    move(moves)
     return out
 
 

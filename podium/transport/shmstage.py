@@ -31,6 +31,7 @@ from typing import Any
 
 from podium import codec
 from podium.errors import DataLossError
+from podium.memorypool import move
 from podium.transport import shm, shmpool
 
 __all__ = ["Staged", "StagePool", "STAGE", "MIN_STAGED_BYTES"]
@@ -143,8 +144,7 @@ class StagePool:
         if stage is None:
             return None
         try:
-            for start, end, offset in extents:  # memmove releases the GIL
-                ctypes.memmove(stage.base + offset, start, end - start)
+            move([(stage.base + offset, start, end - start) for start, end, offset in extents])
         except BaseException:
             self._drop(stage)
             raise
