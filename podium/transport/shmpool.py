@@ -19,6 +19,12 @@ it wrote and writes the next payload into one the peer has finished with:
   writer reuse the segment.
 * A writer that drops a segment (over its budget, a failed call, a closed connection)
   tells the reader (``shm_forget``); the reader lets its mapping go once no view uses it.
+* A reply may come back *in* the writer's segment: a method that changed its argument in
+  place and returned it is answered with references into the argument's segment
+  (``HostRuntime.package``), decoded here as views of it (:meth:`SegmentPool.view`). So
+  the writer pins a call's argument segment until its reply is decoded (the reader's
+  release of it may arrive first), and a segment goes back to the free list only once
+  it is released, unpinned and no view of it is left.
 
 Both classes are thread-safe: a worker's result is written on its execution thread and
 the last view of a lease may die on any thread. Messages to the peer go through the
@@ -40,7 +46,8 @@ from podium.memorypool import copy_segments
 from podium.transport import shm
 from podium.errors import DataLossError, PayloadTooLargeError
 
-__all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget", "address_of"]
+__all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget", "address_of", "lent_view",
+           "create_segment", "drop_segment", "budget", "GRANULE"]
 
 # Segments are made a multiple of this, so batches whose size varies a little (another
 # skeleton length, a few more rows) still fit the segment of the previous step.
@@ -101,7 +108,7 @@ class _Segment:
         self.fresh = True
         #: In the peer's hands (written for it, not yet released).
         self.peer = False
-        #: Calls in flight that may still be answered with views of it (see :meth:`SegmentPool.pin`).
+        #: Calls in flight that may still be answered with views of it (``write(pin=True)``).
         self.pins = 0
         #: Values of this side that view it (a reply written in place, see :meth:`SegmentPool.view`).
         self.views = 0
@@ -262,13 +269,12 @@ class SegmentPool:
             if segment is None or not (segment.peer or segment.pins):
                 raise DataLossError(f"a reply refers to segment {name}, which this side has not "
                                     "lent to the peer")
-            if offset < 0 or length < 0 or offset + length > segment.size:
-                raise DataLossError(f"a reply refers to bytes {offset}..{offset + length} of the "
-                                    f"{segment.size}-byte segment {name}")
             segment.views += 1
-        array = (ctypes.c_ubyte * length).from_buffer(segment.mapping, offset)
-        weakref.finalize(array, self._unview, segment)
-        return memoryview(array).cast("B")
+        try:
+            return lent_view(segment.mapping, segment.size, name, offset, length, self._unview, segment)
+        except DataLossError:
+            self._unview(segment)
+            raise
 
     def _unview(self, segment: _Segment) -> None:
         with self._lock:
@@ -313,6 +319,19 @@ class SegmentPool:
         for segment in segments:
             segment.drop()
             budget.give(segment.size)
+
+
+def lent_view(mapping: mmap.mmap, size: int, name: str, offset: int, length: int,
+              on_dead: Callable[[Any], None], holder: Any) -> memoryview:
+    """A writable view of ``length`` bytes at ``offset`` of segment ``name`` (``size`` bytes
+    mapped at ``mapping``) that calls ``on_dead(holder)`` once it, and everything made from
+    it, is gone. DataLossError for a range outside the segment (a peer's bad reference)."""
+    if offset < 0 or length < 0 or offset + length > size:
+        raise DataLossError(f"a reply refers to bytes {offset}..{offset + length} of the "
+                            f"{size}-byte segment {name}")
+    array = (ctypes.c_ubyte * length).from_buffer(mapping, offset)
+    weakref.finalize(array, on_dead, holder)
+    return memoryview(array).cast("B")
 
 
 def drop_segment(name: str, size: int, mapping: mmap.mmap) -> None:

@@ -23,7 +23,6 @@ here views it.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
@@ -129,23 +128,25 @@ class StagePool:
         # Extents of the caller's memory, overlapping or touching buffers merged: rows of one
         # tensor sent to several ranks stay one run of bytes.
         extents: list[list[int]] = []  # [start, end, offset in the segment]
-        end_of_layout = 0
+        cursor = 0  # where the segment's laid-out bytes end
         for address, nbytes, _, _ in found:
             if extents and address <= extents[-1][1]:
-                extents[-1][1] = max(extents[-1][1], address + nbytes)
+                grow = address + nbytes - extents[-1][1]
+                if grow > 0:
+                    extents[-1][1] += grow
+                    cursor += grow
                 continue
-            if extents:
-                end_of_layout += extents[-1][1] - extents[-1][0]
-            offset = end_of_layout + (address - end_of_layout) % _ALIGN
+            offset = cursor + (address - cursor) % _ALIGN
             extents.append([address, address + nbytes, offset])
-            end_of_layout = offset
-        end_of_layout += extents[-1][1] - extents[-1][0]
-        stage = self._take(end_of_layout)
+            cursor = offset + nbytes
+        stage = self._take(cursor)
         if stage is None:
             return None
         try:
             move([(stage.base + offset, start, end - start) for start, end, offset in extents])
         except BaseException:
+            with self._lock:
+                self._used.pop(stage.name, None)
             self._drop(stage)
             raise
         placed: dict[int, list[tuple[int, int, int]]] = {}
@@ -250,9 +251,6 @@ class StagePool:
             if stage is None or not (stage.holders or stage.pins):
                 raise DataLossError(f"a reply refers to segment {name}, which this side has not "
                                     "lent to the peer")
-            if offset < 0 or length < 0 or offset + length > stage.size:
-                raise DataLossError(f"a reply refers to bytes {offset}..{offset + length} of the "
-                                    f"{stage.size}-byte segment {name}")
             return self._view_locked(stage, offset, length)
 
     def span(self, address: int, nbytes: int) -> memoryview | None:
@@ -265,10 +263,9 @@ class StagePool:
         return None
 
     def _view_locked(self, stage: _Stage, offset: int, length: int) -> memoryview:
+        view = shmpool.lent_view(stage.mapping, stage.size, stage.name, offset, length, self._unview, stage)
         stage.views += 1
-        array = (ctypes.c_ubyte * length).from_buffer(stage.mapping, offset)
-        weakref.finalize(array, self._unview, stage)
-        return memoryview(array).cast("B")
+        return view
 
     def _unview(self, stage: _Stage) -> None:
         with self._lock:
