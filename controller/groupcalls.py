@@ -234,18 +234,22 @@ class GroupCalls(GroupState):
 
     async def _stage(self, prepared: list, payloads: dict[int, Any]) -> str | None:
         """Put the large buffers of the payloads for same-host ranks into one staged segment
-        (:mod:`podium.transport.shmstage`) when two or more ranks take one: the name (pinned),
-        or None. Off the loop: it copies the batch."""
+        (:mod:`podium.transport.shmstage`) when two or more ranks take one and together they
+        reach the shared-memory threshold (each rank's shard may be below it: 16 MiB over 128
+        ranks): the name (pinned), or None. Off the loop: it copies the batch."""
         workers = self._workers
         local: dict[int, Any] = {}
+        ranks = 0
+        threshold = 0
         for i, (rank, _, _, _) in enumerate(prepared):
             client = workers[rank].client
             payload = payloads[i]
             if (client.same_host is True and client.segments is not None
-                    and payload.nbytes >= client.shm_threshold):
+                    and payload.nbytes >= MIN_STAGED_BYTES):
                 local.setdefault(id(payload), payload)
-        ranks = sum(1 for i, (rank, _, _, _) in enumerate(prepared) if id(payloads[i]) in local)
-        if ranks < 2:
+                ranks += 1
+                threshold = max(threshold, client.shm_threshold)
+        if ranks < 2 or sum(p.nbytes for p in local.values()) * ranks // len(local) < threshold:
             return None
         try:
             return await asyncio.to_thread(STAGE.stage, list(local.values()), MIN_STAGED_BYTES)

@@ -461,7 +461,7 @@ class WorkerClient(WorkerChannel):
     def _fast_path_for(self, payload: Payload) -> bool:
         """Whether a call with ``payload`` goes out as one raw frame written at once."""
         conn = self._conn
-        return (conn is not None and conn.writes_nowait and self._broken is None
+        return (conn is not None and conn.writes_nowait and self._broken is None and payload.staged is None
                 and not (self.same_host is True and payload.nbytes >= self.shm_threshold))
 
     def _send_one_frame(self, p: PendingCall, method: str, payload: Payload, hold: bool,
@@ -532,6 +532,7 @@ class WorkerClient(WorkerChannel):
             payload = Payload(payload, reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
 
+
 class _InPlaceReply:
     """A reply whose large buffers the worker left in the call's argument segment: the rest
     of the payload (bytes, bulk data or a _ShmReply) and views of those buffers, by index."""
@@ -544,6 +545,8 @@ class _InPlaceReply:
 
 
 class _FailedReply:
+    """A reply whose references could not be resolved: the call fails with ``error``."""
+
     __slots__ = ("error",)
 
     def __init__(self, error: errors.PodiumError) -> None:

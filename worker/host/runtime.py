@@ -55,7 +55,10 @@ class HostRuntime:
         self.raw_connections: set = set()
         #: Counters a test (or a user method, through current_host()) can read.
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
-                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0, "staged_in": 0, "in_place_out": 0,
+                      "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
+                      # Calls whose arguments came in a staged segment; results sent as
+                      # references into the argument's segment (see package()).
+                      "staged_in": 0, "in_place_out": 0,
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
@@ -174,8 +177,10 @@ class HostRuntime:
         # snapshot already) going out to a fetch.
         snapshot = value is not None and type(value) not in IMMUTABLE_RESULTS and header.method != FETCH_CALL
         argument = header.refs_segment or (header.shm_name if header.shm_pooled else "")
-        if (snapshot and header.reply_in_shm and argument and conn is not None
-                and conn.segments is not None and nbytes >= self.config.shm_threshold_bytes):
+        # A staged argument's rows are references whatever their size (the group call as a
+        # whole was large enough to stage); a pooled one only reaches here above the threshold.
+        if (snapshot and header.reply_in_shm and argument and conn is not None and conn.segments is not None
+                and nbytes >= (IN_PLACE_MIN_BYTES if header.refs_segment else self.config.shm_threshold_bytes)):
             found = conn.segments.cache.locate(argument, encoded.buffers, IN_PLACE_MIN_BYTES)
             if found:
                 # Keep no view of the argument here (the buffers found are dropped), or the
