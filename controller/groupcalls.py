@@ -238,9 +238,8 @@ class GroupCalls(GroupState):
         reach the shared-memory threshold (each rank's shard may be below it: 16 MiB over 128
         ranks): the name (pinned), or None. Off the loop: it copies the batch."""
         workers = self._workers
-        local: dict[int, Any] = {}
-        ranks = 0
-        threshold = 0
+        local: dict[int, Any] = {}  # the distinct payloads (a ONE_TO_ALL's ranks share one)
+        ranks = sent = threshold = 0
         for i, (rank, _, _, _) in enumerate(prepared):
             client = workers[rank].client
             payload = payloads[i]
@@ -248,8 +247,9 @@ class GroupCalls(GroupState):
                     and payload.nbytes >= MIN_STAGED_BYTES):
                 local.setdefault(id(payload), payload)
                 ranks += 1
+                sent += payload.nbytes
                 threshold = max(threshold, client.shm_threshold)
-        if ranks < 2 or sum(p.nbytes for p in local.values()) * ranks // len(local) < threshold:
+        if ranks < 2 or sent < threshold:
             return None
         try:
             return await asyncio.to_thread(STAGE.stage, list(local.values()), MIN_STAGED_BYTES)
