@@ -30,6 +30,7 @@ from tests.support.faultkit import (FaultCluster, alive, descendants, report,
                       shm_segments, wait_for)
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import RemoteError, WorkerDiedError
+from podium.transport.shmstage import STAGE
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
@@ -172,6 +173,10 @@ def test_soak_kill_and_rebuild_leaks_nothing(scheduler_process, agents, token):
             _round(ledger, rng, seen)
         gc.collect()
         time.sleep(0.5)  # closed channels release their sockets on the loop thread
+        # Free staged segments (shmstage) are kept for the next group call, at most two,
+        # and each mapping holds a descriptor: not a leak, so let them go before counting.
+        assert STAGE.in_use == 0
+        STAGE.close()
         fds_after = _fds()
         report(f"soak: {ROUNDS} rounds x 8 workers, 1 SIGKILL each", time.monotonic() - started,
                f"{ledger.accepted} calls accepted, {ledger.returned} returned, {ledger.raised} raised, "
