@@ -305,7 +305,7 @@ def test_a_large_one_to_all_argument_is_staged_once_for_every_rank(wg):
 
 def test_shards_below_the_threshold_are_staged_when_the_call_is_above_it(wg):
     """768 KiB per rank is below the 1 MiB shared-memory threshold, 1.5 MiB in all is not."""
-    data = DataProto.from_dict(tensors={"x": torch.randn(ROWS, 3072)})
+    data = DataProto.from_dict(tensors={"x": torch.randn(ROWS, 6144)})  # 1.5 MiB
     staged, (sent, _) = wg.staged_calls(), _counts(wg)
     out = wg.bump(data)
     assert torch.equal(out.batch["x"], data.batch["x"] + 1)
