@@ -20,7 +20,8 @@ from podium.controller.futures import PendingRef, is_pending, resolve_args
 from podium.controller.groupworkers import WorkerHandle, _first_failure_or_all, _no_arguments
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
-from podium.transport.shmstage import MIN_STAGED_BYTES, STAGE
+from podium.transport.shmpool import REF_MIN_BYTES
+from podium.transport.shmstage import STAGE
 from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
                            WorkerDiedError)
 from podium.worker.decorator import MAGIC_ATTR, get_registration
@@ -241,10 +242,11 @@ class GroupCalls(GroupState):
         local: dict[int, Any] = {}  # the distinct payloads (a ONE_TO_ALL's ranks share one)
         ranks = sent = threshold = 0
         for i, (rank, _, _, _) in enumerate(prepared):
-            client = workers[rank].client
             payload = payloads[i]
-            if (client.same_host is True and client.segments is not None
-                    and payload.nbytes >= MIN_STAGED_BYTES):
+            if payload.nbytes < REF_MIN_BYTES:  # most calls: nothing to stage, checked first
+                continue
+            client = workers[rank].client
+            if client.same_host is True and client.segments is not None:
                 local.setdefault(id(payload), payload)
                 ranks += 1
                 sent += payload.nbytes
@@ -252,7 +254,7 @@ class GroupCalls(GroupState):
         if ranks < 2 or sent < threshold:
             return None
         try:
-            return await asyncio.to_thread(STAGE.stage, list(local.values()), MIN_STAGED_BYTES)
+            return await asyncio.to_thread(STAGE.stage, list(local.values()), REF_MIN_BYTES)
         except OSError as exc:  # /dev/shm full: each rank's own segment, or TCP
             log.warning("cannot stage a group call's arguments in shared memory (%s)", exc)
             return None

@@ -190,11 +190,9 @@ class CallConnection:
         if self.segments is None:
             raise errors.DataLossError(f"a reply refers to segment {name!r} on a connection "
                                        "without shared memory")
-        if len(refs) % 3:
-            raise errors.DataLossError(f"a reply's segment references are {len(refs)} numbers, "
-                                       "not (index, offset, length) triples")
         view = self.segments.pool.view if self.segments.pool.holds(name) else shmstage.STAGE.view
-        return {refs[i]: view(name, refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)}
+        return {index: view(name, offset, length)
+                for index, offset, length in shmpool.ref_triples(refs, "a reply's")}
 
     def read_refs(self, name: str, refs: Any, max_size: int) -> dict[int, memoryview]:
         """The buffers a call left in the peer's staged segment ``name`` (mapped, not copied,

@@ -47,7 +47,7 @@ from podium.transport import shm
 from podium.errors import DataLossError, PayloadTooLargeError
 
 __all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget", "address_of", "lent_view",
-           "create_segment", "drop_segment", "budget", "GRANULE"]
+           "create_segment", "drop_segment", "budget", "GRANULE", "REF_MIN_BYTES", "ref_triples"]
 
 # Segments are made a multiple of this, so batches whose size varies a little (another
 # skeleton length, a few more rows) still fit the segment of the previous step.
@@ -321,6 +321,20 @@ class SegmentPool:
             budget.give(segment.size)
 
 
+#: Buffers at least this large travel as references into a shared segment (a group call's
+#: staged arguments, a result written in place); smaller ones are cheaper to copy.
+REF_MIN_BYTES = 1 << 16
+
+
+def ref_triples(refs: Sequence[int], what: str) -> list[tuple[int, int, int]]:
+    """The (buffer index, offset, length) triples of a header's flat ``refs``; DataLossError
+    when they are not whole triples (``what``: whose references, for the message)."""
+    if len(refs) % 3:
+        raise DataLossError(f"{what} segment references are {len(refs)} numbers, not "
+                            "(index, offset, length) triples")
+    return [(refs[i], refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)]
+
+
 def lent_view(mapping: mmap.mmap, size: int, name: str, offset: int, length: int,
               on_dead: Callable[[Any], None], holder: Any) -> memoryview:
     """A writable view of ``length`` bytes at ``offset`` of segment ``name`` (``size`` bytes
@@ -406,10 +420,7 @@ class SegmentCache:
     def read_refs(self, name: str, refs: Sequence[int], max_size: int) -> dict[int, memoryview]:
         """``{index: view}`` of the (index, offset, length) triples ``refs`` in a staged segment
         (shared by several readers, so not unlinked), under one lease as :meth:`read` gives."""
-        if len(refs) % 3:
-            raise DataLossError(f"a call's segment references are {len(refs)} numbers, not "
-                                "(index, offset, length) triples")
-        triples = [(refs[i], refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)]
+        triples = ref_triples(refs, "a call's")
         if not triples:
             raise DataLossError(f"a call names staged segment {name} but no bytes of it")
         total = sum(length for _, _, length in triples)

@@ -33,10 +33,7 @@ from podium.errors import DataLossError
 from podium.memorypool import move
 from podium.transport import shm, shmpool
 
-__all__ = ["Staged", "StagePool", "STAGE", "MIN_STAGED_BYTES"]
-
-#: Buffers at least this large are staged; smaller ones stay in each rank's payload.
-MIN_STAGED_BYTES = 1 << 16
+__all__ = ["Staged", "StagePool", "STAGE"]
 
 # Free staged segments kept for the next call; more are dropped.
 _MAX_FREE = 2

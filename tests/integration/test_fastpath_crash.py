@@ -21,6 +21,7 @@ from podium.transport import shm
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import PodiumError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
+from tests.support.shmfiles import segments_of
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,12 +42,6 @@ class Fragile(Worker):
     def write_then_die(self, nbytes):
         shm.write_segments([bytes(nbytes)])
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def segments_of(*pids: int) -> list[str]:
-    """Names in SHM_DIR created by any of ``pids``."""
-    starts = tuple(f"{shm.PREFIX}{pid}-" for pid in pids)
-    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(starts)]
 
 
 def sizes_of(names: list[str]) -> list[int]:

@@ -24,9 +24,9 @@ import torch
 import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
-from podium.transport import shm
 from podium.transport.shmstage import STAGE
 from podium.worker import Dispatch, Worker, register
+from tests.support.shmfiles import segments_of
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -164,8 +164,7 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def _segment_files(pids) -> list[str]:
     STAGE.close()  # free staged segments are kept (as files) for the next call
-    prefixes = tuple(f"{shm.PREFIX}{pid}-" for pid in pids)
-    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(prefixes)]
+    return segments_of(*pids)
 
 
 def test_a_batch_changed_in_place_comes_back_by_reference_bit_exact(wg):

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import podium
-from podium.transport import shm
 from podium.transport.shmstage import STAGE
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
+from tests.support.shmfiles import segments_of
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,8 +71,7 @@ def wg():
 
 def _segment_files(pids) -> list[str]:
     STAGE.close()  # free staged segments are kept (as files) for the next call
-    prefixes = tuple(f"{shm.PREFIX}{pid}-" for pid in pids)
-    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(prefixes)]
+    return segments_of(*pids)
 
 
 def test_arguments_a_worker_keeps_are_never_overwritten(wg):

@@ -16,6 +16,7 @@ import cloudpickle
 
 from podium import codec, errors, refs
 from podium.transport import chunks, shm
+from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
 from podium.worker.host.callstream import ActiveCall, CallStream
@@ -27,10 +28,6 @@ from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenR
                                         close_names, remote_error, reply_snapshot)
 
 __all__ = ["HostRuntime"]
-
-# Result buffers at least this large that lie in the call's argument segment go back as
-# references into it (see HostRuntime.package); smaller ones are cheaper to copy than to track.
-IN_PLACE_MIN_BYTES = 1 << 16
 
 log = logging.getLogger("podium.worker.host")
 
@@ -180,8 +177,8 @@ class HostRuntime:
         # A staged argument's rows are references whatever their size (the group call as a
         # whole was large enough to stage); a pooled one only reaches here above the threshold.
         if (snapshot and header.reply_in_shm and argument and conn is not None and conn.segments is not None
-                and nbytes >= (IN_PLACE_MIN_BYTES if header.refs_segment else self.config.shm_threshold_bytes)):
-            found = conn.segments.cache.locate(argument, encoded.buffers, IN_PLACE_MIN_BYTES)
+                and nbytes >= (REF_MIN_BYTES if header.refs_segment else self.config.shm_threshold_bytes)):
+            found = conn.segments.cache.locate(argument, encoded.buffers, REF_MIN_BYTES)
             if found:
                 # Keep no view of the argument here (the buffers found are dropped), or the
                 # check in _settle_in_place would always see one.
