@@ -16,6 +16,7 @@ the node ordering that decides rank order (:func:`sort_key_address`).
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import math
 import numbers
@@ -57,6 +58,10 @@ def _as_fraction(x: Any, name: str) -> Fraction:
     return exact.limit_denominator(_MAX_DENOMINATOR)
 
 
+# Amounts repeat (a cluster has few distinct ones) and are converted on every bundle and on
+# every GPU of every /v1/placement page: the Fraction arithmetic is cached. ``typed`` keeps
+# True apart from 1 (a bool is refused, an int is not).
+@functools.lru_cache(maxsize=4096, typed=True)
 def gpu_units(x: float, *, name: str = "GPU") -> int:
     """Convert a user GPU amount to exact integer units.
 
@@ -76,6 +81,7 @@ def gpu_units(x: float, *, name: str = "GPU") -> int:
     return max(1, math.floor(frac * GPU_UNITS))
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def cpu_units(x: float, *, name: str = "CPU") -> int:
     """Convert a user CPU amount (finite, >= 0) to exact integer units (milli-CPUs).
 

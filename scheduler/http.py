@@ -19,10 +19,11 @@ check). Errors are JSON ``{"error": "..."}``: 404 unknown path, 405 wrong method
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import operator
 import time
 
+import orjson
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
@@ -111,7 +112,7 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
     asked share of this GPU's NVML total; ``applied`` and ``detail`` are the worker's own
     report ("not applied: no CUDA"; ``applied`` None until the worker is ready).
     """
-    ix = _PlacementIndex(model)
+    ix = _PlacementIndex(model, {})
     return {
         "scheduler_id": scheduler_id,
         "nodes": [_node_doc(node, ix) for node in ix.nodes],
@@ -119,61 +120,71 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
     }
 
 
-#: Nodes (or groups) rendered between two returns to the event loop in placement_json.
-PLACEMENT_CHUNK = 50
+#: Nodes rendered between two returns to the event loop in placement_json.
+PLACEMENT_CHUNK = 100
 
 
-async def placement_json(model: ClusterModel, scheduler_id: str = "",
-                         chunk: int = PLACEMENT_CHUNK) -> bytes:
-    """:func:`placement_view` as compact JSON bytes, built and encoded ``chunk`` nodes at a
-    time with a return to the event loop in between, so heartbeats are served while a
-    1,000-node page is made (one block of ~0.3 s otherwise). Who owns which GPU is read
-    at the start, in one step; a node's readings are as of when its chunk is rendered.
+async def placement_json(model: ClusterModel, scheduler_id: str = "", chunk: int = PLACEMENT_CHUNK,
+                         kept: dict | None = None) -> bytes:
+    """:func:`placement_view` as compact JSON bytes, built ``chunk`` nodes at a time with a
+    return to the event loop in between, so heartbeats are served while a 1,000-node page is
+    made. Who owns which GPU is read at the start, in one step; a node's readings are as of
+    when its chunk is rendered.
+
+    ``kept`` (a dict the caller keeps between pages, see :class:`_PlacementIndex`) holds what
+    each group contributes, so a group is rendered once while its record stays the same.
     """
-    ix = _PlacementIndex(model)
-    dumps = _compact
-    parts = ['{"scheduler_id":', dumps(scheduler_id), ',"nodes":[']
-    for items, render, closing in ((ix.nodes, lambda n: _node_doc(n, ix), '],"placement_groups":['),
-                                   (ix.groups, _group_doc, ']}')):
-        for start in range(0, len(items), chunk):
-            if start:
-                parts.append(",")
-                await asyncio.sleep(0)
-            parts.append(",".join(dumps(render(item)) for item in items[start:start + chunk]))
-        parts.append(closing)
-    return "".join(parts).encode()
+    ix = _PlacementIndex(model, {} if kept is None else kept)
+    parts = [b'{"scheduler_id":', orjson.dumps(scheduler_id), b',"nodes":[']
+    nodes = ix.nodes
+    for start in range(0, len(nodes), chunk):
+        if start:
+            parts.append(b",")
+            await asyncio.sleep(0)
+        # One encoder call per chunk: orjson makes a list of nodes ~6x faster than json.
+        parts.append(orjson.dumps([_node_doc(node, ix) for node in nodes[start:start + chunk]])[1:-1])
+    parts.append(b'],"placement_groups":[')
+    parts.append(b",".join(ix.group_json[g.id] for g in ix.groups))
+    parts.append(b"]}")
+    return b"".join(parts)
 
 
 class _PlacementIndex:
     """Who owns and runs on each GPU: one pass over the groups and one over the workers,
     so rendering is linear in the cluster (a per-node pass over every group took seconds
-    on 1,000 nodes x 8 GPUs)."""
+    on 1,000 nodes x 8 GPUs).
 
-    def __init__(self, model: ClusterModel) -> None:
+    What a group contributes (its bundles' owner documents and its own encoded document)
+    depends only on its record, which rarely changes once placed: it is taken from ``kept``
+    while the record serializes to the same bytes, and ``kept`` is left holding only the
+    live groups' entries.
+    """
+
+    def __init__(self, model: ClusterModel, kept: dict) -> None:
         self.groups = [g for g in model.groups.values() if g.state != common_pb2.PG_REMOVED]
         #: (node, gpu index) -> bundles owning part or all of it, and their units together
         self.owners: dict[tuple[str, int], list[dict]] = {}
         self.reserved_units: dict[tuple[str, int], int] = {}
         self.cpu_reserved: dict[str, int] = {}
+        #: group id -> its encoded placement_groups entry
+        self.group_json: dict[str, bytes] = {}
+        owners, reserved, cpu = self.owners, self.reserved_units, self.cpu_reserved
+        fresh = {}
         for group in self.groups:
-            if group.state != common_pb2.PG_CREATED:
-                continue
-            specs = model._specs.get(group.id)
-            group_id, group_name = group.id, group.name  # a protobuf field read is not free
-            owners, reserved, cpu = self.owners, self.reserved_units, self.cpu_reserved
-            for placed in group.placements:
-                bundle_index, node_id = placed.bundle_index, placed.node_id
-                spec = specs[bundle_index] if specs else _bundle_units(group, bundle_index)
-                cpu[node_id] = cpu.get(node_id, 0) + spec.cpu_units
-                share = spec.gpu_units if spec.is_fractional else GPU_UNITS
-                # One document per bundle, listed under each GPU it owns.
-                doc = {"placement_group_id": group_id, "placement_group": group_name,
-                       "bundle_index": bundle_index, "gpu_fraction": share / GPU_UNITS,
-                       "gpu_fraction_text": fraction_text(share)}
-                for index in placed.gpu_indices:
+            key = group.SerializeToString()  # exact, and ~40x cheaper than rendering it
+            entry = kept.get(group.id)
+            if entry is None or entry[0] != key:
+                entry = (key, _group_bundles(model, group), orjson.dumps(_group_doc(group)))
+            fresh[group.id] = entry
+            self.group_json[group.id] = entry[2]
+            for node_id, indices, doc, share, cpu_units in entry[1]:
+                cpu[node_id] = cpu.get(node_id, 0) + cpu_units
+                for index in indices:
                     key = (node_id, index)
                     owners.setdefault(key, []).append(doc)
                     reserved[key] = reserved.get(key, 0) + share
+        kept.clear()
+        kept.update(fresh)
         self.on_gpu: dict[tuple[str, int], list[common_pb2.WorkerInfo]] = {}
         for worker in model.workers.values():
             if worker.state in LIVE_WORKER_STATES:
@@ -182,48 +193,80 @@ class _PlacementIndex:
         self.nodes = sorted(model.nodes.values(), key=lambda n: n.info.node_id)
 
 
+def _group_bundles(model: ClusterModel, group: common_pb2.PlacementGroup) -> list[tuple]:
+    """A CREATED group's bundles as (node, GPU indices, owner document, GPU units per GPU,
+    CPU units); none for a group not placed."""
+    if group.state != common_pb2.PG_CREATED:
+        return []
+    specs = model._specs.get(group.id)
+    out = []
+    for placed in group.placements:
+        bundle_index = placed.bundle_index
+        spec = specs[bundle_index] if specs else _bundle_units(group, bundle_index)
+        share = spec.gpu_units if spec.is_fractional else GPU_UNITS
+        # One document per bundle, listed under each GPU it owns.
+        doc = {"placement_group_id": group.id, "placement_group": group.name,
+               "bundle_index": bundle_index, "gpu_fraction": share / GPU_UNITS,
+               "gpu_fraction_text": fraction_text(share)}
+        out.append((placed.node_id, tuple(placed.gpu_indices), doc, share, spec.cpu_units))
+    return out
+
+
+_BY_INDEX = operator.attrgetter("index")
+_NODE_STATES = {number: name for name, number in common_pb2.NodeState.items()}
+_WORKER_STATES = {number: name for name, number in common_pb2.WorkerState.items()}
+
+
 def _node_doc(node: common_pb2.NodeStatus, ix: _PlacementIndex) -> dict:
     info = node.info
+    node_id = info.node_id
     memory: dict[tuple[int, str], int] = {}
     by_worker: dict[tuple[str, str], int] = {}
     for proc in node.processes:
-        memory[(proc.pid, proc.gpu_uuid)] = memory.get((proc.pid, proc.gpu_uuid), 0) + proc.used_bytes
+        key = (proc.pid, proc.gpu_uuid)
+        memory[key] = memory.get(key, 0) + proc.used_bytes
         if proc.worker_id:
             by_worker[(proc.worker_id, proc.gpu_uuid)] = proc.used_bytes
+    owners, reserved_units, on_gpu = ix.owners, ix.reserved_units, ix.on_gpu
     gpus = []
-    for gpu in sorted(info.gpus, key=lambda g: g.index):
-        key = (info.node_id, gpu.index)
-        reserved = ix.reserved_units.get(key, 0)
+    for gpu in sorted(info.gpus, key=_BY_INDEX):
+        index = gpu.index
+        key = (node_id, index)
+        reserved = reserved_units.get(key, 0)
         workers = []
-        for worker in sorted(ix.on_gpu.get(key, []), key=lambda w: (w.spec.group, w.spec.rank)):
-            units = gpu_units(worker.spec.num_gpus) if worker.spec.num_gpus else 0
-            used = memory.get((worker.pid, gpu.uuid)) if worker.pid else None
-            if used is None:
-                used = by_worker.get((worker.id, gpu.uuid), 0)
-            workers.append({
-                "worker_id": worker.id, "name": worker.spec.name, "group": worker.spec.group,
-                "rank": worker.spec.rank, "state": common_pb2.WorkerState.Name(worker.state),
-                "pid": worker.pid, "port": worker.port,
-                "placement_group_id": worker.spec.placement_group_id,
-                "bundle_index": worker.spec.bundle_index,
-                "gpu_fraction": units / GPU_UNITS, "gpu_fraction_text": fraction_text(units),
-                "memory_used_bytes": used,
-                "memory_cap": _memory_cap(worker, gpu.memory_total_bytes)})
+        here = on_gpu.get(key)
+        if here:
+            if len(here) > 1:
+                here = sorted(here, key=lambda w: (w.spec.group, w.spec.rank))
+            workers = [_worker_doc(worker, gpu, memory, by_worker) for worker in here]
         gpus.append({
-            "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
+            "index": index, "uuid": gpu.uuid, "name": gpu.name,
             "memory_total_bytes": gpu.memory_total_bytes,
             "memory_used_bytes": gpu.memory_used_bytes,
             "reserved_fraction": reserved / GPU_UNITS,
             "reserved_fraction_text": fraction_text(reserved),
-            "bundles": ix.owners.get(key, []), "workers": workers})
+            "bundles": owners.get(key, []), "workers": workers})
     total_cpu = cpu_units(info.cpus) if info.cpus >= 0 else 0
     return {
-        "node_id": info.node_id, "address": info.address, "hostname": info.hostname,
-        "agent_port": info.agent_port, "state": common_pb2.NodeState.Name(node.state),
+        "node_id": node_id, "address": info.address, "hostname": info.hostname,
+        "agent_port": info.agent_port, "state": _NODE_STATES[node.state],
         "last_heartbeat": node.last_heartbeat,
         "cpus_total": total_cpu / CPU_UNITS,
-        "cpus_reserved": ix.cpu_reserved.get(info.node_id, 0) / CPU_UNITS,
+        "cpus_reserved": ix.cpu_reserved.get(node_id, 0) / CPU_UNITS,
         "gpus": gpus}
+
+
+def _worker_doc(worker: common_pb2.WorkerInfo, gpu: common_pb2.GpuInfo, memory: dict, by_worker: dict) -> dict:
+    spec = worker.spec
+    units = gpu_units(spec.num_gpus) if spec.num_gpus else 0
+    used = memory.get((worker.pid, gpu.uuid)) if worker.pid else None
+    if used is None:
+        used = by_worker.get((worker.id, gpu.uuid), 0)
+    return {"worker_id": worker.id, "name": spec.name, "group": spec.group, "rank": spec.rank,
+            "state": _WORKER_STATES[worker.state], "pid": worker.pid, "port": worker.port,
+            "placement_group_id": spec.placement_group_id, "bundle_index": spec.bundle_index,
+            "gpu_fraction": units / GPU_UNITS, "gpu_fraction_text": fraction_text(units),
+            "memory_used_bytes": used, "memory_cap": _memory_cap(worker, gpu.memory_total_bytes)}
 
 
 def _group_doc(g: common_pb2.PlacementGroup) -> dict:
@@ -265,10 +308,6 @@ def _bundles_json(group: common_pb2.PlacementGroup) -> list[dict]:
 PLACEMENT_CACHE_SECONDS = 1.0
 
 
-def _compact(value) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -284,6 +323,8 @@ class HttpServer:
         self._runner: web.AppRunner | None = None
         #: (model version, when, body) of the last /v1/placement page.
         self._placement_cache: tuple[int, float, bytes] | None = None
+        #: What each live group contributes to the page (placement_json's ``kept``).
+        self._placement_groups: dict = {}
         app = web.Application(middlewares=[self._guard])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -350,7 +391,7 @@ class HttpServer:
         now = time.monotonic()
         cached = self._placement_cache
         if cached is None or cached[0] != model.version or now - cached[1] > PLACEMENT_CACHE_SECONDS:
-            body = await placement_json(model, self.service.scheduler_id)
+            body = await placement_json(model, self.service.scheduler_id, kept=self._placement_groups)
             cached = self._placement_cache = (model.version, now, body)
         return web.Response(body=cached[2], content_type="application/json")
 

@@ -27,6 +27,7 @@ TERMINAL_WORKER_STATES = frozenset({common_pb2.WORKER_EXITED, common_pb2.WORKER_
 
 
 @functools.lru_cache(maxsize=4096)  # a handful of distinct shares, asked per GPU per page
+@functools.lru_cache(maxsize=4096)  # few distinct shares; on every GPU of every /v1/placement page
 def fraction_text(units: int, per: int = GPU_UNITS) -> str:
     """Units as an exact fraction for people: ``"1/3"``, ``"1"``, ``"2"``."""
     value = Fraction(units, per)

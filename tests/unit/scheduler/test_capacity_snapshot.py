@@ -101,3 +101,35 @@ def test_chunked_placement_json_equals_the_view():
     body = asyncio.run(http.placement_json(model, "sched-1", chunk=3))
     assert json.loads(body) == http.placement_view(model, "sched-1")
     assert len(json.loads(body)["nodes"]) == 7
+
+
+def test_kept_group_entries_follow_every_change():
+    # The page made with the groups' kept entries equals the one made from scratch after each
+    # change to a group's record, and the kept entries are only the live groups'.
+    model = ClusterModel()
+    for n in range(2, 6):
+        model.register_node(_node(n, 8), [], now=0)
+    kept: dict = {}
+    ids = [model.create_placement_group(f"g{i}", shape, common_pb2.PACK, True, "", 1.0).id
+           for i, shape in enumerate(SHAPES)]
+
+    def same_page():
+        body = asyncio.run(http.placement_json(model, "s", chunk=2, kept=kept))
+        assert json.loads(body) == http.placement_view(model, "s")
+        assert set(kept) == {g.id for g in model.groups.values() if g.state != common_pb2.PG_REMOVED}
+
+    same_page()
+    model.remove_placement_group(ids[0], 2.0)  # its GPUs are free on the next page
+    same_page()
+    # A group that waits for capacity is PENDING, then CREATED once others go.
+    bigs = [model.create_placement_group(f"big{i}", [{"CPU": 1, "GPU": 1}] * 8, common_pb2.STRICT_PACK,
+                                         True, "", 3.0) for i in range(4)]
+    waiting = bigs[-1]
+    assert waiting.state == common_pb2.PG_PENDING
+    same_page()
+    for group_id in ids[1:]:
+        model.remove_placement_group(group_id, 4.0)
+    assert waiting.state == common_pb2.PG_CREATED
+    same_page()
+    model._node_died(model.nodes["node-2"], 5.0)  # its groups are removed with it
+    same_page()
