@@ -59,6 +59,7 @@ class RunningScheduler:
         """Stop serving (in-flight RPCs get ``grace`` seconds), then close the state."""
         self.http.ready = False
         await self.http.stop()
+        await self.service.end_streams()
         await self.grpc_server.stop(grace)
         await self.service.close()
 

@@ -24,7 +24,7 @@ import grpc
 from podium import errors
 from podium.auth import TlsConfig
 from podium.limits import MAX_GRACE_SECONDS, check_repeated_fields, check_seconds
-from podium.rpc import error_from_rpc, handle_errors, make_channel
+from podium.rpc import abort, error_from_rpc, handle_errors, make_channel
 from podium.resources import Strategy, validate_bundles
 from podium.scheduler import core
 from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
@@ -182,6 +182,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._changed = asyncio.Condition()
         self._agents: dict[str, tuple[str, grpc.aio.Channel, node_pb2_grpc.NodeAgentStub]] = {}
         self._tasks: set[asyncio.Task] = set()
+        #: Contexts of open HeartbeatStream calls (end_streams).
+        self._streams: set[grpc.aio.ServicerContext] = set()
         self._checker: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -326,6 +328,31 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                                                 request.running, self.clock())
         await self._commit()
         return scheduler_pb2.HeartbeatResponse(reregister=reregister, stop_worker_ids=stop)
+
+    @handle_errors
+    async def HeartbeatStream(self, request_iterator, context):
+        """Heartbeat on one long-lived stream: each request answered in order (see the proto).
+        Each beat is handled, bounded and metered as a unary Heartbeat is; a bad one ends the
+        stream with its error."""
+        self._streams.add(context)
+        try:
+            read, write = context.read, context.write
+            while True:
+                request = await read()
+                if request is grpc.aio.EOF:
+                    return
+                await write(await self.Heartbeat(request, context))
+        finally:
+            self._streams.discard(context)
+
+    async def end_streams(self) -> None:
+        """End every open heartbeat stream now with UNAVAILABLE (their agents register again,
+        with a restarted scheduler), so that stopping the server waits only for the calls in
+        flight, not for streams that never end by themselves. (Cancelling a handler's task
+        does not end its call: the server would still wait out its grace.)"""
+        stopping = errors.UnavailableError(f"scheduler {self.scheduler_id} is stopping")
+        await asyncio.gather(*(abort(context, stopping) for context in list(self._streams)),
+                             return_exceptions=True)  # abort raises AbortError by design
 
     @rpc
     async def ReportWorker(self, request, context):

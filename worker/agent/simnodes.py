@@ -38,6 +38,7 @@ import grpc
 from podium import errors, rpc
 from podium.auth import TlsConfig, resolve_token
 from podium.limits import MAX_REPEATED
+from podium.scheduler.client import HeartbeatStream
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from podium.worker.gpus import DEFAULT_FAKE_MEMORY, fake_uuid
 
@@ -292,6 +293,16 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
             node.registered = False
 
     async def _heartbeats(self, node: _Node, stub, interval: float, wait: float) -> None:
+        # Each node beats on a stream of its own, as the real agent does.
+        beats = HeartbeatStream(stub, timeout=RPC_TIMEOUT_SECONDS, what=f"node {node.node_id}",
+                                metadata=self._metadata)
+        try:
+            await self._beat_until_lost(node, beats, interval, wait)
+        finally:
+            beats.close()
+
+    async def _beat_until_lost(self, node: _Node, beats: HeartbeatStream, interval: float,
+                               wait: float) -> None:
         stats = self.stats
         while not self._stopping:
             await asyncio.sleep(wait)
@@ -299,8 +310,8 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
             sent = time.time()
             started = time.perf_counter()
             try:
-                response = await self._call(stub, "Heartbeat", node.heartbeat_request())
-            except grpc.RpcError:
+                response = await beats.beat(node.heartbeat_request())
+            except errors.PodiumError:
                 stats.heartbeat_failures.append(sent)
                 return
             if len(stats.heartbeats) >= MAX_SAMPLES:
