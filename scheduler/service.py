@@ -182,8 +182,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._changed = asyncio.Condition()
         self._agents: dict[str, tuple[str, grpc.aio.Channel, node_pb2_grpc.NodeAgentStub]] = {}
         self._tasks: set[asyncio.Task] = set()
-        #: Contexts of open HeartbeatStream calls (end_streams).
-        self._streams: set[grpc.aio.ServicerContext] = set()
+        #: Open HeartbeatStream calls: context -> loop time of its last beat (end_streams).
+        self._streams: dict[grpc.aio.ServicerContext, float] = {}
         self._checker: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -231,6 +231,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 self._save_readings()
                 await self._commit()
                 self._stop_later(effects)
+                await self._end_idle_streams()
             except Exception:  # noqa: BLE001 - the checker must keep running
                 log.exception("lease check failed")
 
@@ -334,24 +335,40 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         """Heartbeat on one long-lived stream: each request answered in order (see the proto).
         Each beat is handled, bounded and metered as a unary Heartbeat is; a bad one ends the
         stream with its error."""
-        self._streams.add(context)
+        streams, now = self._streams, asyncio.get_running_loop().time
+        streams[context] = now()
         try:
             read, write = context.read, context.write
             while True:
                 request = await read()
                 if request is grpc.aio.EOF:
                     return
+                streams[context] = now()
                 await write(await self.Heartbeat(request, context))
         finally:
-            self._streams.discard(context)
+            streams.pop(context, None)
 
     async def end_streams(self) -> None:
         """End every open heartbeat stream now with UNAVAILABLE (their agents register again,
         with a restarted scheduler), so that stopping the server waits only for the calls in
         flight, not for streams that never end by themselves. (Cancelling a handler's task
         does not end its call: the server would still wait out its grace.)"""
-        stopping = errors.UnavailableError(f"scheduler {self.scheduler_id} is stopping")
-        await asyncio.gather(*(abort(context, stopping) for context in list(self._streams)),
+        await self._end_streams(list(self._streams),
+                                errors.UnavailableError(f"scheduler {self.scheduler_id} is stopping"))
+
+    async def _end_idle_streams(self) -> None:
+        # A stream is a wait with no deadline of its own: one silent for two node leases
+        # (its node is dead by then anyway) is ended, so none lingers.
+        idle = 2 * self.config.node_lease
+        since = asyncio.get_running_loop().time() - idle
+        silent = [context for context, last in self._streams.items() if last < since]
+        if silent:
+            await self._end_streams(silent, errors.DeadlineExceededError(
+                f"no heartbeat on this stream for {idle:g} s (two node leases)"))
+
+    @staticmethod
+    async def _end_streams(contexts: list, error: errors.PodiumError) -> None:
+        await asyncio.gather(*(abort(context, error) for context in contexts),
                              return_exceptions=True)  # abort raises AbortError by design
 
     @rpc

@@ -145,3 +145,17 @@ def test_a_scheduler_without_the_stream_gets_unary_heartbeats(arun):
             await channel.close()
             await server.stop(0)
     arun(scenario())
+
+
+def test_a_silent_stream_is_ended_after_two_leases(token, arun):
+    async def scenario():
+        async with Cluster(token, agents=0, node_lease=0.3, heartbeat_interval=0.1) as c:
+            await c.client.register_node(node_info("n1", "127.0.0.2", 7001))
+            await c.client.heartbeat("n1")
+            assert len(c.running.service._streams) == 1
+            await asyncio.sleep(1.0)  # silent for more than two leases (0.6 s)
+            assert not c.running.service._streams
+            with pytest.raises(errors.DeadlineExceededError, match="no heartbeat on this stream"):
+                await c.client.heartbeat("n1")
+            assert (await c.client.heartbeat("n1")).reregister  # a new stream; the node died meanwhile
+    arun(scenario())
