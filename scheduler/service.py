@@ -24,7 +24,7 @@ import grpc
 from podium import errors
 from podium.auth import TlsConfig
 from podium.limits import MAX_GRACE_SECONDS, check_repeated_fields, check_seconds
-from podium.rpc import abort, error_from_rpc, handle_errors, make_channel
+from podium.rpc import MalformedMessage, abort, error_from_rpc, handle_errors, make_channel
 from podium.resources import Strategy, validate_bundles
 from podium.scheduler import core
 from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
@@ -227,6 +227,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                     log.warning("scheduler loop stalled for %.1f s; leases restart now",
                                 slept - interval)
                     self.model.excuse_stall(self.clock())
+                    self._excuse_streams()
                 effects = self.model.expire(self.clock())
                 self._save_readings()
                 await self._commit()
@@ -343,6 +344,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 request = await read()
                 if request is grpc.aio.EOF:
                     return
+                if isinstance(request, MalformedMessage):  # a peer's garbage bytes
+                    await abort(context, request.error)
                 streams[context] = now()
                 await write(await self.Heartbeat(request, context))
         finally:
@@ -365,6 +368,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if silent:
             await self._end_streams(silent, errors.DeadlineExceededError(
                 f"no heartbeat on this stream for {idle:g} s (two node leases)"))
+
+    def _excuse_streams(self) -> None:
+        # As with leases: beats this loop could not read during its own stall do not count
+        # against their streams.
+        now = asyncio.get_running_loop().time()
+        for context in self._streams:
+            self._streams[context] = now
 
     @staticmethod
     async def _end_streams(contexts: list, error: errors.PodiumError) -> None:
