@@ -224,8 +224,10 @@ def _future_types() -> tuple[type, ...]:
 
 def _materialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Replace top-level DataProtoFuture arguments by ``.get()`` (nested ones stay)."""
+    if not (args or kwargs):  # checked first: most calls carry nothing, and this is per call
+        return args, kwargs
     kinds = _future_types()
-    if not kinds or not (args or kwargs):
+    if not kinds:
         return args, kwargs
     if not any(isinstance(v, kinds) for v in (*args, *kwargs.values())):
         return args, kwargs  # the common case: no copies on the call path
@@ -247,8 +249,10 @@ async def _aresolve(future: Any) -> Any:
 async def _amaterialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Async twin of :func:`_materialize_futures`: ``await .aget()`` on each future,
     all fetched concurrently."""
+    if not (args or kwargs):
+        return args, kwargs
     kinds = _future_types()
-    if not kinds or not (args or kwargs):
+    if not kinds:
         return args, kwargs
     arg_slots = [i for i, a in enumerate(args) if isinstance(a, kinds)]
     kw_slots = [k for k, v in kwargs.items() if isinstance(v, kinds)]
