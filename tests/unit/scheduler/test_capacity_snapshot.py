@@ -133,3 +133,22 @@ def test_kept_group_entries_follow_every_change():
     same_page()
     model._node_died(model.nodes["node-2"], 5.0)  # its groups are removed with it
     same_page()
+
+
+def test_chunked_nodes_and_workers_json_equal_their_views():
+    # /v1/nodes and /v1/workers are rendered RECORD_CHUNK records at a time: with several
+    # chunks the page is still the whole view, secrets still redacted.
+    model = ClusterModel()
+    for n in range(2, 2 + 2 * http.RECORD_CHUNK + 7):
+        model.register_node(_node(n, 2), [], now=0)
+    group = model.create_placement_group("g", [{"CPU": 1, "GPU": 1}] * 2, common_pb2.PACK, True, "", 1.0)
+    specs = [common_pb2.WorkerSpec(name=f"w{r}", group="g", rank=r, world_size=2, num_gpus=1, num_cpus=1,
+                                   placement_group_id=group.id, bundle_index=r,
+                                   env={"WANDB_API_KEY": "secret", "SEED": "1"}) for r in range(2)]
+    model.create_workers(specs, "", 0, 29500, 2.0)
+    nodes = json.loads(asyncio.run(http._chunked_json("nodes", http._sorted_nodes(model), http._dict)))
+    assert nodes == http.nodes_view(model) and len(nodes["nodes"]) == 2 * http.RECORD_CHUNK + 7
+    workers = json.loads(asyncio.run(http._chunked_json("workers", list(model.workers.values()),
+                                                        http._worker_dict)))
+    assert workers == http.workers_view(model) and len(workers["workers"]) == 2
+    assert all(w["spec"]["env"]["WANDB_API_KEY"] == http.REDACTED for w in workers["workers"])
