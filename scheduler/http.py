@@ -38,7 +38,7 @@ from podium.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 __all__ = ["HttpServer", "placement_view", "placement_json", "nodes_view", "workers_view",
-           "PLACEMENT_CHUNK", "PLACEMENT_CACHE_SECONDS"]
+           "RECORD_CHUNK", "PLACEMENT_CACHE_SECONDS"]
 
 _OPEN_PATHS = frozenset({"/healthz", "/readyz"}) | dashboard.PATHS
 
@@ -57,22 +57,26 @@ def _sorted_nodes(model: ClusterModel) -> list:
     return sorted(model.nodes.values(), key=lambda n: n.info.node_id)
 
 
-#: Records rendered between two returns to the event loop by _chunked_json.
+#: Records rendered between two returns to the event loop (the chunked pages below).
 RECORD_CHUNK = 100
 
 
-async def _chunked_json(key: str, records: list, render) -> bytes:
-    """``{key: [render(r) for r in records]}`` as compact JSON, rendered ``RECORD_CHUNK``
-    records at a time with a return to the event loop in between: MessageToDict of 1,000
-    nodes takes ~0.2 s, which would otherwise hold every heartbeat back that long."""
-    parts = [b'{"', key.encode(), b'":[']
-    for start in range(0, len(records), RECORD_CHUNK):
+async def _encoded_items(records: list, render, chunk: int = RECORD_CHUNK) -> bytes:
+    """``render(r)`` of every record as comma-separated compact JSON (a list's inside),
+    ``chunk`` records at a time with a return to the event loop in between, so heartbeats
+    are served while a 1,000-node page is made (MessageToDict of 1,000 nodes alone takes
+    ~0.2 s). One orjson call per chunk: ~6x faster than json."""
+    parts = []
+    for start in range(0, len(records), chunk):
         if start:
-            parts.append(b",")
             await asyncio.sleep(0)
-        parts.append(orjson.dumps([render(r) for r in records[start:start + RECORD_CHUNK]])[1:-1])
-    parts.append(b"]}")
-    return b"".join(parts)
+        parts.append(orjson.dumps([render(r) for r in records[start:start + chunk]])[1:-1])
+    return b",".join(parts)
+
+
+async def _chunked_json(key: str, records: list, render) -> bytes:
+    """``{key: [render(r) for r in records]}`` as compact JSON (see _encoded_items)."""
+    return b'{"' + key.encode() + b'":[' + await _encoded_items(records, render) + b"]}"
 
 
 #: Parts of an environment variable name that mark its value as a secret.
@@ -142,33 +146,20 @@ def placement_view(model: ClusterModel, scheduler_id: str = "") -> dict:
     }
 
 
-#: Nodes rendered between two returns to the event loop in placement_json.
-PLACEMENT_CHUNK = 100
-
-
-async def placement_json(model: ClusterModel, scheduler_id: str = "", chunk: int = PLACEMENT_CHUNK,
+async def placement_json(model: ClusterModel, scheduler_id: str = "", chunk: int = RECORD_CHUNK,
                          kept: dict | None = None) -> bytes:
-    """:func:`placement_view` as compact JSON bytes, built ``chunk`` nodes at a time with a
-    return to the event loop in between, so heartbeats are served while a 1,000-node page is
-    made. Who owns which GPU is read at the start, in one step; a node's readings are as of
-    when its chunk is rendered.
+    """:func:`placement_view` as compact JSON bytes, its nodes built ``chunk`` at a time with
+    a return to the event loop in between (:func:`_encoded_items`). Who owns which GPU is
+    read at the start, in one step; a node's readings are as of when its chunk is rendered.
 
     ``kept`` (a dict the caller keeps between pages, see :class:`_PlacementIndex`) holds what
     each group contributes, so a group is rendered once while its record stays the same.
     """
     ix = _PlacementIndex(model, {} if kept is None else kept)
-    parts = [b'{"scheduler_id":', orjson.dumps(scheduler_id), b',"nodes":[']
-    nodes = ix.nodes
-    for start in range(0, len(nodes), chunk):
-        if start:
-            parts.append(b",")
-            await asyncio.sleep(0)
-        # One encoder call per chunk: orjson makes a list of nodes ~6x faster than json.
-        parts.append(orjson.dumps([_node_doc(node, ix) for node in nodes[start:start + chunk]])[1:-1])
-    parts.append(b'],"placement_groups":[')
-    parts.append(b",".join(ix.group_json[g.id] for g in ix.groups))
-    parts.append(b"]}")
-    return b"".join(parts)
+    nodes = await _encoded_items(ix.nodes, lambda node: _node_doc(node, ix), chunk)
+    groups = b",".join(ix.group_json[g.id] for g in ix.groups)
+    return (b'{"scheduler_id":' + orjson.dumps(scheduler_id) + b',"nodes":[' + nodes
+            + b'],"placement_groups":[' + groups + b"]}")
 
 
 class _PlacementIndex:

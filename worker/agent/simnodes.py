@@ -297,12 +297,12 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
         beats = HeartbeatStream(stub, timeout=RPC_TIMEOUT_SECONDS, what=f"node {node.node_id}",
                                 metadata=self._metadata)
         try:
-            await self._beat_until_lost(node, beats, interval, wait)
+            await self._beat(node, beats, interval, wait)
         finally:
             beats.close()
 
-    async def _beat_until_lost(self, node: _Node, beats: HeartbeatStream, interval: float,
-                               wait: float) -> None:
+    async def _beat(self, node: _Node, beats: HeartbeatStream, interval: float, wait: float) -> None:
+        """Heartbeat until lost or asked to register again."""
         stats = self.stats
         while not self._stopping:
             await asyncio.sleep(wait)
