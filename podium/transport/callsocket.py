@@ -76,6 +76,11 @@ _SCRATCH = 1 << 20
 # whole before sending any of it, so one 128 MiB write runs at ~300 MB/s where 1 MiB
 # slices reach ~850 MB/s (encryption and sending overlap).
 _TLS_SLICE = 1 << 20
+# The send buffer's high-water mark (asyncio's default); the low one is 0 (connection_made).
+_HIGH_WATER = 64 << 10
+# How often a bulk write lent with ``on_sent`` is checked for having left, when the last
+# bytes (below the high-water mark) sit in the event loop's buffer.
+_SENT_POLL_SECONDS = 0.0005
 _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
 # Frames smaller than this wait for the end of the loop turn to leave together,
@@ -200,6 +205,9 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._outbox: collections.deque = collections.deque()
         self._sender: asyncio.Task | None = None
         self._close_when_sent = False
+        # Called once everything written so far has left this process (see write_bulk's
+        # ``on_sent``), or the connection ended.
+        self._on_empty: list[Callable[[], None]] = []
         self._closed = False
         self.lost_error: BaseException | None = None
         #: Resolves when the handshake is done (True) or failed (exception).
@@ -210,6 +218,9 @@ class FrameConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
         self._encrypted = transport.get_extra_info("sslcontext") is not None
+        if not self._encrypted:
+            # resume_writing then means "nothing left in this process" (see write_bulk's on_sent).
+            transport.set_write_buffer_limits(high=_HIGH_WATER, low=0)  # type: ignore[attr-defined]
         if self._server:  # a peer that never says hello must not hold a socket forever
             asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
         else:
@@ -358,6 +369,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._wake()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+        self._sent_all()  # nothing more will be read from lent memory
         if self._on_lost is not None:
             on_lost, self._on_lost = self._on_lost, None
             on_lost(self.lost_error)
@@ -369,6 +381,19 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._paused_writing = False
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+        if self._on_empty and not self._encrypted:
+            self._check_sent()
+
+    def _check_sent(self) -> None:
+        if self._closed or not self._transport.get_write_buffer_size():
+            self._sent_all()
+        elif not self._paused_writing:  # a remainder below the high-water mark: no resume_writing
+            asyncio.get_running_loop().call_later(_SENT_POLL_SECONDS, self._check_sent)
+
+    def _sent_all(self) -> None:
+        callbacks, self._on_empty = self._on_empty, []
+        for callback in callbacks:
+            callback()
 
     # ---------------------------------------------------------------- use
 
@@ -385,6 +410,12 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.lost_error = exc
         if self._transport is not None:
             self._transport.close()
+
+    def abort(self, exc: BaseException) -> None:
+        """End the connection now, dropping what is still queued; ``exc`` is why (on the loop)."""
+        if self._transport is not None and not self._closed:
+            self.lost_error = exc
+            self._transport.abort()
 
     def write_nowait(self, message: Any) -> None:
         """Queue ``message`` on the socket (never blocks; see :meth:`drain`).
@@ -410,10 +441,16 @@ class FrameConnection(asyncio.BufferedProtocol):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def write_bulk(self, message: bytes, segments: Any, nbytes: int) -> None:
+    def write_bulk(self, message: bytes, segments: Any, nbytes: int,
+                   on_sent: Callable[[], None] | None = None) -> None:
         """Queue a bulk frame: the serialized ``message``, then the payload ``segments``
         (``nbytes`` in all) as they lie in memory. Never blocks (see :meth:`drain`); the
-        event loop keeps a reference to each segment until it is sent."""
+        event loop keeps a reference to each segment until it is sent.
+
+        ``on_sent()`` runs on the loop once nothing in this process reads the segments'
+        memory any more: their bytes are in the kernel's socket buffer (under TLS: the
+        ciphertext was made), or the connection ended. Until then a change to that memory
+        would change what the peer receives."""
         if self._closed:
             raise errors.UnavailableError("the raw call connection is closed")
         self._flush()
@@ -424,12 +461,15 @@ class FrameConnection(asyncio.BufferedProtocol):
             for segment in segments:
                 if segment.nbytes:
                     write(segment)
+            if on_sent is not None:
+                self._on_empty.append(on_sent)
+                self._check_sent()
             return
         # uvloop encrypts each write at once and keeps the ciphertext until the socket takes
         # it, and a long backlog makes every further write slower: 1 GiB written in one go
         # took 15 s (512 MiB 3.8 s), and the event loop was blocked meanwhile, so the peer's
         # liveness pings went unanswered. So a task writes it in slices as the socket drains.
-        self._outbox.append((head, segments))
+        self._outbox.append((head, segments, on_sent))
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send_outbox())
 
@@ -441,13 +481,14 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     async def _send_outbox(self) -> None:
         transport = self._transport
+        on_sent = None
         try:
             while self._outbox and not self._closed:
                 item = self._outbox.popleft()
                 if type(item) is not tuple:
                     transport.write(item)
                     continue
-                head, segments = item
+                head, segments, on_sent = item
                 transport.write(head)
                 for segment in segments:
                     view = memoryview(segment).cast("B") if segment.nbytes else segment
@@ -457,10 +498,20 @@ class FrameConnection(asyncio.BufferedProtocol):
                         if self._closed:
                             return
                         transport.write(view[at:at + _TLS_SLICE])
+                # TLS encrypts each write at once: the plaintext is not read any more.
+                on_sent, done = None, on_sent
+                if done is not None:
+                    done()
         finally:
             self._sender = None
-            if self._closed:
+            if on_sent is not None and not self._closed:  # failed mid-payload: the stream cannot go on
+                self._abort(errors.DataLossError("a bulk write stopped in the middle of its payload"))
+            if self._closed or on_sent is not None:
+                lent = [on_sent] + [item[2] for item in self._outbox if type(item) is tuple]
                 self._outbox.clear()
+                for done in lent:
+                    if done is not None:
+                        done()
             elif self._close_when_sent:
                 transport.close()
 

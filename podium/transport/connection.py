@@ -87,11 +87,18 @@ class CallConnection:
         its bytes leave from their own memory and land in their final buffer."""
         return self.writes_nowait and nbytes >= BULK_MIN_BYTES
 
-    def write_bulk_nowait(self, frame: Any, segments: Iterable[memoryview], nbytes: int) -> None:
+    def write_bulk_nowait(self, frame: Any, segments: Iterable[memoryview], nbytes: int,
+                          on_sent: Callable[[], None] | None = None) -> None:
         """Queue ``frame`` (header, ``last``, no data) followed by the payload ``segments``
         as one bulk frame (raw socket only; see :meth:`takes_bulk`). The segments are read
-        from their memory as the socket takes them."""
-        self.carrier.write_bulk(frame.SerializeToString(), segments, nbytes)
+        from their memory as the socket takes them; ``on_sent()`` runs (on the loop) once
+        they are not read any more (:meth:`FrameConnection.write_bulk`)."""
+        self.carrier.write_bulk(frame.SerializeToString(), segments, nbytes, on_sent)
+
+    def abort_threadsafe(self, reason: BaseException) -> None:
+        """Close the raw socket at once from any thread (bytes still queued are dropped)."""
+        if self.writes_nowait:
+            self._loop.call_soon_threadsafe(self.carrier.abort, reason)
 
     async def send_bulk(self, frame: Any, segments: Iterable[memoryview], nbytes: int) -> None:
         """:meth:`write_bulk_nowait`, then wait while the socket's buffer is full."""

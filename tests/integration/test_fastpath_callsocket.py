@@ -41,6 +41,15 @@ class Calc:
         time.sleep(seconds)
         return seconds
 
+    def kept(self):
+        """A 64 MiB tensor this object keeps and changes later (weights, a buffer)."""
+        if not hasattr(self, "_kept"):
+            self._kept = torch.zeros(64 << 20, dtype=torch.uint8)
+        return self._kept
+
+    def bump(self):
+        self._kept += 1
+
 
 @contextlib.asynccontextmanager
 async def host_and_client(token, *, raw: bool = True, monkeypatch=None):
@@ -226,4 +235,74 @@ def test_large_payloads_under_tls_are_written_as_the_socket_drains_and_stay_in_o
             await client.close()
             await host.stop(grace=0.2)
 
+    arun(scenario())
+
+
+async def kept_then_bumped(client: WorkerClient, steps: int = 3) -> None:
+    """The reply of ``kept`` is the value at return, though the very next call (sent with
+    it, run while that reply is still leaving) changes the tensor in place."""
+    from podium.worker.client import prepare
+
+    empty = prepare(((), {}))
+    for step in range(steps):
+        first, second = client.submit("kept", empty), client.submit("bump", empty)
+        reply = await asyncio.wait_for(first, 60)
+        await asyncio.wait_for(second, 60)
+        assert int(reply.min()) == step and int(reply.max()) == step, step
+
+
+@pytest.mark.parametrize("use_tls", [False, True], ids=["tcp", "tls"])
+def test_a_large_reply_is_sent_from_the_methods_memory_and_is_still_the_value_at_return(
+        token, arun, tmp_path, use_tls):
+    """Over TCP a large reply made on the execution thread is not copied: it is sent from
+    the tensor itself (``lent_out``), and the thread runs nothing else until the socket took
+    it, so the next call's change cannot reach the reply. Plain TCP and TLS."""
+    from tests.support.certs import make_tls
+
+    tls = make_tls(str(tmp_path / "certs")) if use_tls else None
+
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"}, tls=tls)
+        client = WorkerClient(host.address, token, tls=tls)
+        try:
+            await client.start()
+            client.same_host = False
+            assert client.transport == "socket"
+            await client.construct((Calc, (), {}))
+            await kept_then_bumped(client)
+            assert host.runtime.stats["lent_out"] == 3
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+
+    arun(scenario())
+
+
+def test_a_peer_that_stops_reading_a_lent_reply_loses_its_connection_and_frees_the_worker(
+        token, arun, monkeypatch):
+    """The execution thread waits for a lent reply to leave, but not for ever: past the
+    deadline the connection is closed, its caller gets an error, and other callers are
+    served again."""
+    from podium.worker.host import results
+    from podium.worker.client import prepare
+
+    monkeypatch.setattr(results, "LENT_SECONDS", 0.5)
+
+    async def scenario():
+        async with host_and_client(token) as (host, client):
+            other = WorkerClient(host.address, token)
+            try:
+                await other.start()
+                other.same_host = False
+                client._conn.carrier._transport.pause_reading()  # reads nothing from now on
+                stuck = client.submit("kept", prepare(((), {})))
+                # Served only once the stuck reply's connection was closed.
+                assert await asyncio.wait_for(other.call("add", (1, 2)), 30) == 3
+                assert host.runtime.stats["lent_out"] == 1
+                client._conn.carrier._transport.resume_reading()
+                with pytest.raises(errors.PodiumError):
+                    await asyncio.wait_for(stuck, 30)
+                assert await asyncio.wait_for(other.call("add", (2, 2)), 30) == 4
+            finally:
+                await other.close()
     arun(scenario())

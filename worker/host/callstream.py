@@ -186,8 +186,15 @@ class CallStream:
             self.host.stats["bytes_out"] += outcome.nbytes
             self.host.stats["bulk_out"] += 1
             header = outcome.header()
-            self.conn.write_bulk_nowait(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True),
-                                        outcome.segments, outcome.nbytes)
+            lent = outcome.lent
+            try:
+                self.conn.write_bulk_nowait(worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True),
+                                            outcome.segments, outcome.nbytes,
+                                            None if lent is None else lent.release)
+            except BaseException:
+                if lent is not None:
+                    lent.release()
+                raise
             return True
         frame = self._single_frame(call_id, outcome)
         if frame is None:
@@ -217,13 +224,17 @@ class CallStream:
             if self.conn.must_drain:
                 await self.conn.carrier.drain()
             return
-        frame = self._single_frame(call_id, outcome)
-        if frame is not None:
-            await self.write(frame)
-            return
-        self.host.stats["bytes_out"] += outcome.nbytes
-        header = outcome.header()
-        await self.conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
+        try:  # a lent reply (only ever a bulk frame, above) is let go whatever happens here
+            frame = self._single_frame(call_id, outcome)
+            if frame is not None:
+                await self.write(frame)
+                return
+            self.host.stats["bytes_out"] += outcome.nbytes
+            header = outcome.header()
+            await self.conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
+        finally:
+            if outcome.lent is not None:
+                outcome.lent.release()
 
     async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
         """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame

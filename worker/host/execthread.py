@@ -99,14 +99,17 @@ class ExecutionThread:
                 if job.state != 0:
                     continue
                 job.state = 1
+            lent = None
             try:
                 result, ok = job.fn(*job.args), True
                 # The call's arguments die here, before its outcome is settled: a result
                 # computed in place in an argument is sent by reference only if nothing
                 # else kept that argument (HostRuntime.package).
                 job.args = ()
-                if type(result) is Outcome and result.pending is not None:
-                    result = result.settle()
+                if type(result) is Outcome:
+                    if result.pending is not None:
+                        result = result.settle()
+                    lent = result.lent
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
                 result, ok = exc, False
                 job.args = ()
@@ -121,6 +124,9 @@ class ExecutionThread:
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
             del job, result
+            if lent is not None:  # the reply is sent from the method's memory: nothing may change it
+                lent.wait()
+                del lent
 
     def _settle_done(self) -> None:
         with self._lock:
@@ -137,7 +143,9 @@ class ExecutionThread:
 
 
 def _settle(future: asyncio.Future, ok: bool, result: Any) -> None:
-    if future.done():
+    if future.done():  # cancelled: nobody sends this outcome
+        if ok and type(result) is Outcome and result.lent is not None:
+            result.lent.release()
         return
     if ok:
         future.set_result(result)

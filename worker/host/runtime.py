@@ -24,8 +24,9 @@ from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
 from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
-from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenResult, Outcome, call_error,
-                                        close_names, remote_error, reply_snapshot)
+from podium.memorypool import MIN_POOLED_BYTES
+from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenResult, LentReply, Outcome,
+                                        call_error, close_names, remote_error, reply_snapshot)
 
 __all__ = ["HostRuntime"]
 
@@ -54,8 +55,9 @@ class HostRuntime:
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
                       "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
                       # Calls whose arguments came in a staged segment; results sent as
-                      # references into the argument's segment (see package()).
-                      "staged_in": 0, "in_place_out": 0,
+                      # references into the argument's segment (see package()); large TCP
+                      # replies sent from the method's memory, not a copy (LentReply).
+                      "staged_in": 0, "in_place_out": 0, "lent_out": 0,
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
@@ -186,10 +188,10 @@ class HostRuntime:
                 del value, encoded
                 outcome = Outcome(pending=functools.partial(self._settle_in_place, rest, found, header, conn))
                 return outcome if settle_later else outcome.settle()
-        return self._package_encoded(encoded, nbytes, header, conn, snapshot)
+        return self._package_encoded(encoded, nbytes, header, conn, snapshot, lend=settle_later)
 
     def _package_encoded(self, encoded: Any, nbytes: int, header: worker_pb2.CallHeader,
-                         conn: CallConnection | None, snapshot: bool) -> Outcome:
+                         conn: CallConnection | None, snapshot: bool, lend: bool = False) -> Outcome:
         segments = encoded.to_segments()
         if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes and conn is not None:
             name, pooled = conn.write_segment(segments, nbytes)  # ("", False): /dev/shm full, use TCP
@@ -197,6 +199,11 @@ class HostRuntime:
                 self.stats["shm_out"] += 1
                 return Outcome(shm_name=name, shm_pooled=pooled, nbytes=nbytes)
         if snapshot:
+            # On the execution thread a large bulk reply is lent, not copied: the thread
+            # waits until the socket took it before it runs anything else (LentReply).
+            if lend and nbytes >= MIN_POOLED_BYTES and conn is not None and conn.takes_bulk(nbytes):
+                self.stats["lent_out"] += 1
+                return Outcome(segments=segments, nbytes=nbytes, lent=LentReply(nbytes, conn.abort_threadsafe))
             segments = reply_snapshot(segments, nbytes)
         return Outcome(segments=segments, nbytes=nbytes)
 
