@@ -23,6 +23,10 @@ Measures, per N (MB = 10^6 bytes; median of ``--repeat`` after one warm-up):
   group) consumed by a second group of N: every consumer fetches its rows from the
   producers itself (MB/s = payload / time of the consuming call).
 
+Before and after the modes it measures the machine's own limits (:mod:`bench.floors`:
+loopback TCP, TLS, memcpy) and holds each cell against them: on a 2-core VM the limits
+themselves move by 2x from one run to the next.
+
 Benchmarks are not tests: nothing here asserts a time. ``python -m bench`` runs this too
 (``--no-crosshost`` skips it).
 """
@@ -257,6 +261,42 @@ def table(cells: list[dict], modes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def run_floors(args: argparse.Namespace) -> dict[str, float]:
+    """The machine's limits now (:mod:`bench.floors`, in a child of its own), at the
+    largest payload of the run."""
+    mib = min(max(args.payload_mib), 128)
+    out = subprocess.run([sys.executable, "-m", "bench.floors", "--mib", str(mib)], stdout=subprocess.PIPE,
+                         text=True, timeout=600).stdout
+    floor = json.loads(out.strip().splitlines()[-1])
+    print(f"  limits ({mib} MiB): {floor}", file=sys.stderr, flush=True)
+    return {"mib": mib, **floor}
+
+
+# (measure, mode, the limit it is held against, what the payload crosses)
+_AGAINST = [("to_worker", "podium cross-host", "tcp"), ("from_worker", "podium cross-host", "tcp"),
+            ("dp", "podium cross-host", "tcp"), ("w2w", "podium cross-host", "tcp"),
+            ("to_worker", "podium cross-host tls", "tls"), ("from_worker", "podium cross-host tls", "tls"),
+            ("dp", "podium cross-host tls", "tls"), ("w2w", "podium cross-host tls", "tls"),
+            ("dp", "podium same-host", "memcpy")]
+
+
+def limits_table(cells: list[dict], limits: list[dict]) -> str:
+    """The limits measured before and after the modes, and each cell at their payload
+    size as a fraction of the lower of the two (a ``dp`` round trip moves the payload
+    twice: held against the limit as MB/s counted both ways)."""
+    mib = limits[0]["mib"]
+    low = {name: min(limit[name] for limit in limits) for name in ("tcp", "tls", "memcpy")}
+    lines = [f"Limits of this machine ({mib} MiB, median of 5, before / after the modes): "
+             + "; ".join(f"{name} {limits[0][name]:,} / {limits[-1][name]:,} MB/s" for name in low), "",
+             "| measure | mode | N | MB/s | limit | fraction of the lower limit |", "|---|---|---|---|---|---|"]
+    for measure, mode, limit in _AGAINST:
+        for c in sorted((c for c in cells if c["mode"] == mode and c["measure"] == measure
+                         and c["payload_mib"] == mib and "value" in c), key=lambda c: c["n"]):
+            lines.append(f"| {measure} | {mode} | {c['n']} | {c['value']:,.0f} | {limit} | "
+                         f"{c['value'] / low[limit]:.2f} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m bench.crosshost", description=__doc__.split("\n\n")[0])
@@ -281,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cells: list[dict] = []
     modes = []
+    limits = [run_floors(args)]
     for mode in args.modes:
         backend = MODES[mode][0]
         reason = importable(args.ray_python if backend == "ray" else sys.executable, backend)
@@ -292,11 +333,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.gib and backend == "podium" and 1 in args.n:
             cells += run_mode(mode, argparse.Namespace(**{**vars(args), "n": [1], "payload_mib": [1024],
                                                           "repeat": max(1, args.repeat - 1)}))
+    limits.append(run_floors(args))
     print(f"# Data across hosts ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; MB/s, higher is better)\n")
     print(table(cells, modes))
+    print()
+    print(limits_table(cells, limits))
     if args.json:
         with open(args.json, "w") as out:
             out.writelines(json.dumps(c, sort_keys=True) + "\n" for c in cells)
+            out.writelines(json.dumps({"measure": "floors", "when": when, **floor}, sort_keys=True) + "\n"
+                           for when, floor in zip(("before", "after"), limits))
     return 0
 
 

@@ -1,0 +1,157 @@
+"""The machine's own limits, measured in the same run as the cells they bound.
+
+    python -m bench.floors [--mib 128] [--repeat 5]
+
+On a 2-core VM the loopback stream alone moves anywhere from ~1,500 to ~4,000 MB/s from
+one hour (or one process placement) to the next, so a Podium cell means little without the
+limit measured beside it. ``python -m bench.crosshost`` runs this before and after its modes
+and reports each cross-host cell against it. Three limits, each the median of ``--repeat``
+after one warm-up, between two fresh processes (each on whatever core the kernel gives it,
+as Podium's processes are):
+
+- ``tcp``: one way over loopback TCP on uvloop, the way the raw call socket moves a bulk
+  payload but with no framing, codec or pool: one ``write`` of a reused buffer, received
+  by a ``BufferedProtocol`` straight into a reused buffer;
+- ``tls``: the same over uvloop's TLS with the cluster's kind of certificates, written in
+  1 MiB slices (as the raw call socket writes bulk payloads under TLS);
+- ``memcpy``: one ``memmove`` of the payload between two reused buffers (one way).
+
+Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import os
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+
+__all__ = ["measure_floors"]
+
+_SLICE = 1 << 20
+
+
+def _tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    from podium.auth import TlsConfig
+    from tests.support.certs import make_tls
+
+    tls: TlsConfig = make_tls(tempfile.mkdtemp())
+    server = tls.ssl_context(server=True)
+    client = tls.ssl_context(server=False)
+    client.check_hostname = False
+    return server, client
+
+
+def _stream(size: int, repeat: int, tls: bool) -> float:
+    import uvloop
+
+    server_ctx, client_ctx = _tls_contexts() if tls else (None, None)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the receiver: a BufferedProtocol filling one reused buffer
+        try:
+            async def serve() -> None:
+                done = asyncio.get_running_loop().create_future()
+
+                class Receiver(asyncio.BufferedProtocol):
+                    def connection_made(self, transport):  # noqa: ANN001
+                        self.transport, self.view, self.got, self.rounds = transport, memoryview(bytearray(size)), 0, 0
+
+                    def get_buffer(self, sizehint: int) -> memoryview:
+                        return self.view[self.got:]
+
+                    def buffer_updated(self, nbytes: int) -> None:
+                        self.got += nbytes
+                        if self.got == size:
+                            self.got, self.rounds = 0, self.rounds + 1
+                            self.transport.write(b"k")
+
+                    def connection_lost(self, exc):  # noqa: ANN001
+                        done.done() or done.set_result(None)
+
+                server = await asyncio.get_running_loop().create_server(Receiver, "127.0.0.1", 0, ssl=server_ctx)
+                os.write(ready_w, str(server.sockets[0].getsockname()[1]).encode())
+                await asyncio.wait_for(done, 600)
+
+            uvloop.run(serve())
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    port = int(os.read(ready_r, 16))
+    os.close(ready_r)
+
+    async def send() -> list[float]:
+        loop = asyncio.get_running_loop()
+        state: dict = {"ack": None, "room": None}
+
+        class Sender(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                state["ack"].set_result(None)
+
+            def pause_writing(self) -> None:
+                state["room"] = loop.create_future()
+
+            def resume_writing(self) -> None:
+                state["room"].set_result(None)
+
+        transport, _ = await loop.create_connection(Sender, "127.0.0.1", port, ssl=client_ctx,
+                                                    server_hostname="localhost" if tls else None)
+        data = memoryview(bytearray(os.urandom(_SLICE)) * (size // _SLICE))
+        times = []
+        for _ in range(repeat + 1):
+            state["ack"] = loop.create_future()
+            started = time.perf_counter()
+            for at in range(0, size, _SLICE if tls else size):
+                room = state["room"]
+                if room is not None and not room.done():
+                    await room
+                transport.write(data[at:at + (_SLICE if tls else size)])
+            await asyncio.wait_for(state["ack"], 120)
+            times.append(time.perf_counter() - started)
+        transport.close()
+        return times
+
+    times = uvloop.run(send())
+    os.waitpid(pid, 0)
+    return size / statistics.median(times[1:]) / 1e6
+
+
+def _memcpy(size: int, repeat: int) -> float:
+    source, target = bytearray(os.urandom(_SLICE)) * (size // _SLICE), bytearray(size)
+    src = ctypes.addressof((ctypes.c_char * size).from_buffer(source))
+    dst = ctypes.addressof((ctypes.c_char * size).from_buffer(target))
+    times = []
+    for _ in range(repeat + 1):
+        started = time.perf_counter()
+        ctypes.memmove(dst, src, size)
+        times.append(time.perf_counter() - started)
+    return size / statistics.median(times[1:]) / 1e6
+
+
+FLOORS = {"tcp": lambda size, repeat: _stream(size, repeat, False),
+          "tls": lambda size, repeat: _stream(size, repeat, True), "memcpy": _memcpy}
+
+
+def measure_floors(mib: int = 128, repeat: int = 5) -> dict[str, float]:
+    """MB/s of each limit (see the module docstring), measured now."""
+    return {name: fn(mib << 20, repeat) for name, fn in FLOORS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the limits as one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.floors", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(json.dumps({k: round(v) for k, v in measure_floors(args.mib, args.repeat).items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
