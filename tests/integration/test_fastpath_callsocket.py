@@ -52,9 +52,9 @@ class Calc:
 
 
 @contextlib.asynccontextmanager
-async def host_and_client(token, *, raw: bool = True, monkeypatch=None):
-    host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
-    client = WorkerClient(host.address, token)
+async def host_and_client(token, *, raw: bool = True, monkeypatch=None, tls=None):
+    host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"}, tls=tls)
+    client = WorkerClient(host.address, token, tls=tls)
     try:
         if not raw:
             monkeypatch.setenv("PODIUM_RAW_CALLS", "0")
@@ -202,13 +202,8 @@ def test_large_payloads_under_tls_are_written_as_the_socket_drains_and_stay_in_o
     monkeypatch.setattr(callsocket.FrameConnection, "_send_outbox", counted)
 
     async def scenario():
-        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"}, tls=tls)
-        client = WorkerClient(host.address, token, tls=tls)
-        try:
-            await client.start()
-            client.same_host = False
+        async with host_and_client(token, tls=tls) as (host, client):
             assert client.transport == "socket"
-            await client.construct((Calc, (), {}))
             ticks = 0
 
             async def ticker():
@@ -231,9 +226,6 @@ def test_large_payloads_under_tls_are_written_as_the_socket_drains_and_stay_in_o
             assert ticks > 0
             assert client.stats["bulk_sent"] >= 3 and client.stats["bulk_received"] >= 3
             assert len(set(map(id, senders))) == 2  # both ends wrote their payloads that way
-        finally:
-            await client.close()
-            await host.stop(grace=0.2)
 
     arun(scenario())
 
@@ -262,18 +254,10 @@ def test_a_large_reply_is_sent_from_the_methods_memory_and_is_still_the_value_at
     tls = make_tls(str(tmp_path / "certs")) if use_tls else None
 
     async def scenario():
-        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"}, tls=tls)
-        client = WorkerClient(host.address, token, tls=tls)
-        try:
-            await client.start()
-            client.same_host = False
+        async with host_and_client(token, tls=tls) as (host, client):
             assert client.transport == "socket"
-            await client.construct((Calc, (), {}))
             await kept_then_bumped(client)
             assert host.runtime.stats["lent_out"] == 3
-        finally:
-            await client.close()
-            await host.stop(grace=0.2)
 
     arun(scenario())
 
