@@ -1,6 +1,6 @@
 """The machine's own limits, measured in the same run as the cells they bound.
 
-    python -m bench.floors [--mib 128] [--repeat 5]
+    python -m bench.floors [--mib 128] [--repeat 5] [--fanout N]
 
 On a 2-core VM the loopback stream alone moves anywhere from ~1,500 to ~4,000 MB/s from
 one hour (or one process placement) to the next, so a Podium cell means little without the
@@ -16,6 +16,9 @@ as Podium's processes are):
   1 MiB slices (as the raw call socket writes bulk payloads under TLS);
 - ``memcpy``: one ``memmove`` of the payload between two reused buffers (one way).
 
+``--fanout N`` measures instead the floor of a no-op group call at N ranks (:func:`fanout`):
+what 2 cores do when N Python processes each answer one small frame, with no framework.
+
 Not a test: nothing here asserts a time.
 """
 
@@ -26,6 +29,7 @@ import asyncio
 import ctypes
 import json
 import os
+import socket
 import ssl
 import statistics
 import sys
@@ -134,6 +138,71 @@ def _memcpy(size: int, repeat: int) -> float:
     return size / statistics.median(times[1:]) / 1e6
 
 
+def fanout(n: int, calls: int = 300) -> dict[str, float]:
+    """The floor of a no-op ``ONE_TO_ALL`` at ``n`` ranks: ``n`` forked processes that each
+    answer a 100-byte frame with it on a uvloop protocol (no framework, no thread hand-off),
+    one sender writing to all and waiting for every answer. Median and p90 in ms."""
+    import selectors
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=max(n, 128))
+    port = listener.getsockname()[1]
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                listener.close()
+                import uvloop
+
+                async def echo() -> None:
+                    lost = asyncio.get_running_loop().create_future()
+
+                    class Echo(asyncio.Protocol):
+                        def connection_made(self, transport):  # noqa: ANN001
+                            self.transport = transport
+
+                        def data_received(self, data: bytes) -> None:
+                            self.transport.write(data)
+
+                        def connection_lost(self, exc):  # noqa: ANN001
+                            lost.done() or lost.set_result(None)
+
+                    sock = socket.create_connection(("127.0.0.1", port))
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await asyncio.get_running_loop().create_connection(Echo, sock=sock)
+                    await asyncio.wait_for(lost, 600)
+
+                uvloop.run(echo())
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    conns = []
+    selector = selectors.DefaultSelector()
+    for _ in range(n):
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conns.append(conn)
+        selector.register(conn, selectors.EVENT_READ)
+    message, times = b"x" * 100, []
+    for _ in range(calls):
+        started = time.perf_counter()
+        for conn in conns:
+            conn.send(message)
+        left = n
+        while left:
+            for key, _ in selector.select(timeout=10):
+                key.fileobj.recv(4096)
+                left -= 1
+        times.append(time.perf_counter() - started)
+    for conn in conns:
+        conn.close()
+    for pid in pids:
+        os.waitpid(pid, 0)
+    listener.close()
+    times = sorted(times[calls // 10:])  # the first tenth warms up
+    return {"n": n, "median_ms": statistics.median(times) * 1e3, "p90_ms": times[int(len(times) * 0.9)] * 1e3}
+
+
 FLOORS = {"tcp": lambda size, repeat: _stream(size, repeat, False),
           "tls": lambda size, repeat: _stream(size, repeat, True), "memcpy": _memcpy}
 
@@ -148,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.floors", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--fanout", type=int, metavar="N", help="instead: the no-op fan-out floor at N ranks")
     args = parser.parse_args(argv)
+    if args.fanout:
+        print(json.dumps({k: round(v, 2) for k, v in fanout(args.fanout).items()}))
+        return 0
     print(json.dumps({k: round(v) for k, v in measure_floors(args.mib, args.repeat).items()}))
     return 0
 
