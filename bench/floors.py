@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["measure_floors"]
+__all__ = ["measure_floors", "fanout", "FLOORS"]
 
 _SLICE = 1 << 20
 
@@ -53,6 +53,8 @@ def _tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
 
 
 def _stream(size: int, repeat: int, tls: bool) -> float:
+    """MB/s of one payload of ``size`` bytes from this process to a forked receiver (see
+    the module docstring), the median of ``repeat`` after a warm-up."""
     import uvloop
 
     server_ctx, client_ctx = _tls_contexts() if tls else (None, None)
@@ -127,6 +129,7 @@ def _stream(size: int, repeat: int, tls: bool) -> float:
 
 
 def _memcpy(size: int, repeat: int) -> float:
+    """MB/s of one ``memmove`` of ``size`` bytes, the median of ``repeat`` after a warm-up."""
     source, target = bytearray(os.urandom(_SLICE)) * (size // _SLICE), bytearray(size)
     src = ctypes.addressof((ctypes.c_char * size).from_buffer(source))
     dst = ctypes.addressof((ctypes.c_char * size).from_buffer(target))
@@ -203,6 +206,7 @@ def fanout(n: int, calls: int = 300) -> dict[str, float]:
     return {"n": n, "median_ms": statistics.median(times) * 1e3, "p90_ms": times[int(len(times) * 0.9)] * 1e3}
 
 
+#: Each limit: a function of (payload bytes, repeats) -> MB/s.
 FLOORS = {"tcp": lambda size, repeat: _stream(size, repeat, False),
           "tls": lambda size, repeat: _stream(size, repeat, True), "memcpy": _memcpy}
 
