@@ -292,7 +292,7 @@ def run_floors(args: argparse.Namespace) -> dict[str, float]:
     return {"mib": mib, **floor}
 
 
-# (measure, mode, the limit it is held against, what the payload crosses)
+# (measure, mode, the limit it is held against)
 _AGAINST = [("to_worker", "podium cross-host", "tcp"), ("from_worker", "podium cross-host", "tcp"),
             ("dp", "podium cross-host", "tcp"), ("w2w", "podium cross-host", "tcp"),
             ("to_worker", "podium cross-host tls", "tls"), ("from_worker", "podium cross-host tls", "tls"),
@@ -344,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     modes = []
     limits = [run_floors(args)]
     for mode in args.modes:
-        if MODES[mode][0] == "ray" and len(limits) == 1:
-            limits.append(run_floors(args))  # before Ray: its processes load the machine for minutes after
         backend = MODES[mode][0]
+        if backend == "ray" and len(limits) == 1:
+            limits.append(run_floors(args))  # before Ray: its processes load the machine for minutes after
         reason = importable(args.ray_python if backend == "ray" else sys.executable, backend)
         if reason:
             print(f"{mode}: not measured ({reason})", file=sys.stderr)

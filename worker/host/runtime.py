@@ -154,7 +154,8 @@ class HostRuntime:
         argument: then nothing here can change those bytes any more, so the caller's value
         is a snapshot, as a copy would be. Whether it kept one is known only once the call's
         arguments are dropped; with ``settle_later`` (the execution thread) the decision is
-        left to ``Outcome.settle`` at that point, else it is made now.
+        left to ``Outcome.settle`` at that point, else it is made now. On the execution
+        thread a large reply going out as a TCP bulk frame is lent, not copied (``LentReply``).
         """
         encoded = ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
         nbytes = encoded.nbytes
