@@ -44,7 +44,10 @@ import asyncio
 import collections
 import hmac
 import logging
+import os
+import socket
 import struct
+import threading
 from typing import Any, Callable
 
 import grpc
@@ -195,11 +198,22 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._transport: Any = None
         self._frames: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
+        #: Server side: ``take_now(frame)`` is offered each frame that arrives while the reader
+        #: waits with nothing queued, and returns True when it handled the frame on the spot
+        #: (no queue, future or task step: a no-op call's hot path). Frames it declines, and
+        #: every frame behind one still queued, go to :meth:`read` in arrival order.
+        self.take_now: Callable[[Any], bool] | None = None
         self._drained: asyncio.Future | None = None
         self._paused_writing = False
         self._paused_reading = False
         self._pending: list[bytes] = []
         self._flush_scheduled = False
+        # write_from_thread: a second descriptor of the socket (server side, plain TCP) that
+        # another thread sends on; the lock orders its sends with the loop's writes, and
+        # _tail holds what such a send left unsent, which goes before anything else.
+        self._direct: socket.socket | None = None
+        self._write_lock = threading.Lock()
+        self._tail: memoryview | None = None
         # Under TLS a bulk payload is written by a task as the socket drains (see
         # write_bulk); what is written meanwhile waits here, in order, behind it.
         self._outbox: collections.deque = collections.deque()
@@ -209,9 +223,11 @@ class FrameConnection(asyncio.BufferedProtocol):
         # ``on_sent``), or the connection ended.
         self._on_empty: list[Callable[[], None]] = []
         self._closed = False
+        self._eof = False  # the peer closed its side (server)
         self.lost_error: BaseException | None = None
         #: Resolves when the handshake is done (True) or failed (exception).
-        self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._loop_ref = asyncio.get_running_loop()
+        self.ready: asyncio.Future = self._loop_ref.create_future()
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -221,6 +237,9 @@ class FrameConnection(asyncio.BufferedProtocol):
         if not self._encrypted:
             # resume_writing then means "nothing left in this process" (see write_bulk's on_sent).
             transport.set_write_buffer_limits(high=_HIGH_WATER, low=0)  # type: ignore[attr-defined]
+            sock = transport.get_extra_info("socket")
+            if self._server and sock is not None:  # for write_from_thread
+                self._direct = socket.socket(fileno=os.dup(sock.fileno()))
         if self._server:  # a peer that never says hello must not hold a socket forever
             asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
         else:
@@ -309,8 +328,12 @@ class FrameConnection(asyncio.BufferedProtocol):
     def _deliver(self, frame: Any) -> None:
         if self._on_frame is not None:
             self._on_frame(frame)
-        else:
-            self._frames.append(frame)
+            return
+        waiter, take_now = self._waiter, self.take_now
+        if take_now is not None and not self._frames and waiter is not None and not waiter.done() \
+                and take_now(frame):
+            return
+        self._frames.append(frame)
 
     def _handshake_deadline(self) -> None:
         if not self._handshaken and not self._closed:
@@ -354,7 +377,11 @@ class FrameConnection(asyncio.BufferedProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
+        with self._write_lock:
+            self._closed = True
+            if self._direct is not None:  # the socket ends with its last descriptor
+                self._direct.close()
+                self._direct = None
         if self._bulk is not None:  # cut mid-payload: its buffer goes back
             self._bulk.abandon()
             self._bulk = None
@@ -373,6 +400,17 @@ class FrameConnection(asyncio.BufferedProtocol):
         if self._on_lost is not None:
             on_lost, self._on_lost = self._on_lost, None
             on_lost(self.lost_error)
+
+    def eof_received(self) -> bool | None:
+        # A client that sends its calls and then closes its side still gets every answer:
+        # the server reads EOF and keeps writing (plain TCP; TLS cannot half-close). A
+        # connection that ends inside a frame or a bulk payload is cut (DataLossError).
+        if (not self._server or self._encrypted or not self._handshaken or self._bulk is not None
+                or self._end > self._start):
+            return None  # the transport closes; connection_lost follows
+        self._eof = True
+        self._wake()
+        return True
 
     def pause_writing(self) -> None:
         self._paused_writing = True
@@ -476,8 +514,43 @@ class FrameConnection(asyncio.BufferedProtocol):
     def _write(self, data: Any) -> None:
         if self._sender is not None:
             self._outbox.append(data)  # behind a bulk payload still being written
-        else:
+            return
+        with self._write_lock:
+            if self._tail is not None:
+                self._write_tail_locked()
             self._transport.write(data)
+
+    def write_from_thread(self, message: bytes) -> bool:
+        """Send a small serialized message from a thread other than the loop's, without
+        waking the loop (server side, plain TCP). It goes only when nothing is queued ahead
+        of it; then it is sent, or its unsent rest is queued for the loop to write before
+        anything else (True). False: nothing was written; write it on the loop instead."""
+        data = _LEN.pack(len(message)) + message
+        with self._write_lock:
+            direct = self._direct
+            if (direct is None or self._closed or self._pending or self._tail is not None
+                    or self._sender is not None or self._transport.is_closing()
+                    or self._transport.get_write_buffer_size()):
+                return False
+            try:
+                sent = direct.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:  # the loop's own write meets the same error and ends the connection
+                return False
+            if sent < len(data):
+                self._tail = memoryview(data)[sent:]
+                self._loop_ref.call_soon_threadsafe(self._write_tail)
+        return True
+
+    def _write_tail(self) -> None:
+        with self._write_lock:
+            if self._tail is not None and not self._closed:
+                self._write_tail_locked()
+
+    def _write_tail_locked(self) -> None:
+        tail, self._tail = self._tail, None
+        self._transport.write(tail)
 
     async def _send_outbox(self) -> None:
         transport = self._transport
@@ -550,7 +623,7 @@ class FrameConnection(asyncio.BufferedProtocol):
     async def read(self) -> Any:
         """The next incoming frame, or ``grpc.aio.EOF`` once the connection ended (server ``context``)."""
         while not self._frames:
-            if self._closed:
+            if self._closed or self._eof:
                 return grpc.aio.EOF
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter

@@ -44,5 +44,6 @@ def call_frame_tail(kind: worker_pb2.CallKind.ValueType, method: str, data: byte
 
 
 def frame_with_call_id(call_id: int, tail: bytes) -> bytes:
-    """The serialized CallFrame of call ``call_id`` (a positive id) with ``tail`` as the rest."""
+    """The serialized CallFrame (or ReplyFrame: its call id is field 1 too) of call ``call_id``
+    (a positive id) with ``tail`` as the rest."""
     return _CALL_ID_TAG + encode_varint(call_id) + tail

@@ -145,8 +145,8 @@ def test_fast_and_general_calls_keep_call_order_and_stats(token, arun):
     async def scenario():
         host, client = await _started(token)
         try:
-            stats = host.runtime.stats
-            calls_before = stats["calls"]
+            stats = host.runtime.stats_now  # counted at the loop's next wake-up: settled here
+            calls_before = stats()["calls"]
             # a result held here, passed back as an argument: that call fetches it first
             # (the general path), and every later call must still run after it
             held = await client.call("bump", hold=True)
@@ -164,11 +164,11 @@ def test_fast_and_general_calls_keep_call_order_and_stats(token, arun):
             # async methods run on the loop, in arrival order among themselves only
             assert [x for x in seen if x not in (12, 32, 52)] == [x for x in expected if x not in (12, 32, 52)]
             assert sorted(seen) == sorted(expected)
-            assert stats["calls"] - calls_before == 62 and stats["calls_in_flight"] == 0
-            errors_before = stats["call_errors"]
+            assert stats()["calls"] - calls_before == 62 and stats()["calls_in_flight"] == 0
+            errors_before = stats()["call_errors"]
             with pytest.raises(errors.RemoteError, match="boom"):
                 await client.call("boom")
-            assert stats["call_errors"] == errors_before + 1 and stats["calls_in_flight"] == 0
+            assert stats()["call_errors"] == errors_before + 1 and stats()["calls_in_flight"] == 0
         finally:
             await client.close()
             await host.stop(grace=0.2)

@@ -52,7 +52,9 @@ class Probe(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def die_by(self, signum):
-        os.kill(os.getpid(), signum)
+        # To the calling thread, as a real crash's signal is: os.kill(getpid(), SIGSEGV) goes
+        # to the process, which dumps core on another thread while this one returns and answers.
+        signal.raise_signal(signum)
 
 
 def group(n: int) -> WorkerGroup:

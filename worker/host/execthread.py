@@ -25,7 +25,7 @@ class Job:
     """One piece of work for the execution thread; its outcome goes to ``future`` (on the
     loop) or, without one, to ``on_done(context, ok, result)`` called on the loop."""
 
-    __slots__ = ("fn", "args", "future", "state", "on_done", "context")
+    __slots__ = ("fn", "args", "future", "state", "on_done", "context", "reply")
 
     def __init__(self, fn: Any, args: tuple, future: asyncio.Future | None) -> None:
         self.fn = fn
@@ -34,6 +34,9 @@ class Job:
         self.state = 0  # 0 queued, 1 started, 2 cancelled
         self.on_done: Any = None
         self.context: Any = None
+        #: Optional ``reply(context, ok, result) -> bool``, run on the execution thread: True
+        #: when it answered the call itself, so the loop need not be woken just for that.
+        self.reply: Any = None
 
 
 class ExecutionThread:
@@ -48,8 +51,11 @@ class ExecutionThread:
         self._loop = loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._done: list = []  # (future, ok, result) waiting for the loop
+        self._done: list = []  # (job, ok, result) waiting for the loop
         self._wake_scheduled = False
+        # Parties on the loop waiting for outcomes already answered from this thread (see
+        # hold_prompt); while there are none, those outcomes wait for the loop's next wake.
+        self._prompt = 0
         self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
         self._thread.start()
 
@@ -64,14 +70,30 @@ class ExecutionThread:
         self._queue.put(job)
         return job
 
-    def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any) -> Job:
+    def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any, reply: Any = None) -> Job:
         """Queue ``fn(*args)``; ``on_done(context, ok, result)`` runs on the loop when it
-        finished (ok False: ``result`` is the exception). No future per job."""
+        finished (ok False: ``result`` is the exception). No future per job.
+
+        ``reply(context, ok, result)`` (optional) runs on this thread first; when it returns
+        True (it answered the caller itself), ``on_done`` is left for the loop's next wake-up
+        or :meth:`settle` instead of waking the loop for it."""
         job = Job(fn, args, None)
         job.on_done = on_done
         job.context = context
+        job.reply = reply
         self._queue.put(job)
         return job
+
+    def settle(self) -> None:
+        """Run the ``on_done`` of every job that finished (on the loop)."""
+        self._settle_done()
+
+    def hold_prompt(self, prompt: bool) -> None:
+        """While held (on the loop), every finished job wakes the loop at once, also those
+        that answered from this thread: for a party waiting on ``on_done``."""
+        with self._lock:
+            self._prompt += 1 if prompt else -1
+        self.settle()
 
     def cancel(self, job: Job) -> bool:
         """Drop ``job`` if it has not started; True if dropped. Call on the loop."""
@@ -113,11 +135,14 @@ class ExecutionThread:
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call
                 result, ok = exc, False
                 job.args = ()
-            # Outcomes of a burst of calls reach the loop with one wake-up, not one each.
+            # Outcomes of a burst of calls reach the loop with one wake-up, not one each; an
+            # outcome answered from here waits for the loop's next wake-up. It is answered
+            # under the lock, so a settle() after the caller got its reply finds it.
             with self._lock:
+                answered = job.reply is not None and job.reply(job.context, ok, result)
                 self._done.append((job, ok, result))
-                wake = not self._wake_scheduled
-                self._wake_scheduled = True
+                wake = not self._wake_scheduled and (not answered or self._prompt > 0)
+                self._wake_scheduled = self._wake_scheduled or wake
             if wake:
                 try:
                     self._loop.call_soon_threadsafe(self._settle_done)
@@ -132,6 +157,8 @@ class ExecutionThread:
         with self._lock:
             done, self._done = self._done, []
             self._wake_scheduled = False
+        if not done:
+            return
         for job, ok, result in done:
             if job.future is not None:
                 _settle(job.future, ok, result)

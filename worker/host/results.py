@@ -17,7 +17,7 @@ from podium.memorypool import MIN_POOLED_BYTES, POOL, copy_segments
 from podium.v1 import worker_pb2
 from podium.worker.host import gpucap
 
-__all__ = ["Outcome", "LentReply", "FrozenResult", "ENCODED_NONE", "IMMUTABLE_RESULTS", "remote_error",
+__all__ = ["Outcome", "LentReply", "FrozenResult", "ENCODED_NONE", "NONE_OUTCOME", "IMMUTABLE_RESULTS", "remote_error",
            "call_error", "close_names"]
 
 log = logging.getLogger("podium.worker.host")
@@ -60,6 +60,14 @@ class Outcome:
         return worker_pb2.ReplyHeader(ok=True, payload_size=self.nbytes, shm_name=self.shm_name,
                                       shm_pooled=self.shm_pooled, refs_segment=self.refs_segment,
                                       refs=self.refs)
+
+    def reply_tail(self) -> bytes:
+        """The serialized one-frame reply of a small outcome that carries its bytes, without
+        its call id (:func:`podium.transport.frames.frame_with_call_id` adds it)."""
+        if self is NONE_OUTCOME:
+            return _NONE_REPLY_TAIL
+        return worker_pb2.ReplyFrame(header=self.header(), data=b"".join(self.segments),
+                                     last=True).SerializeToString()
 
 
 def reply_snapshot(segments: list, nbytes: int) -> list[memoryview]:
@@ -142,6 +150,11 @@ class FrozenResult:
 
 #: The wire form of None, made once (its segments are immutable bytes).
 ENCODED_NONE = codec.encode(None)
+#: The outcome of returning None (what most methods do), made once and never changed: a
+#: method that returns None costs no packaging, and its reply is serialized once.
+NONE_OUTCOME = Outcome(segments=ENCODED_NONE.to_segments(), nbytes=ENCODED_NONE.nbytes)
+_NONE_REPLY_TAIL = worker_pb2.ReplyFrame(header=NONE_OUTCOME.header(), data=b"".join(NONE_OUTCOME.segments),
+                                         last=True).SerializeToString()
 #: Results that cannot change after they are returned: a held one needs no decoded copy.
 IMMUTABLE_RESULTS = frozenset({type(None), bool, int, float, complex, str, bytes})
 

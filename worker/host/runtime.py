@@ -25,7 +25,7 @@ from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.memorypool import MIN_POOLED_BYTES
-from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, FrozenResult, LentReply, Outcome,
+from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, NONE_OUTCOME, FrozenResult, LentReply, Outcome,
                                         call_error, close_names, remote_error, reply_snapshot)
 
 __all__ = ["HostRuntime"]
@@ -56,8 +56,9 @@ class HostRuntime:
                       "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
                       # Calls whose arguments came in a staged segment; results sent as
                       # references into the argument's segment (see package()); large TCP
-                      # replies sent from the method's memory, not a copy (LentReply).
-                      "staged_in": 0, "in_place_out": 0, "lent_out": 0,
+                      # replies sent from the method's memory, not a copy (LentReply); small
+                      # replies sent by the execution thread itself (CallStream.reply_from_thread).
+                      "staged_in": 0, "in_place_out": 0, "lent_out": 0, "thread_replies": 0,
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
@@ -157,7 +158,10 @@ class HostRuntime:
         left to ``Outcome.settle`` at that point, else it is made now. On the execution
         thread a large reply going out as a TCP bulk frame is lent, not copied (``LentReply``).
         """
-        encoded = ENCODED_NONE if value is None else codec.encode(value)  # most methods return None
+        if value is None and not header.hold_result and not (
+                header.reply_in_shm and NONE_OUTCOME.nbytes >= self.config.shm_threshold_bytes):
+            return NONE_OUTCOME  # most methods return None
+        encoded = ENCODED_NONE if value is None else codec.encode(value)
         nbytes = encoded.nbytes
         if header.hold_result:
             rows = refs.rows_of(value)
@@ -333,7 +337,8 @@ class HostRuntime:
         active.started = time.monotonic()
         stream.active[call_id] = active
         active.job = self.exec_thread.submit_reporting(
-            self._invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active)
+            self._invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active,
+            stream.reply_from_thread)
         return True
 
     def precondition_for_call(self) -> None:
@@ -438,7 +443,12 @@ class HostRuntime:
             pid=os.getpid(), class_name=self._class_name, constructed=self.construct_state == "done",
             methods=methods, node_address=self.config.node_address, hostname=self._hostname,
             shm_domain=self._shm_domain,
-            call_port=self.call_port, stats=self.stats)
+            call_port=self.call_port, stats=self.stats_now())
+
+    def stats_now(self) -> dict:
+        """The counters, with every finished call counted."""
+        self.exec_thread.settle()
+        return self.stats
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:
         """(value, Encoded) of a held object or a row range of it."""
