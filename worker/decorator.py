@@ -210,15 +210,26 @@ def _check_execute_mode(execute_mode: Any) -> None:
 # --------------------------------------------------------------------------- futures
 
 
+_FUTURE_MODULES = ("podium.refs", "podium.dataproto")
+_future_types_found: tuple[type, ...] | None = None
+
+
 def _future_types() -> tuple[type, ...]:
     # A DataProtoFuture can only exist here if its module was imported, so
-    # looking in sys.modules costs nothing and never imports torch.
+    # looking in sys.modules costs nothing and never imports torch. Once both modules
+    # are imported (and the class was found) the answer is final: kept, as this runs on
+    # every call.
+    global _future_types_found
+    if _future_types_found is not None:
+        return _future_types_found
     found: list[type] = []
-    for module_name in ("podium.refs", "podium.dataproto"):
+    for module_name in _FUTURE_MODULES:
         module = sys.modules.get(module_name)
         cls = getattr(module, "DataProtoFuture", None) if module is not None else None
         if isinstance(cls, type) and cls not in found:
             found.append(cls)
+    if found and all(name in sys.modules for name in _FUTURE_MODULES):
+        _future_types_found = tuple(found)
     return tuple(found)
 
 

@@ -147,6 +147,14 @@ async def _pair(token):
     return server, conn, client, got, lost
 
 
+async def _until(condition, seconds: float = 10.0) -> None:
+    """Wait (on the loop) until ``condition()``; fails the test after ``seconds``."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
 def _reply(call_id: int, size: int) -> bytes:
     return worker_pb2.ReplyFrame(call_id=call_id, data=bytes([call_id % 256]) * size,
                                  last=True).SerializeToString()
@@ -168,22 +176,13 @@ def test_what_the_socket_did_not_take_goes_first_and_in_order(token, arun):
             conn.write_serialized_nowait(_reply(3, 100 << 10))
             assert conn._transport.get_write_buffer_size() > (3 << 20) // 2  # the rest, then 3
             client._transport.resume_reading()
-            for _ in range(500):
-                if len(got) == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: len(got) == 2)
             assert [(f.call_id, len(f.data)) for f in got] == [(1, 3 << 20), (3, 100 << 10)]
             assert got[0].data == bytes([1]) * (3 << 20)
             # Once nothing is queued, a write from another thread goes straight out again.
-            for _ in range(500):
-                if not conn._transport.get_write_buffer_size():
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: not conn._transport.get_write_buffer_size())
             assert await asyncio.to_thread(conn.write_from_thread, _reply(4, 10)) is True
-            for _ in range(500):
-                if len(got) == 3:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: len(got) == 3)
             assert got[2].call_id == 4
         finally:
             client.close()
