@@ -17,7 +17,8 @@ from podium.controller import dispatch as _dispatch
 from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, is_pending, resolve_args
-from podium.controller.groupworkers import WorkerHandle, _first_failure_or_all, _no_arguments
+from podium.controller.gather import GroupGather
+from podium.controller.groupworkers import WorkerHandle, _no_arguments
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
 from podium.transport.shmpool import REF_MIN_BYTES
@@ -202,36 +203,32 @@ class GroupCalls(GroupState):
                 sink._set_exception(exc)
             return []
         staged = await self._stage(prepared, payloads)
+        # A blocking call's outcomes land in the slots of one gather: no future per rank.
+        gather = GroupGather(len(prepared)) if sinks is None else None
         try:
-            tasks = self._submit_all(prepared, payloads, hold, sinks, timeout)
+            if gather is None:
+                self._submit_all(prepared, payloads, hold, sinks or [], timeout)
+            else:
+                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, GroupGather.on_error)
         finally:
             if staged is not None:
                 # Each rank's call pins the segment itself as it starts (its task's first
                 # step, queued before this): until then the group call's own pin holds it.
                 asyncio.get_running_loop().call_soon(STAGE.unpin, staged)
-        if sinks is not None:
+        if gather is None:
             return []
-        if len(tasks) == 1:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(tasks[0])  # its outcome is read below
-        else:
-            await _first_failure_or_all(tasks)
-        pending = [t for t in tasks if not t.done()]
-        failed = [i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception() is not None]
-        first = tasks[failed[0]].exception() if failed else None
+        await gather.first_failure_or_all()
+        failed = gather.failed()
+        first = gather.ranks[failed[0]].error if failed else None
         # (UnresponsiveError, the liveness watch's, already names every silent rank.)
         if isinstance(first, DeadlineExceededError) and not isinstance(first, UnresponsiveError):
-            raise await self._deadline_error(tasks, [c[0] for c in prepared], prepared[0][1],
+            raise await self._deadline_error(gather, [c[0] for c in prepared], prepared[0][1],
                                              self._rt.call_timeout if timeout is None else timeout)
-        if failed:
+        if first is not None:
             # The lowest failed rank explains itself; the others keep their deadline.
-            for t in pending:
-                t.add_done_callback(lambda t: t.cancelled() or t.exception())
-            for i in failed[1:]:
-                tasks[i].exception()  # retrieved: no "never retrieved" warning
             rank, name, _, _ = prepared[failed[0]]
-            raise await self._convert(self._workers[rank], tasks[failed[0]].exception(), name) from None
-        return [t.result() for t in tasks]
+            raise await self._convert(self._workers[rank], first, name) from None
+        return gather.values()
 
     async def _stage(self, prepared: list, payloads: dict[int, Any]) -> str | None:
         """Put the large buffers of the payloads for same-host ranks into one staged segment
@@ -259,23 +256,17 @@ class GroupCalls(GroupState):
             log.warning("cannot stage a group call's arguments in shared memory (%s)", exc)
             return None
 
-    def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool,
-                    sinks: list[PendingRef] | None, timeout: float | None = None) -> list:
-        """Send every rank its call (no task per rank on the raw call path).
-
-        Without ``sinks``: the list of per-rank asyncio futures. With ``sinks`` (the
-        PendingRefs of a ``blocking=False`` call) each outcome settles its sink, a broken
-        worker's error turned into WorkerDiedError first; returns [].
-        """
+    def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool, sinks: list,
+                    timeout: float | None = None, on_error: Callable | None = None) -> None:
+        """Send every rank its call; each outcome settles its sink (no task or future per
+        rank on the raw call path): ``sink._set_result(value)``, or ``on_error(sink, exc)``.
+        By default (the PendingRefs of a ``blocking=False`` call) a broken worker's error is
+        turned into WorkerDiedError first."""
         timeout = self._rt.call_timeout if timeout is None else timeout
         workers = self._workers
-        if sinks is None:
-            return [workers[rank].client.submit(name, payloads[i], hold=hold, timeout=timeout)
-                    for i, (rank, name, _, _) in enumerate(prepared)]
-        failed = self._sink_failed
+        failed = self._sink_failed if on_error is None else on_error
         for i, (rank, name, _, _) in enumerate(prepared):
             workers[rank].client.submit_into(name, payloads[i], sinks[i], failed, hold=hold, timeout=timeout)
-        return []
 
     def _sink_failed(self, sink: PendingRef, exc: BaseException) -> None:
         """A ``blocking=False`` call failed: settle its ref with the error a user can act on
@@ -290,22 +281,15 @@ class GroupCalls(GroupState):
             exc.rank = worker.rank
         sink._set_exception(exc)
 
-    async def _deadline_error(self, tasks: list, ranks: list[int], method: str,
+    async def _deadline_error(self, gather: GroupGather, ranks: list[int], method: str,
                               timeout: float) -> DeadlineExceededError:
         """One DeadlineExceededError naming every rank that did not answer in time.
 
         The ranks of one call share its deadline, so the others expire within moments of
         the first: wait that long, then list each rank still silent (``err.ranks``)."""
-        pending = [t for t in tasks if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=_DEADLINE_GRACE_SECONDS)
-        late = [rank for rank, t in zip(ranks, tasks)
-                if not t.done() or (not t.cancelled() and isinstance(t.exception(), DeadlineExceededError))]
-        for t in tasks:
-            if t.done():
-                t.cancelled() or t.exception()  # retrieved: no "never retrieved" warning
-            else:
-                t.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await gather.all_settled(_DEADLINE_GRACE_SECONDS)
+        late = [rank for rank, outcome in zip(ranks, gather.ranks)
+                if not outcome.settled or isinstance(outcome.error, DeadlineExceededError)]
         answered = len(ranks) - len(late)
         err = DeadlineExceededError(
             f"{method} did not finish within {timeout:g}s: rank{'s' if len(late) > 1 else ''} "

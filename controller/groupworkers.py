@@ -3,13 +3,12 @@ client), the releaser of its held results, and small call helpers the group modu
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.runtime import get_runtime
 
-__all__ = ["WorkerHandle", "class_name", "no_arguments", "first_failure_or_all"]
+__all__ = ["WorkerHandle", "class_name", "no_arguments"]
 
 
 def _class_name(cls: Any) -> str:
@@ -86,23 +85,6 @@ def _no_arguments() -> Any:
     return _NO_ARGUMENTS
 
 
-async def _first_failure_or_all(futures: list) -> None:
-    """Return once every future is done or one of them failed (cheaper than asyncio.wait)."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    remaining = len(futures)
-
-    def on_done(f: asyncio.Future) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if not done.done() and (remaining == 0 or f.cancelled() or f.exception() is not None):
-            done.set_result(None)
-
-    for f in futures:
-        f.add_done_callback(on_done)
-    await done
-
-
 class _HeldReleaser:
     """Drops one worker's held results once their PendingRefs are garbage (fire and forget,
     batched by the runtime's Releaser: one RPC per worker per loop turn)."""
@@ -122,4 +104,3 @@ class _HeldReleaser:
 #: Public names of the helpers the group modules share.
 class_name = _class_name
 no_arguments = _no_arguments
-first_failure_or_all = _first_failure_or_all

@@ -226,8 +226,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._eof = False  # the peer closed its side (server)
         self.lost_error: BaseException | None = None
         #: Resolves when the handshake is done (True) or failed (exception).
-        self._loop_ref = asyncio.get_running_loop()
-        self.ready: asyncio.Future = self._loop_ref.create_future()
+        self._loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future = self._loop.create_future()
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -540,7 +540,7 @@ class FrameConnection(asyncio.BufferedProtocol):
                 return False
             if sent < len(data):
                 self._tail = memoryview(data)[sent:]
-                self._loop_ref.call_soon_threadsafe(self._write_tail)
+                self._loop.call_soon_threadsafe(self._write_tail)
         return True
 
     def _write_tail(self) -> None:

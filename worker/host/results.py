@@ -17,8 +17,8 @@ from podium.memorypool import MIN_POOLED_BYTES, POOL, copy_segments
 from podium.v1 import worker_pb2
 from podium.worker.host import gpucap
 
-__all__ = ["Outcome", "LentReply", "FrozenResult", "ENCODED_NONE", "NONE_OUTCOME", "IMMUTABLE_RESULTS", "remote_error",
-           "call_error", "close_names"]
+__all__ = ["Outcome", "LentReply", "FrozenResult", "ENCODED_NONE", "NONE_OUTCOME", "IMMUTABLE_RESULTS",
+           "remote_error", "call_error", "close_names"]
 
 log = logging.getLogger("podium.worker.host")
 

@@ -25,8 +25,8 @@ from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.memorypool import MIN_POOLED_BYTES
-from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, NONE_OUTCOME, FrozenResult, LentReply, Outcome,
-                                        call_error, close_names, remote_error, reply_snapshot)
+from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, NONE_OUTCOME, FrozenResult, LentReply,
+                                        Outcome, call_error, close_names, remote_error, reply_snapshot)
 
 __all__ = ["HostRuntime"]
 
