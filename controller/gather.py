@@ -60,7 +60,8 @@ class RankOutcome:
             self._tally.settled(False)
 
     def fail(self, exc: BaseException) -> None:
-        """Settle with ``exc`` (the first outcome wins)."""
+        """Settle with ``exc`` (the first outcome wins); ``RankOutcome.fail`` is the
+        ``on_error(sink, exc)`` of ``submit_into``."""
         if not self.settled:
             self.settled = True
             self.error = exc
@@ -74,11 +75,6 @@ class GroupGather:
     def __init__(self, n: int) -> None:
         self._tally = _Tally(n)
         self.ranks = [RankOutcome(self._tally) for _ in range(n)]
-
-    @staticmethod
-    def on_error(sink: RankOutcome, exc: BaseException) -> None:
-        """``submit_into``'s ``on_error``: the rank's call failed with ``exc``."""
-        sink.fail(exc)
 
     async def first_failure_or_all(self) -> None:
         """Return once every rank answered or one of them failed."""

@@ -17,7 +17,7 @@ from podium.controller import dispatch as _dispatch
 from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, is_pending, resolve_args
-from podium.controller.gather import GroupGather
+from podium.controller.gather import GroupGather, RankOutcome
 from podium.controller.groupworkers import WorkerHandle, _no_arguments
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
@@ -203,13 +203,13 @@ class GroupCalls(GroupState):
                 sink._set_exception(exc)
             return []
         staged = await self._stage(prepared, payloads)
-        # A blocking call's outcomes land in the slots of one gather: no future per rank.
-        gather = GroupGather(len(prepared)) if sinks is None else None
+        gather = None
         try:
-            if gather is None:
-                self._submit_all(prepared, payloads, hold, sinks or [], timeout)
-            else:
-                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, GroupGather.on_error)
+            if sinks is not None:
+                self._submit_all(prepared, payloads, hold, sinks, timeout)
+            else:  # a blocking call's outcomes land in the slots of one gather: no future per rank
+                gather = GroupGather(len(prepared))
+                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, RankOutcome.fail)
         finally:
             if staged is not None:
                 # Each rank's call pins the segment itself as it starts (its task's first

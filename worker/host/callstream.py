@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from podium import errors, rpc
 from podium.transport import chunks
-from podium.transport.callsocket import BULK_MIN_BYTES, BulkFrame
+from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.transport.frames import frame_with_call_id
 from podium.transport.reservation import GrowingAssembler, ReservationBudget
@@ -173,8 +173,9 @@ class CallStream:
     def reply_from_thread(self, active: ActiveCall, ok: bool, result: Any) -> bool:
         """Send a fast-path call's small reply from the execution thread (True if it went):
         one wake-up of the loop fewer per call. The rest of :meth:`_fast_done` runs later."""
+        # (A lent reply is a bulk one: it goes from the loop.)
         if not ok or type(result) is not Outcome or result.ref is not None or result.shm_name \
-                or result.lent is not None or result.nbytes >= BULK_MIN_BYTES:
+                or self.conn.takes_bulk(result.nbytes):
             return False
         if not self.conn.carrier.write_from_thread(frame_with_call_id(active.call_id, result.reply_tail())):
             return False

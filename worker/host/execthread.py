@@ -84,10 +84,6 @@ class ExecutionThread:
         self._queue.put(job)
         return job
 
-    def settle(self) -> None:
-        """Run the ``on_done`` of every job that finished (on the loop)."""
-        self._settle_done()
-
     def hold_prompt(self, prompt: bool) -> None:
         """While held (on the loop), every finished job wakes the loop at once, also those
         that answered from this thread: for a party waiting on ``on_done``."""
@@ -145,7 +141,7 @@ class ExecutionThread:
                 self._wake_scheduled = self._wake_scheduled or wake
             if wake:
                 try:
-                    self._loop.call_soon_threadsafe(self._settle_done)
+                    self._loop.call_soon_threadsafe(self.settle)
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
             del job, result
@@ -153,7 +149,8 @@ class ExecutionThread:
                 lent.wait()
                 del lent
 
-    def _settle_done(self) -> None:
+    def settle(self) -> None:
+        """Run the ``on_done`` of every job that finished (on the loop)."""
         with self._lock:
             done, self._done = self._done, []
             self._wake_scheduled = False

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import weakref
 
-from podium.controller.gather import GroupGather
+from podium.controller.gather import GroupGather, RankOutcome
 
 
 def test_it_waits_for_every_rank_and_keeps_their_order():
@@ -29,7 +29,7 @@ def test_the_first_failure_ends_the_wait_and_the_rest_still_land():
     async def go():
         gather = GroupGather(4)
         boom = ValueError("boom")
-        GroupGather.on_error(gather.ranks[2], boom)
+        RankOutcome.fail(gather.ranks[2], boom)  # as submit_into calls on_error(sink, exc)
         await asyncio.wait_for(gather.first_failure_or_all(), 5)  # without ranks 0, 1, 3
         assert gather.failed() == [2] and gather.ranks[2].error is boom
         assert [outcome.done() for outcome in gather.ranks] == [False, False, True, False]
