@@ -203,6 +203,11 @@ class FrameConnection(asyncio.BufferedProtocol):
         #: (no queue, future or task step: a no-op call's hot path). Frames it declines, and
         #: every frame behind one still queued, go to :meth:`read` in arrival order.
         self.take_now: Callable[[Any], bool] | None = None
+        #: Server side: ``on_idle()`` runs when the reader is about to wait with nothing
+        #: queued, the moment :meth:`lend_reads` can be offered.
+        self.on_idle: Callable[[], None] | None = None
+        # While another thread reads the socket (lend_reads): its recall(), else None.
+        self._lent: Callable[[], None] | None = None
         self._drained: asyncio.Future | None = None
         self._paused_writing = False
         self._paused_reading = False
@@ -285,11 +290,16 @@ class FrameConnection(asyncio.BufferedProtocol):
             log.warning("raw call connection: %s: %s; closing it", type(exc).__name__, exc)
             self._abort(exc)
             return
-        if self._on_frame is None and self._frames:
+        if self._on_frame is not None:
+            return
+        if self._frames:
             self._wake()
             if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._paused_reading:
                 self._paused_reading = True
                 self._transport.pause_reading()
+        elif self.on_idle is not None and self._lent is None and self._waiter is not None \
+                and not self._waiter.done():  # take_now took every frame: the reader still waits
+            self.on_idle()
 
     def _parse_frames(self) -> None:
         buffer, pos, end = self._buffer, self._start, self._end
@@ -377,6 +387,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lent is not None:  # the borrower's descriptor keeps the socket open until it lets go
+            self._lent()
         with self._write_lock:
             self._closed = True
             if self._direct is not None:  # the socket ends with its last descriptor
@@ -455,6 +467,44 @@ class FrameConnection(asyncio.BufferedProtocol):
             self.lost_error = exc
             self._transport.abort()
 
+    def lend_reads(self, recall: Callable[[], None]) -> socket.socket | None:
+        """Let another thread read the socket (server side, plain TCP, on the loop).
+
+        Returns a descriptor of the socket that the borrower reads from and closes, or None
+        when the read side cannot go now: the connection is not a handshaken plain-TCP server
+        one, or bytes, frames or a bulk payload are still in hand here. The loop reads
+        nothing until :meth:`take_back`; ``recall()`` asks for it back (it runs when the
+        connection ends). Writing is not lent: the borrower answers with
+        :meth:`write_from_thread`.
+        """
+        if (self._direct is None or self._closed or self._eof or self._lent is not None or not self._handshaken
+                or self._bulk is not None or self._end > self._start or self._frames or self._paused_reading
+                or self._transport.is_closing()):
+            return None
+        sock = socket.socket(fileno=os.dup(self._direct.fileno()))
+        self._lent = recall
+        self._transport.pause_reading()
+        return sock
+
+    def take_back(self, frames: Any = (), data: bytes = b"") -> None:
+        """The borrower of :meth:`lend_reads` lets go (on the loop): ``frames`` it parsed but
+        did not handle, then ``data``, the bytes it read after them, are taken as if this
+        side had just read them, and reading resumes."""
+        self._lent = None
+        if self._closed or self._transport.is_closing():
+            return
+        self._transport.resume_reading()  # first: taking the data below may lend the socket again
+        if frames:
+            self._frames.extend(frames)
+            self._wake()
+        view = memoryview(data)
+        while view.nbytes and not self._transport.is_closing():
+            target = self.get_buffer(view.nbytes)
+            count = min(target.nbytes, view.nbytes)
+            target[:count] = view[:count]
+            view = view[count:]
+            self.buffer_updated(count)
+
     def write_nowait(self, message: Any) -> None:
         """Queue ``message`` on the socket (never blocks; see :meth:`drain`).
 
@@ -469,8 +519,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             raise errors.UnavailableError("the raw call connection is closed")
         if len(data) >= _COALESCE_MAX:
             self._flush()
-            self._write(_LEN.pack(len(data)))
-            self._write(data)
+            self._write(_LEN.pack(len(data)), data)
             return
         self._pending.append(_LEN.pack(len(data)) + data)
         if len(self._pending) >= _COALESCE_FRAMES:
@@ -494,11 +543,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._flush()
         head = _BULK.pack(_BULK_FLAG | len(message), nbytes) + message
         if not self._encrypted:
-            write = self._write
-            write(head)
-            for segment in segments:
-                if segment.nbytes:
-                    write(segment)
+            self._write(head, *[segment for segment in segments if segment.nbytes])
             if on_sent is not None:
                 self._on_empty.append(on_sent)
                 self._check_sent()
@@ -511,14 +556,16 @@ class FrameConnection(asyncio.BufferedProtocol):
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send_outbox())
 
-    def _write(self, data: Any) -> None:
+    def _write(self, *parts: Any) -> None:
+        """Write ``parts`` in order, with nothing from write_from_thread between them."""
         if self._sender is not None:
-            self._outbox.append(data)  # behind a bulk payload still being written
+            self._outbox.extend(parts)  # behind a bulk payload still being written
             return
         with self._write_lock:
             if self._tail is not None:
                 self._write_tail_locked()
-            self._transport.write(data)
+            for data in parts:
+                self._transport.write(data)
 
     def write_from_thread(self, message: bytes) -> bool:
         """Send a small serialized message from a thread other than the loop's, without
@@ -625,6 +672,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         while not self._frames:
             if self._closed or self._eof:
                 return grpc.aio.EOF
+            if self.on_idle is not None and self._lent is None:
+                self.on_idle()
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         frame = self._frames.popleft()

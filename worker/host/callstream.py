@@ -23,6 +23,7 @@ from podium.transport.connection import CallConnection
 from podium.transport.frames import frame_with_call_id
 from podium.transport.reservation import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
+from podium.worker.host.directcalls import DirectReader
 from podium.worker.host.execthread import Job
 from podium.worker.host.results import Outcome
 
@@ -87,6 +88,7 @@ class CallStream:
         self._declined: collections.deque = collections.deque()
         if self.conn.writes_nowait:
             context.take_now = self._take_now
+            context.on_idle = self._lend_reads
 
     async def run(self) -> None:
         """Read frames until the client ends the stream, let calls in flight answer, then clean up."""
@@ -150,9 +152,8 @@ class CallStream:
             return None
         header = frame.header
         call_id = frame.call_id
-        if (header.kind != _CALL or header.shm_name or header.refs_segment or host.construct_state != "done"
-                or not host.gate.done() or call_id in self.active or call_id in self.incoming
-                or self.conn.must_drain):
+        if (header.kind != _CALL or header.shm_name or header.refs_segment or call_id in self.active
+                or call_id in self.incoming or self.conn.must_drain):
             return None
         data = frame.data
         if len(data) != header.payload_size or len(data) > host.config.max_payload_bytes:
@@ -173,14 +174,56 @@ class CallStream:
     def reply_from_thread(self, active: ActiveCall, ok: bool, result: Any) -> bool:
         """Send a fast-path call's small reply from the execution thread (True if it went):
         one wake-up of the loop fewer per call. The rest of :meth:`_fast_done` runs later."""
-        # (A lent reply is a bulk one: it goes from the loop.)
-        if not ok or type(result) is not Outcome or result.ref is not None or result.shm_name \
-                or self.conn.takes_bulk(result.nbytes):
-            return False
-        if not self.conn.carrier.write_from_thread(frame_with_call_id(active.call_id, result.reply_tail())):
+        if not ok or not self.send_from_thread(active.call_id, result):
             return False
         active.answered = time.monotonic()
         return True
+
+    def send_from_thread(self, call_id: int, outcome: Any) -> bool:
+        """Send the reply of a small ``outcome`` that carries its bytes from the execution
+        thread (True if it went; see ``FrameConnection.write_from_thread``)."""
+        # (A lent reply is a bulk one: it goes from the loop.)
+        if type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
+                or self.conn.takes_bulk(outcome.nbytes):
+            return False
+        return self.conn.carrier.write_from_thread(frame_with_call_id(call_id, outcome.reply_tail()))
+
+    def _lend_reads(self) -> None:
+        """The raw socket's ``on_idle``: with nothing of this stream in hand, the execution
+        thread reads the socket and answers its fast calls itself (directcalls)."""
+        host = self.host
+        thread = host.exec_thread
+        # (Calls of this stream still queued on the thread run before it reads: in order.)
+        if (self.incoming or self._declined or thread.has_reader or host.construct_state != "done"
+                or not host.gate.done()):
+            return
+        reader = DirectReader(self, asyncio.get_running_loop())
+        sock = self.conn.carrier.lend_reads(reader.recall)
+        if sock is not None:
+            reader.start(sock)
+            thread.lend(reader)
+
+    def take_back(self, frames: list, decoded: Any, data: bytes) -> None:
+        """The execution thread stopped reading (on the loop): ``frames`` and then ``data``
+        are this stream's next input; ``decoded``, when not None, is the first frame's
+        payload, already decoded (see try_fast)."""
+        if decoded is not None:
+            self._declined.append((frames[0], decoded))
+        self.conn.carrier.take_back(frames, data)
+
+    def direct_done(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool,
+                    result: Any) -> None:
+        """A call the execution thread read and ran, whose reply it could not send itself
+        (an error, a large or shared-memory reply, a busy socket): counted and answered
+        here, on the loop."""
+        stats = self.host.stats
+        stats["calls"] += 1
+        stats["direct_calls"] += 1
+        stats["bytes_in"] += header.payload_size
+        stats["calls_in_flight"] += 1
+        active = ActiveCall(call_id, header, self, None)
+        active.started = started
+        self._fast_done(active, ok, result)
 
     def _fast_done(self, active: ActiveCall, ok: bool, result: Any) -> None:
         """The execution thread finished a fast-path call (on the loop): reply, unless the

@@ -3,12 +3,17 @@
 CONSTRUCT builds the hosted object here and every synchronous method runs here, in
 arrival order: CUDA and NCCL state belong to the thread that made them, and collectives
 must be issued in the same order on every rank.
+
+While it has no job, the thread may also read one raw call socket itself and answer its
+fast calls (:mod:`podium.worker.host.directcalls`): it then waits in ``poll()`` on that
+socket and on a wake-up pipe that :meth:`ExecutionThread.submit` writes to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from typing import Any
@@ -19,6 +24,9 @@ from podium.worker.host.results import Outcome
 __all__ = ["ExecutionThread", "Job"]
 
 log = logging.getLogger("podium.worker.host")
+
+# Queued by lend(): wakes a thread waiting for a job so it starts serving the reader.
+_SERVE = object()
 
 
 class Job:
@@ -56,6 +64,12 @@ class ExecutionThread:
         # Parties on the loop waiting for outcomes already answered from this thread (see
         # hold_prompt); while there are none, those outcomes wait for the loop's next wake.
         self._prompt = 0
+        # A reader lent this thread's idle time (directcalls.DirectReader), and the pipe that
+        # wakes the thread from its poll() when a job comes (written only while _polling).
+        self._reader: Any = None
+        self._polling = False
+        self.wake_fd, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._pipe_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
         self._thread.start()
 
@@ -68,6 +82,8 @@ class ExecutionThread:
         """Queue ``fn(*args)``; await ``job.future`` for its result."""
         job = Job(fn, args, self._loop.create_future())
         self._queue.put(job)
+        if self._polling:
+            self.wake()
         return job
 
     def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any, reply: Any = None) -> Job:
@@ -82,6 +98,8 @@ class ExecutionThread:
         job.context = context
         job.reply = reply
         self._queue.put(job)
+        if self._polling:
+            self.wake()
         return job
 
     def hold_prompt(self, prompt: bool) -> None:
@@ -107,10 +125,60 @@ class ExecutionThread:
     def stop(self) -> None:
         """Drop queued jobs and let the thread end after the running one."""
         self._queue.put(None)
+        self.wake()
+
+    @property
+    def has_reader(self) -> bool:
+        """True while a reader has this thread's idle time (see :meth:`lend`)."""
+        return self._reader is not None
+
+    def lend(self, reader: Any) -> None:
+        """Give ``reader`` this thread's idle time (on the loop; see the module docstring):
+        whenever no job is queued, the thread calls ``reader.serve()``, which waits on its
+        socket and :attr:`wake_fd` and returns; ``reader.let_go()`` hands the socket back
+        (it calls :meth:`release` first)."""
+        self._reader = reader
+        self._queue.put(_SERVE)
+
+    def release(self) -> None:
+        """The reader lets go (on this thread), before it hands its socket back."""
+        self._reader = None
+
+    def wake(self) -> None:
+        """Make the thread's poll() return (any thread)."""
+        with self._pipe_lock:  # not once the thread closed the pipe (its number may be reused)
+            if self._wake_w >= 0:
+                try:
+                    os.write(self._wake_w, b"\0")
+                except BlockingIOError:  # full: a wake-up is pending anyway
+                    pass
 
     def _run(self) -> None:
+        try:
+            self._serve_jobs()
+        finally:
+            reader = self._reader
+            if reader is not None:  # stopped while serving: the socket goes back
+                reader.let_go()
+            with self._pipe_lock:
+                os.close(self._wake_w)
+                os.close(self.wake_fd)
+                self._wake_w = self.wake_fd = -1
+
+    def _serve_jobs(self) -> None:
         while True:
+            reader = self._reader
+            if reader is not None and self._queue.empty():
+                # A submit from now on sees _polling and wakes the poll, or its job was
+                # queued before the second empty().
+                self._polling = True
+                if self._queue.empty():
+                    reader.serve()
+                self._polling = False
+                continue
             job = self._queue.get()
+            if job is _SERVE:
+                continue
             if job is None:
                 return
             with self._lock:

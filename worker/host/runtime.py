@@ -64,7 +64,15 @@ class HostRuntime:
                       "calls_in_flight": 0, "call_errors": 0, "call_seconds": 0.0,
                       "bytes_in": 0, "bytes_out": 0,
                       # Payloads that came and went as bulk frames on the raw call socket.
-                      "bulk_in": 0, "bulk_out": 0}
+                      "bulk_in": 0, "bulk_out": 0,
+                      # Calls the execution thread read from the raw socket and ran itself
+                      # (podium.worker.host.directcalls).
+                      "direct_calls": 0}
+        #: What the execution thread counts of the calls it reads itself (only it writes
+        #: here; stats_now adds what changed since into ``stats``).
+        self.thread_stats = dict.fromkeys(("calls", "bytes_in", "bytes_out", "call_seconds", "thread_replies",
+                                           "direct_calls", "calls_in_flight"), 0)
+        self._thread_stats_added = dict(self.thread_stats)
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.exec_thread = ExecutionThread(self._loop)
@@ -229,9 +237,10 @@ class HostRuntime:
         self.stats["in_place_out"] += 1
         return outcome
 
-    def _invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
-                     conn: CallConnection | None) -> Outcome:
-        # Runs on the execution thread.
+    def invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
+                    conn: CallConnection | None) -> Outcome:
+        """Run a sync method and package its value (on the execution thread); its exception
+        is raised as the call's error."""
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
@@ -299,33 +308,45 @@ class HostRuntime:
         log.info("constructed %s (rank %d)", self._class_name, self.config.rank)
         await active.stream.send_outcome(active.call_id, Outcome(segments=codec.encode(None).to_segments()))
 
-    def start_fast(self, stream: CallStream, call_id: int, header: worker_pb2.CallHeader,
-                   data: bytes) -> Any:
-        """Hand a one-frame CALL of a sync method to the execution thread right now.
+    def fast_call(self, header: worker_pb2.CallHeader, data: bytes) -> tuple[Any, Any]:
+        """``(fn, (args, kwargs))`` when a one-frame CALL can run on the execution thread at
+        once; else ``(None, x)``, ``x`` being what :meth:`run_call` takes instead (the
+        decoded payload, a DecodeFailed, or None).
 
         The common call needs none of :meth:`run_call`'s waiting: the object is built, no
         earlier call waits for its arguments (the gate is open), no argument is a ref to
-        fetch. Then there is no task, gate or future per call; the outcome is written from
-        the loop when the thread reports it (``stream.fast_done``). Returns True if started,
-        else the decoded payload (or None) for :meth:`run_call`, which also reports every
-        error.
+        fetch. Safe on the execution thread (it reads the loop's state, changes none).
         """
+        if self.construct_state != "done" or not self.gate.done():
+            return None, None
         try:
             value = codec.decode(data)
         except Exception as exc:  # noqa: BLE001 - run_call reports it (decoding again would run
-            return DecodeFailed(exc)  # the payload's unpickling code twice: decodeonce.py)
+            return None, DecodeFailed(exc)  # the payload's unpickling code twice: decodeonce.py)
         if type(value) is not tuple or len(value) != 2:
             if value is None:  # None would read as "not decoded" and be decoded again
-                return DecodeFailed(errors.InvalidArgumentError(
+                return None, DecodeFailed(errors.InvalidArgumentError(
                     "a CALL payload must decode to (args, kwargs), got NoneType"))
-            return value
+            return None, value
         args, kwargs = value
         try:
             fn, is_async, materialize = self._lookup(header.method)
         except Exception:  # noqa: BLE001 - run_call looks up again and reports it
-            return value
+            return None, value
         if is_async or (materialize and (any(map(refs.is_ref, args))
                                          or any(map(refs.is_ref, kwargs.values())))):
+            return None, value
+        return fn, value
+
+    def start_fast(self, stream: CallStream, call_id: int, header: worker_pb2.CallHeader,
+                   data: bytes) -> Any:
+        """Hand a one-frame CALL of a sync method to the execution thread right now
+        (:meth:`fast_call` says when): no task, gate or future per call; the outcome is
+        written from the execution thread or the loop (``stream.fast_done``). Returns True
+        if started, else what :meth:`run_call` takes, which also reports every error.
+        """
+        fn, value = self.fast_call(header, data)
+        if fn is None:
             return value
         active = ActiveCall(call_id, header, stream, None)
         if active.deadline and time.monotonic() > active.deadline:
@@ -336,8 +357,9 @@ class HostRuntime:
         stats["calls_in_flight"] += 1
         active.started = time.monotonic()
         stream.active[call_id] = active
+        args, kwargs = value
         active.job = self.exec_thread.submit_reporting(
-            self._invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active,
+            self.invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active,
             stream.reply_from_thread)
         return True
 
@@ -382,7 +404,7 @@ class HostRuntime:
                 if active.deadline and time.monotonic() > active.deadline:
                     raise errors.DeadlineExceededError(
                         f"call {header.method!r} reached its deadline before it started")
-                job = self.exec_thread.submit(self._invoke_sync, fn, args, kwargs, header, active.stream.conn)
+                job = self.exec_thread.submit(self.invoke_sync, fn, args, kwargs, header, active.stream.conn)
                 active.job = job
                 # Only the job holds the arguments now: the execution thread drops them after
                 # the call, so a result computed in place can be told from a kept argument.
@@ -448,6 +470,10 @@ class HostRuntime:
     def stats_now(self) -> dict:
         """The counters, with every finished call counted."""
         self.exec_thread.settle()
+        stats, added = self.stats, self._thread_stats_added
+        for key, value in list(self.thread_stats.items()):
+            stats[key] += value - added[key]
+            added[key] = value
         return self.stats
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:

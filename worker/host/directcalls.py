@@ -1,0 +1,273 @@
+"""The execution thread reading a raw call socket itself while the worker's loop has nothing to do.
+
+On the loop's path a fast call wakes two threads in the worker: the loop reads and parses
+the frame and hands the call over, then the execution thread runs it and replies. With
+128 workers on 2 cores every wake-up lands on caches that the other processes have just
+used, and the hand-over costs more than the call. So while a raw-socket call stream has
+nothing in hand (no call in flight, no bytes or frames held), its loop lends the socket's
+read side to the execution thread (``FrameConnection.lend_reads``): between jobs the
+thread waits in ``poll()`` on the socket and on its own wake-up pipe, and runs each fast
+call (:meth:`HostRuntime.fast_call` says which) as it reads it, in order, replying from
+the thread. One thread wakes per call; the loop sleeps.
+
+A CANCEL read here drops the call it names if that call is still waiting in this
+reader's buffer (before the thread runs the next call it reads what arrived meanwhile),
+as the loop would drop a queued job. The first frame of any other kind (a bulk or
+multi-frame payload, a call the general path must run, bookkeeping, bytes that do not
+parse) ends the loan: it and everything read after it go back to the loop
+(``FrameConnection.take_back``), which takes them as if it had read them itself. So does
+the end of the stream, and the loop recalls the loan when the connection ends. Replies
+that cannot leave from this thread (an error, a bulk or shared-memory reply, a busy
+socket) are written by the loop (:meth:`CallStream.direct_done`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import select
+import struct
+import time
+from typing import TYPE_CHECKING, Any
+
+from podium import errors
+from podium.v1 import worker_pb2
+from podium.worker.host.results import Outcome
+
+if TYPE_CHECKING:
+    import socket
+
+    from podium.worker.host.callstream import CallStream
+
+__all__ = ["DirectReader"]
+
+log = logging.getLogger("podium.worker.host")
+
+_LEN = struct.Struct("<I")
+_BULK_FLAG = 0x80000000
+_CALL, _CANCEL = worker_pb2.CALL, worker_pb2.CANCEL
+# Frames are read into a buffer of this size, with at least _ROOM free for each read: a
+# frame larger than the difference goes to the loop (its payload is large anyway).
+_BUFFER = 256 << 10
+_ROOM = 64 << 10
+# poll() returns this often with nothing to do (a lost wake-up costs at most this).
+_POLL_MS = 1000
+# Ends the frames this reader takes: that frame and all after it go to the loop.
+_FOR_LOOP = object()
+
+
+class DirectReader:
+    """One raw call socket's read side, lent to the execution thread (see the module
+    docstring). :meth:`start` and :meth:`recall` run on the loop, the rest on the thread."""
+
+    def __init__(self, stream: CallStream, loop: asyncio.AbstractEventLoop) -> None:
+        self.stream = stream
+        self._host = stream.host
+        self._thread = stream.host.exec_thread
+        self._loop = loop
+        self._sock: socket.socket | None = None
+        self.recalled = False
+        self._eof = False
+        self._buffer = bytearray(_BUFFER)
+        self._start = self._end = 0
+        # Parsed and not run yet, in order: CallFrames, perhaps ended by _FOR_LOOP (whose
+        # bytes still lie in the buffer from _start).
+        self._frames: collections.deque = collections.deque()
+        self._poll = select.poll()
+
+    def start(self, sock: socket.socket) -> None:
+        """Take the socket lent (on the loop, before ``ExecutionThread.lend``)."""
+        self._sock = sock
+        self._poll.register(sock.fileno(), select.POLLIN)
+        self._poll.register(self._thread.wake_fd, select.POLLIN)
+
+    def recall(self) -> None:
+        """Ask for the socket back (on the loop): the thread lets go at its next step."""
+        self.recalled = True
+        self._thread.wake()
+
+    def serve(self) -> None:
+        """Wait for a frame or a wake-up (at most a second), then run what came."""
+        try:
+            readable = False
+            for fd, _ in self._poll.poll(_POLL_MS):
+                if fd == self._thread.wake_fd:
+                    while len(os.read(fd, 4096)) == 4096:
+                        pass
+                else:
+                    readable = True
+            if self.recalled:
+                self.let_go()
+            elif readable and self._read():
+                self._run()
+        except BlockingIOError:  # the wake-up pipe was empty after all
+            pass
+        except Exception:  # noqa: BLE001 - a bug here must not end the execution thread
+            log.exception("reading the call socket on the execution thread failed; the loop takes it back")
+            self.let_go()
+
+    def let_go(self, decoded: Any = None) -> None:
+        """Hand the socket back to the loop with the frames not run and the bytes after
+        them (``decoded``: the first frame's payload, when it was decoded)."""
+        sock = self._sock
+        if sock is None:
+            return
+        self._sock = None
+        self._thread.release()
+        frames = [frame for frame in self._frames if frame is not _FOR_LOOP]
+        self._frames.clear()
+        data = bytes(self._buffer[self._start:self._end])
+        self._start = self._end = 0
+        try:
+            self._loop.call_soon_threadsafe(self.stream.take_back, frames, decoded, data)
+        except RuntimeError:  # the loop is closed: nobody reads any more
+            pass
+        sock.close()  # the loop's own descriptors keep the socket open
+
+    def _read(self) -> bool:
+        """Take what the socket holds now, without waiting; False once the socket went back.
+        At its end (the peer closed it or it failed) the calls held here still run; then
+        the loop reads the socket again and meets that end itself."""
+        buffer = self._buffer
+        if len(buffer) - self._end < _ROOM:
+            pending = self._end - self._start
+            buffer[:pending] = buffer[self._start:self._end]
+            self._start, self._end = 0, pending
+        if self._eof:
+            return True
+        try:
+            count = self._sock.recv_into(memoryview(buffer)[self._end:])
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            count = 0
+        if not count:  # the calls held still run (a client may half-close after sending)
+            self._eof = True
+            if not self._frames:
+                self.let_go()
+                return False
+            return True
+        self._end += count
+        self._parse()
+        return True
+
+    def _parse(self) -> None:
+        frames = self._frames
+        if frames and frames[-1] is _FOR_LOOP:
+            return
+        buffer, pos, end = self._buffer, self._start, self._end
+        while end - pos >= 4:
+            (length,) = _LEN.unpack_from(buffer, pos)
+            if length & _BULK_FLAG or length > _BUFFER - _ROOM - 4:
+                frames.append(_FOR_LOOP)
+                break
+            if end - pos < 4 + length:
+                break
+            try:
+                frame = worker_pb2.CallFrame.FromString(bytes(buffer[pos + 4:pos + 4 + length]))
+            except Exception:  # noqa: BLE001 - the loop parses it again and ends the connection
+                frames.append(_FOR_LOOP)
+                break
+            if not self._takes(frame):
+                frames.append(_FOR_LOOP)
+                break
+            if frame.header.kind == _CANCEL and not self._cancel(frame.call_id):
+                frames.append(_FOR_LOOP)  # a call the loop holds, or one that ran: the loop's to answer
+                break
+            pos += 4 + length
+            if frame.header.kind != _CANCEL:
+                frames.append(frame)
+        self._start = pos
+
+    def _takes(self, frame: worker_pb2.CallFrame) -> bool:
+        """A CANCEL, or a CALL whose one frame carries its whole payload (as try_fast asks)."""
+        if not frame.HasField("header") or frame.shm_released or frame.shm_forget or not frame.last:
+            return False
+        header = frame.header
+        if header.kind == _CANCEL:
+            return True
+        return (header.kind == _CALL and not header.shm_name and not header.refs_segment
+                and len(frame.data) == header.payload_size <= self._host.config.max_payload_bytes)
+
+    def _cancel(self, call_id: int) -> bool:
+        """Drop the call ``call_id`` if it waits here (True)."""
+        for frame in self._frames:
+            if frame.call_id == call_id:
+                self._frames.remove(frame)
+                self._report(call_id, frame.header, time.monotonic(), False,
+                             errors.CancelledError("cancelled before it started"))
+                return True
+        return False
+
+    def _run(self) -> None:
+        """Run the calls held, in order, until none is left or one is the loop's."""
+        frames = self._frames
+        ran = False
+        while self._sock is not None:
+            if ran and frames:  # what arrived while the last call ran: a CANCEL of a call held here
+                self._read()
+            if not frames:
+                if self._eof:
+                    self.let_go()
+                return
+            frame = frames[0]
+            if frame is _FOR_LOOP or self.recalled or self.stream.conn.must_drain:
+                self.let_go()
+                return
+            fn, value = self._host.fast_call(frame.header, frame.data)
+            if fn is None:
+                self.let_go(value)
+                return
+            frames.popleft()
+            self._call(frame, fn, value)
+            ran = True
+
+    def _call(self, frame: worker_pb2.CallFrame, fn: Any, value: tuple) -> None:
+        header, call_id = frame.header, frame.call_id
+        stream = self.stream
+        counts = self._host.thread_stats
+        started = time.monotonic()
+        counts["calls_in_flight"] += 1
+        args, kwargs = value
+        del value, frame
+        try:
+            result, ok = self._host.invoke_sync(fn, args, kwargs, header, stream.conn), True
+            # The arguments die before the outcome is settled (see ExecutionThread._run).
+            del args, kwargs
+            if type(result) is Outcome and result.pending is not None:
+                result = result.settle()
+        except BaseException as exc:  # noqa: BLE001 - the call's error reply
+            result, ok = exc, False
+        counts["calls_in_flight"] -= 1
+        if ok and type(result) is Outcome and result.lent is None:
+            # Counted before it is sent: a caller that reads the counters after its reply
+            # finds this call in them.
+            self._count(counts, header.payload_size, result.nbytes, started, 1)
+            if stream.send_from_thread(call_id, result):
+                return
+            self._count(counts, header.payload_size, result.nbytes, started, -1)
+        lent = result.lent if ok and type(result) is Outcome else None
+        if not self._report(call_id, header, started, ok, result):
+            return  # the loop is closed: nothing will send the lent reply
+        del result
+        if lent is not None:  # the reply is sent from the method's memory: nothing may change it
+            lent.wait()
+
+    @staticmethod
+    def _count(counts: dict, bytes_in: int, bytes_out: int, started: float, sign: int) -> None:
+        counts["calls"] += sign
+        counts["direct_calls"] += sign
+        counts["thread_replies"] += sign
+        counts["bytes_in"] += sign * bytes_in
+        counts["bytes_out"] += sign * bytes_out
+        counts["call_seconds"] += sign * (time.monotonic() - started)
+
+    def _report(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool, result: Any) -> bool:
+        """Have the loop answer the call (False: the loop is closed)."""
+        try:
+            self._loop.call_soon_threadsafe(self.stream.direct_done, call_id, header, started, ok, result)
+        except RuntimeError:
+            return False
+        return True
