@@ -490,13 +490,13 @@ class FrameConnection(asyncio.BufferedProtocol):
         """The borrower of :meth:`lend_reads` lets go (on the loop): ``frames`` it parsed but
         did not handle, then ``data``, the bytes it read after them, are taken as if this
         side had just read them, and reading resumes."""
-        self._lent = None
         if self._closed or self._transport.is_closing():
+            self._lent = None
             return
-        self._transport.resume_reading()  # first: taking the data below may lend the socket again
         if frames:
             self._frames.extend(frames)
             self._wake()
+        # (Still marked lent meanwhile, so that no on_idle lends it again half-way.)
         view = memoryview(data)
         while view.nbytes and not self._transport.is_closing():
             target = self.get_buffer(view.nbytes)
@@ -504,6 +504,9 @@ class FrameConnection(asyncio.BufferedProtocol):
             target[:count] = view[:count]
             view = view[count:]
             self.buffer_updated(count)
+        self._lent = None
+        if not self._paused_reading and not self._transport.is_closing():  # (else read() resumes it)
+            self._transport.resume_reading()
 
     def write_nowait(self, message: Any) -> None:
         """Queue ``message`` on the socket (never blocks; see :meth:`drain`).

@@ -195,6 +195,15 @@ def test_a_cancel_drops_a_call_waiting_behind_the_one_running(token, arun):
             stats = host.runtime.stats_now()
             assert stats["direct_calls"] >= before + 2  # the nap and "kept" went the thread's way
             assert stats["call_errors"] == 1  # the cancelled call: answered, never run
+            # A CANCEL of a call that is running (or ran) is not the thread's: it goes to the
+            # loop, which ignores it, and the socket is lent again.
+            with pytest.raises(errors.DeadlineExceededError):
+                await client.submit("nap", prepare(((0.5,), {})), timeout=0.1)
+            await asyncio.sleep(0.6)
+            before = host.runtime.stats_now()["direct_calls"]
+            assert await client.call("note", ("last",)) == 3
+            assert await client.call("note", ("last",)) == 4
+            assert host.runtime.stats_now()["direct_calls"] >= before + 1
         finally:
             await client.close()
             await host.stop(grace=0.2)

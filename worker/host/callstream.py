@@ -86,6 +86,7 @@ class CallStream:
         # Frames take_now declined after decoding their payload, with that value (a payload
         # is decoded once: its unpickling may run user code).
         self._declined: collections.deque = collections.deque()
+        self._reader: DirectReader | None = None  # made at the first loan (see _lend_reads)
         if self.conn.writes_nowait:
             context.take_now = self._take_now
             context.on_idle = self._lend_reads
@@ -197,7 +198,9 @@ class CallStream:
         if (self.incoming or self._declined or thread.has_reader or host.construct_state != "done"
                 or not host.gate.done()):
             return
-        reader = DirectReader(self, asyncio.get_running_loop())
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = DirectReader(self, asyncio.get_running_loop())
         sock = self.conn.carrier.lend_reads(reader.recall)
         if sock is not None:
             reader.start(sock)

@@ -60,7 +60,8 @@ _FOR_LOOP = object()
 
 class DirectReader:
     """One raw call socket's read side, lent to the execution thread (see the module
-    docstring). :meth:`start` and :meth:`recall` run on the loop, the rest on the thread."""
+    docstring); a stream keeps one for all its loans. :meth:`start` and :meth:`recall` run
+    on the loop, the rest on the thread."""
 
     def __init__(self, stream: CallStream, loop: asyncio.AbstractEventLoop) -> None:
         self.stream = stream
@@ -76,12 +77,13 @@ class DirectReader:
         # bytes still lie in the buffer from _start).
         self._frames: collections.deque = collections.deque()
         self._poll = select.poll()
+        self._poll.register(self._thread.wake_fd, select.POLLIN)
 
     def start(self, sock: socket.socket) -> None:
         """Take the socket lent (on the loop, before ``ExecutionThread.lend``)."""
+        self.recalled = self._eof = False
         self._sock = sock
         self._poll.register(sock.fileno(), select.POLLIN)
-        self._poll.register(self._thread.wake_fd, select.POLLIN)
 
     def recall(self) -> None:
         """Ask for the socket back (on the loop): the thread lets go at its next step."""
@@ -93,17 +95,18 @@ class DirectReader:
         try:
             readable = False
             for fd, _ in self._poll.poll(_POLL_MS):
-                if fd == self._thread.wake_fd:
+                if fd != self._thread.wake_fd:
+                    readable = True
+                    continue
+                try:
                     while len(os.read(fd, 4096)) == 4096:
                         pass
-                else:
-                    readable = True
+                except BlockingIOError:  # emptied
+                    pass
             if self.recalled:
                 self.let_go()
             elif readable and self._read():
                 self._run()
-        except BlockingIOError:  # the wake-up pipe was empty after all
-            pass
         except Exception:  # noqa: BLE001 - a bug here must not end the execution thread
             log.exception("reading the call socket on the execution thread failed; the loop takes it back")
             self.let_go()
@@ -115,6 +118,7 @@ class DirectReader:
         if sock is None:
             return
         self._sock = None
+        self._poll.unregister(sock.fileno())
         self._thread.release()
         frames = [frame for frame in self._frames if frame is not _FOR_LOOP]
         self._frames.clear()
@@ -244,10 +248,11 @@ class DirectReader:
         if ok and type(result) is Outcome and result.lent is None:
             # Counted before it is sent: a caller that reads the counters after its reply
             # finds this call in them.
-            self._count(counts, header.payload_size, result.nbytes, started, 1)
+            elapsed = time.monotonic() - started
+            self._count(counts, header.payload_size, result.nbytes, elapsed, 1)
             if stream.send_from_thread(call_id, result):
                 return
-            self._count(counts, header.payload_size, result.nbytes, started, -1)
+            self._count(counts, header.payload_size, result.nbytes, elapsed, -1)
         lent = result.lent if ok and type(result) is Outcome else None
         if not self._report(call_id, header, started, ok, result):
             return  # the loop is closed: nothing will send the lent reply
@@ -256,13 +261,13 @@ class DirectReader:
             lent.wait()
 
     @staticmethod
-    def _count(counts: dict, bytes_in: int, bytes_out: int, started: float, sign: int) -> None:
+    def _count(counts: dict, bytes_in: int, bytes_out: int, seconds: float, sign: int) -> None:
         counts["calls"] += sign
         counts["direct_calls"] += sign
         counts["thread_replies"] += sign
         counts["bytes_in"] += sign * bytes_in
         counts["bytes_out"] += sign * bytes_out
-        counts["call_seconds"] += sign * (time.monotonic() - started)
+        counts["call_seconds"] += sign * seconds
 
     def _report(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool, result: Any) -> bool:
         """Have the loop answer the call (False: the loop is closed)."""
