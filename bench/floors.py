@@ -16,8 +16,9 @@ as Podium's processes are):
   1 MiB slices (as the raw call socket writes bulk payloads under TLS);
 - ``memcpy``: one ``memmove`` of the payload between two reused buffers (one way).
 
-``--fanout N`` measures instead the floor of a no-op group call at N ranks (:func:`fanout`):
-what 2 cores do when N Python processes each answer one small frame, with no framework.
+``--fanout N`` measures instead the floors of a no-op group call at N ranks (:func:`fanout`):
+what 2 cores do when N Python processes each answer one small frame with no framework, on
+uvloop, from a thread blocking in ``recv``, and doing the least Podium's frames need.
 
 Not a test: nothing here asserts a time.
 """
@@ -32,11 +33,12 @@ import os
 import socket
 import ssl
 import statistics
+import struct
 import sys
 import tempfile
 import time
 
-__all__ = ["measure_floors", "fanout", "FLOORS"]
+__all__ = ["measure_floors", "fanout", "FLOORS", "FANOUT_KINDS"]
 
 _SLICE = 1 << 20
 
@@ -142,12 +144,79 @@ def _memcpy(size: int, repeat: int) -> float:
     return size / statistics.median(times[1:]) / 1e6
 
 
-def fanout(n: int, calls: int = 300) -> dict[str, float]:
+def _echo_uvloop(sock: socket.socket) -> None:
+    """Answer each read with its bytes, on a uvloop protocol."""
+    import uvloop
+
+    async def echo() -> None:
+        lost = asyncio.get_running_loop().create_future()
+
+        class Echo(asyncio.Protocol):
+            def connection_made(self, transport):  # noqa: ANN001
+                self.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                self.transport.write(data)
+
+            def connection_lost(self, exc):  # noqa: ANN001
+                lost.done() or lost.set_result(None)
+
+        await asyncio.get_running_loop().create_connection(Echo, sock=sock)
+        await asyncio.wait_for(lost, 600)
+
+    uvloop.run(echo())
+
+
+def _echo_blocking(sock: socket.socket) -> None:
+    """Answer each read with its bytes, one thread blocking in ``recv``."""
+    while data := sock.recv(4096):
+        sock.send(data)
+
+
+class _NoopHost:
+    def noop(self) -> None:
+        """The method each call runs."""
+
+
+def _serve_wire(sock: socket.socket) -> None:
+    """Podium's wire without Podium: read length-prefixed CallFrames in one blocking thread,
+    parse each, decode its arguments, call the method they name, send the ReplyFrame."""
+    from podium import codec
+    from podium.transport.frames import frame_with_call_id
+    from podium.v1 import worker_pb2
+    from podium.worker.host.results import NONE_OUTCOME
+
+    length, host, buffer, tail = struct.Struct("<I"), _NoopHost(), bytearray(), NONE_OUTCOME.reply_tail()
+    while data := sock.recv(65536):
+        buffer += data
+        while len(buffer) >= 4 and len(buffer) >= 4 + length.unpack_from(buffer)[0]:
+            size = length.unpack_from(buffer)[0]
+            frame = worker_pb2.CallFrame.FromString(bytes(buffer[4:4 + size]))
+            del buffer[:4 + size]
+            args, kwargs = codec.decode(frame.data)
+            getattr(host, frame.header.method)(*args, **kwargs)
+            reply = frame_with_call_id(frame.call_id, tail)
+            sock.send(length.pack(len(reply)) + reply)
+
+
+#: The fan-out floors: what each of the N processes runs per call.
+FANOUT_KINDS = {"uvloop": _echo_uvloop, "blocking": _echo_blocking, "wire": _serve_wire}
+
+
+def fanout(n: int, calls: int = 300, kind: str = "uvloop") -> dict[str, float]:
     """The floor of a no-op ``ONE_TO_ALL`` at ``n`` ranks: ``n`` forked processes that each
-    answer a 100-byte frame with it on a uvloop protocol (no framework, no thread hand-off),
-    one sender writing to all and waiting for every answer. Median and p90 in ms."""
+    answer a frame (no framework), one sender writing to all and waiting for every answer.
+    ``kind`` (:data:`FANOUT_KINDS`): ``uvloop`` echoes on a uvloop protocol, ``blocking``
+    echoes from one thread blocking in ``recv``, ``wire`` runs the least a worker must do
+    with Podium's frames (parse, decode the arguments, call the method, reply) in one such
+    thread. Median and p90 in ms."""
     import selectors
 
+    from podium import codec
+    from podium.transport.frames import call_frame_tail, frame_with_call_id
+    from podium.v1 import worker_pb2
+
+    serve = FANOUT_KINDS[kind]
     listener = socket.create_server(("127.0.0.1", 0), backlog=max(n, 128))
     port = listener.getsockname()[1]
     pids = []
@@ -156,27 +225,9 @@ def fanout(n: int, calls: int = 300) -> dict[str, float]:
         if pid == 0:
             try:
                 listener.close()
-                import uvloop
-
-                async def echo() -> None:
-                    lost = asyncio.get_running_loop().create_future()
-
-                    class Echo(asyncio.Protocol):
-                        def connection_made(self, transport):  # noqa: ANN001
-                            self.transport = transport
-
-                        def data_received(self, data: bytes) -> None:
-                            self.transport.write(data)
-
-                        def connection_lost(self, exc):  # noqa: ANN001
-                            lost.done() or lost.set_result(None)
-
-                    sock = socket.create_connection(("127.0.0.1", port))
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    await asyncio.get_running_loop().create_connection(Echo, sock=sock)
-                    await asyncio.wait_for(lost, 600)
-
-                uvloop.run(echo())
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                serve(sock)
             finally:
                 os._exit(0)
         pids.append(pid)
@@ -187,8 +238,12 @@ def fanout(n: int, calls: int = 300) -> dict[str, float]:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conns.append(conn)
         selector.register(conn, selectors.EVENT_READ)
-    message, times = b"x" * 100, []
-    for _ in range(calls):
+    tail = call_frame_tail(worker_pb2.CALL, "noop", codec.dumps(((), {})), hold=False, timeout=0,
+                           reply_in_shm=False)
+    times = []
+    for call_id in range(1, calls + 1):
+        frame = frame_with_call_id(call_id, tail)
+        message = struct.pack("<I", len(frame)) + frame
         started = time.perf_counter()
         for conn in conns:
             conn.send(message)
@@ -204,7 +259,8 @@ def fanout(n: int, calls: int = 300) -> dict[str, float]:
         os.waitpid(pid, 0)
     listener.close()
     times = sorted(times[calls // 10:])  # the first tenth warms up
-    return {"n": n, "median_ms": statistics.median(times) * 1e3, "p90_ms": times[int(len(times) * 0.9)] * 1e3}
+    return {"n": n, "kind": kind, "median_ms": statistics.median(times) * 1e3,
+            "p90_ms": times[int(len(times) * 0.9)] * 1e3}
 
 
 #: Each limit: a function of (payload bytes, repeats) -> MB/s.
@@ -222,10 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.floors", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--fanout", type=int, metavar="N", help="instead: the no-op fan-out floor at N ranks")
+    parser.add_argument("--fanout", type=int, metavar="N", help="instead: the no-op fan-out floors at N ranks")
     args = parser.parse_args(argv)
     if args.fanout:
-        print(json.dumps({k: round(v, 2) for k, v in fanout(args.fanout).items()}))
+        for kind in FANOUT_KINDS:
+            print(json.dumps({k: round(v, 2) if type(v) is float else v for k, v in fanout(args.fanout, kind=kind).items()}))
         return 0
     print(json.dumps({k: round(v) for k, v in measure_floors(args.mib, args.repeat).items()}))
     return 0
