@@ -5,6 +5,8 @@ through one :class:`~podium.transport.connection.CallConnection`, the same conne
 controller's client uses. A one-frame call of a synchronous
 method takes the fast path (:meth:`HostRuntime.start_fast`); everything else is
 assembled here and run by :meth:`HostRuntime.run_call` / ``run_construct`` as a task.
+While the stream has nothing in hand, the execution thread reads the raw socket and runs
+fast calls itself (:mod:`podium.worker.host.directcalls`).
 """
 
 from __future__ import annotations
