@@ -235,11 +235,10 @@ class DirectReader:
         started = time.monotonic()
         counts["calls_in_flight"] += 1
         args, kwargs = value
-        del value, frame
         try:
+            # (No argument lies in a shared segment here: the thread takes no shm or staged
+            # call, so no reply by reference into one depends on the arguments being gone.)
             result, ok = self._host.invoke_sync(fn, args, kwargs, header, stream.conn), True
-            # The arguments die before the outcome is settled (see ExecutionThread._run).
-            del args, kwargs
             if type(result) is Outcome and result.pending is not None:
                 result = result.settle()
         except BaseException as exc:  # noqa: BLE001 - the call's error reply

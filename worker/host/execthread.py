@@ -68,6 +68,7 @@ class ExecutionThread:
         # wakes the thread from its poll() when a job comes (written only while _polling).
         self._reader: Any = None
         self._polling = False
+        self._wake_soon = False
         self.wake_fd, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pipe_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="podium-exec", daemon=True)
@@ -82,8 +83,7 @@ class ExecutionThread:
         """Queue ``fn(*args)``; await ``job.future`` for its result."""
         job = Job(fn, args, self._loop.create_future())
         self._queue.put(job)
-        if self._polling:
-            self.wake()
+        self._wake_for_job()
         return job
 
     def submit_reporting(self, fn: Any, args: tuple, on_done: Any, context: Any, reply: Any = None) -> Job:
@@ -98,9 +98,21 @@ class ExecutionThread:
         job.context = context
         job.reply = reply
         self._queue.put(job)
-        if self._polling:
-            self.wake()
+        self._wake_for_job()
         return job
+
+    def _wake_for_job(self) -> None:
+        # A thread in poll() is woken once the loop's current step is over, not here: the
+        # pipe write lets go of the GIL, and the thread would run the job while the caller
+        # still holds the call's arguments (then a result computed in place in them looks
+        # kept, and is copied; see HostRuntime.package).
+        if self._polling and not self._wake_soon:
+            self._wake_soon = True
+            self._loop.call_soon(self._wake_now)
+
+    def _wake_now(self) -> None:
+        self._wake_soon = False
+        self.wake()
 
     def hold_prompt(self, prompt: bool) -> None:
         """While held (on the loop), every finished job wakes the loop at once, also those
