@@ -139,8 +139,8 @@ class DirectReader:
             pending = self._end - self._start
             buffer[:pending] = buffer[self._start:self._end]
             self._start, self._end = 0, pending
-        if self._eof:
-            return True
+        if self._eof or len(buffer) - self._end < _ROOM:
+            return True  # (no room: the bytes held begin a frame for the loop, which reads the rest)
         try:
             count = self._sock.recv_into(memoryview(buffer)[self._end:])
         except (BlockingIOError, InterruptedError):
