@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from podium.v1 import worker_pb2
 
-__all__ = ["call_frame_tail", "frame_with_call_id", "encode_varint", "MAX_TAILS", "TAIL_MAX_BYTES"]
+__all__ = ["call_frame_tail", "frame_with_call_id", "encode_varint", "is_whole_call", "MAX_TAILS",
+           "TAIL_MAX_BYTES"]
 
 #: Tails a payload keeps (a payload goes out with few distinct headers).
 MAX_TAILS = 16
@@ -47,3 +48,14 @@ def frame_with_call_id(call_id: int, tail: bytes) -> bytes:
     """The serialized CallFrame (or ReplyFrame: its call id is field 1 too) of call ``call_id``
     (a positive id) with ``tail`` as the rest."""
     return _CALL_ID_TAG + encode_varint(call_id) + tail
+
+
+def is_whole_call(frame: worker_pb2.CallFrame, max_payload_bytes: int) -> bool:
+    """Whether ``frame`` is a CALL that carries its whole payload (at most
+    ``max_payload_bytes``) inline: one frame, no shared-memory segment, no staged refs, no
+    segment bookkeeping. The calls a worker may start the moment their frame arrives."""
+    if not (frame.last and frame.HasField("header")) or frame.shm_released or frame.shm_forget:
+        return False
+    header = frame.header
+    return (header.kind == worker_pb2.CALL and not header.shm_name and not header.refs_segment
+            and len(frame.data) == header.payload_size <= max_payload_bytes)

@@ -98,6 +98,19 @@ def _raw_connection(token: str, port: int) -> socket.socket:
     return sock
 
 
+def _lent_raw_connection(token: str, host) -> socket.socket:
+    """A raw connection whose socket the host has lent to its execution thread: one call
+    answered, then the loan seen (call from a thread other than the host's loop)."""
+    sock = _raw_connection(token, host.runtime.call_port)
+    sock.sendall(_frame(1, "note", ("warm",)))
+    assert _recv_replies(sock, 1)[1].header.ok
+    deadline = time.monotonic() + 30
+    while not host.runtime.exec_thread.has_reader:
+        assert time.monotonic() < deadline, "the socket was never lent"
+        time.sleep(0.01)
+    return sock
+
+
 def _recv_replies(sock: socket.socket, count: int) -> dict[int, worker_pb2.ReplyFrame]:
     received = b""
     while True:
@@ -215,16 +228,9 @@ def test_a_raw_client_that_half_closes_gets_every_answer(token, arun):
         host, client = await _host_and_client(token)
         try:
             await client.close()  # its stream ends: the socket it had lent goes back
-            port = host.runtime.call_port
 
             def talk() -> dict[int, worker_pb2.ReplyFrame]:
-                with _raw_connection(token, port) as sock:
-                    sock.sendall(_frame(1, "note", ("warm",)))
-                    assert _recv_replies(sock, 1)[1].header.ok
-                    deadline = time.monotonic() + 30
-                    while not host.runtime.exec_thread.has_reader:
-                        assert time.monotonic() < deadline
-                        time.sleep(0.01)
+                with _lent_raw_connection(token, host) as sock:
                     sock.sendall(b"".join(_frame(i, "note", (i,)) for i in range(2, 202)))
                     sock.shutdown(socket.SHUT_WR)
                     received = b""
@@ -246,16 +252,9 @@ def test_garbage_on_a_lent_socket_closes_that_connection_only(token, arun):
         host, client = await _host_and_client(token)
         try:
             await client.close()
-            port = host.runtime.call_port
 
             def garbage() -> bytes:
-                with _raw_connection(token, port) as sock:
-                    sock.sendall(_frame(1, "note", ("warm",)))
-                    assert _recv_replies(sock, 1)[1].header.ok
-                    deadline = time.monotonic() + 30
-                    while not host.runtime.exec_thread.has_reader:
-                        assert time.monotonic() < deadline
-                        time.sleep(0.01)
+                with _lent_raw_connection(token, host) as sock:
                     sock.sendall(struct.pack("<I", 7) + b"\xff" * 7)  # not a CallFrame
                     return sock.recv(1 << 16)
 

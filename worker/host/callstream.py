@@ -22,7 +22,7 @@ from podium import errors, rpc
 from podium.transport import chunks
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
-from podium.transport.frames import frame_with_call_id
+from podium.transport.frames import frame_with_call_id, is_whole_call
 from podium.transport.reservation import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
 from podium.worker.host.directcalls import DirectReader
@@ -150,18 +150,12 @@ class CallStream:
         take it: True if started; otherwise the decoded payload or None, for on_frame."""
         host = self.host
         host.exec_thread.settle()  # calls answered from the execution thread leave `active`
-        if not (self.conn.writes_nowait and frame.last and frame.HasField("header")) or frame.shm_released \
-                or frame.shm_forget:
-            return None
-        header = frame.header
         call_id = frame.call_id
-        if (header.kind != _CALL or header.shm_name or header.refs_segment or call_id in self.active
-                or call_id in self.incoming or self.conn.must_drain):
+        # (A frame that is not whole goes to on_frame, whose Assembler says what is wrong.)
+        if (not self.conn.writes_nowait or not is_whole_call(frame, host.config.max_payload_bytes)
+                or call_id in self.active or call_id in self.incoming or self.conn.must_drain):
             return None
-        data = frame.data
-        if len(data) != header.payload_size or len(data) > host.config.max_payload_bytes:
-            return None  # on_frame's Assembler says what is wrong
-        return host.start_fast(self, call_id, header, data)
+        return host.start_fast(self, call_id, frame.header, frame.data)
 
     def _take_now(self, frame: Any) -> bool:
         """The raw socket's ``take_now``: start a fast call as its frame arrives (see try_fast)."""

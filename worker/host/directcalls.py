@@ -33,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from podium import errors
+from podium.transport.frames import is_whole_call
 from podium.v1 import worker_pb2
 from podium.worker.host.results import Outcome
 
@@ -47,7 +48,7 @@ log = logging.getLogger("podium.worker.host")
 
 _LEN = struct.Struct("<I")
 _BULK_FLAG = 0x80000000
-_CALL, _CANCEL = worker_pb2.CALL, worker_pb2.CANCEL
+_CANCEL = worker_pb2.CANCEL
 # Frames are read into a buffer of this size, with at least _ROOM free for each read: a
 # frame larger than the difference goes to the loop (its payload is large anyway).
 _BUFFER = 256 << 10
@@ -186,14 +187,10 @@ class DirectReader:
         self._start = pos
 
     def _takes(self, frame: worker_pb2.CallFrame) -> bool:
-        """A CANCEL, or a CALL whose one frame carries its whole payload (as try_fast asks)."""
-        if not frame.HasField("header") or frame.shm_released or frame.shm_forget or not frame.last:
-            return False
-        header = frame.header
-        if header.kind == _CANCEL:
-            return True
-        return (header.kind == _CALL and not header.shm_name and not header.refs_segment
-                and len(frame.data) == header.payload_size <= self._host.config.max_payload_bytes)
+        """A plain CANCEL, or a CALL whose one frame carries its whole payload (as try_fast asks)."""
+        if frame.HasField("header") and frame.header.kind == _CANCEL:
+            return frame.last and not frame.shm_released and not frame.shm_forget
+        return is_whole_call(frame, self._host.config.max_payload_bytes)
 
     def _cancel(self, call_id: int) -> bool:
         """Drop the call ``call_id`` if it waits here (True)."""
