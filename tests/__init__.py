@@ -1,2 +1,3 @@
-"""Podium's test suite: unit/ (no sockets, mirroring the packages), integration/ (real servers
-in the test process), cluster/ (real podium processes), support/ (helpers they share)."""
+"""Podium's test suite: unit/ (mirroring the packages), integration/ (real servers in the test
+process, in folders mirroring the packages), cluster/ (real podium processes), support/ (helpers
+they share)."""

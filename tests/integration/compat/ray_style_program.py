@@ -1,7 +1,7 @@
 """A small program written for Ray, run unchanged on Podium but for its first import.
 
 It joins the cluster named by the environment (``ray.init(address="auto")``), and prints
-one ``name: value`` line per check for test_compat_ray.py to read.
+one ``name: value`` line per check for test_ray_program.py to read.
 """
 
 import gc

@@ -12,7 +12,7 @@ import pytest
 from podium import codec, errors, rpc
 from podium.transport.reservation import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2, worker_pb2_grpc
-from tests.integration.test_worker_host import hosted
+from tests.support.hostkit import hosted
 
 pytestmark = pytest.mark.faults
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "quickstart.py"
 
 
 @pytest.mark.timeout(180)

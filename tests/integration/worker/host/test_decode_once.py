@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from podium import errors
-from tests.integration.test_worker_host import hosted
+from tests.support.hostkit import hosted
 
 
 class Unpicklable:

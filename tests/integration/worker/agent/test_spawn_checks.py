@@ -14,7 +14,7 @@ from podium import errors, limits
 from podium.resources import check_user_env
 from podium.v1 import common_pb2, node_pb2
 from podium.worker.agent.spawner import Spawner
-from tests.integration.test_agent_node import FAKE_WORKER, WAIT, node, rpc_error, run, spawn_running, worker
+from tests.support.agentkit import FAKE_WORKER, WAIT, node, rpc_error, run, spawn_running, worker
 
 pytestmark = pytest.mark.faults
 

@@ -13,7 +13,7 @@ from tests.support.rollout_kit import vllm_marks
 
 pytestmark = [*vllm_marks, pytest.mark.timeout(400)]
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "grpo_vllm.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "grpo_vllm.py"
 STEPS = 12
 
 
