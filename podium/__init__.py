@@ -24,11 +24,11 @@ import importlib
 
 from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchError, AuthenticationError,
                            CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
-                           InfeasibleError, InternalError, InvalidArgumentError, InvalidSpecError,
-                           NotFoundError, ObjectLostError, OutOfRangeError, PayloadTooLargeError, PermissionDeniedError,
-                           PodiumError, RankZeroDispatchError, RemoteError, ResourceExhaustedError,
-                           SlotFullError, UnavailableError, UnimplementedError, UnknownMethodError,
-                           UnresponsiveError, WorkerDiedError)
+                           InfeasibleError, InternalError, InvalidArgumentAssertion, InvalidArgumentError,
+                           InvalidSpecError, NotFoundError, ObjectLostError, OutOfRangeError, PayloadTooLargeError,
+                           PermissionDeniedError, PodiumError, RankZeroDispatchError, RemoteError,
+                           ResourceExhaustedError, SlotFullError, UnavailableError, UnimplementedError,
+                           UnknownMethodError, UnresponsiveError, WorkerDiedError)
 
 __version__ = "0.1.0"
 
@@ -67,6 +67,7 @@ __all__ = [
     "FailedPreconditionError",
     "InfeasibleError",
     "InternalError",
+    "InvalidArgumentAssertion",
     "InvalidArgumentError",
     "InvalidSpecError",
     "NotFoundError",

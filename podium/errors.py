@@ -13,6 +13,7 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     ├── RemoteError ............................... UNKNOWN         user code raised (rank, remote traceback)
     ├── InvalidArgumentError (ValueError) ......... INVALID_ARGUMENT
     │   ├── InvalidSpecError ...................... bad bundle / strategy / resource / env
+    │   ├── InvalidArgumentAssertion (AssertionError)  a check verl makes with assert failed
     │   ├── ArgumentMismatchError (TypeError) ..... a call's arguments do not fit the method
     │   └── RankZeroDispatchError (KeyError) ...... Dispatch.RANK_ZERO used (use Execute.RANK_ZERO)
     ├── DeadlineExceededError (TimeoutError) ...... DEADLINE_EXCEEDED
@@ -120,6 +121,12 @@ class InvalidArgumentError(PodiumError, ValueError):
 class InvalidSpecError(InvalidArgumentError):
     """A resource spec is invalid (empty bundles, negative or NaN amounts, unknown
     resource or strategy, a GPU fraction outside (0, 1], a protected env name)."""
+
+
+class InvalidArgumentAssertion(InvalidArgumentError, AssertionError):
+    """An argument failed a check that verl makes with ``assert`` (a DataProto that does not
+    split evenly, batch sizes that differ, conflicting ``meta_info``): also an
+    ``AssertionError``, so verl code that catches one still does."""
 
 
 class ArgumentMismatchError(InvalidArgumentError, TypeError):

@@ -19,7 +19,7 @@ concatenation of a group's results lands in it (:mod:`podium.rowcat`).
 
 A new mapping is committed page by page as data arrives, so a peer that announces a
 large payload and sends little holds little memory (see
-:mod:`podium.transport.reservation`).
+:mod:`podium.transport.chunks`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ one ``memmove`` per part, or, when the parts already lie one after another in on
 segment (results computed in place, :mod:`podium.transport.shmstage`), is a view of
 those bytes with no copy at all; anything else (small, CUDA, strided, autograd, nested
 TensorDicts) is ``torch.cat`` as before. The values are the same either way.
+
+This module is below the transport and does not know staged segments itself: it asks
+:func:`podium.spans.find`, which the transport fills.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 
+from podium import spans
 from podium.memorypool import MIN_POOLED_BYTES, POOL, move
 
 __all__ = ["cat_rows", "cat_tensordicts"]
@@ -32,16 +37,14 @@ def _poolable(tensors: list[torch.Tensor]) -> bool:
 
 def _adjacent_span(tensors: list[torch.Tensor], nbytes: int) -> memoryview | None:
     # Rows of several ranks' results computed in place in one staged segment lie one after
-    # another there, as they did in the batch (podium.transport.shmstage): a view of that run
-    # of bytes is their concatenation.
+    # another there, as they did in the batch: a view of that run of bytes is their
+    # concatenation.
     at = start = tensors[0].data_ptr()
     for t in tensors:
         if t.data_ptr() != at:
             return None
         at += t.nbytes
-    from podium.transport.shmstage import STAGE
-
-    return STAGE.span(start, nbytes)
+    return spans.find(start, nbytes)
 
 
 def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -72,8 +75,6 @@ def cat_tensordicts(parts: list[Any]) -> Any:
     TensorDicts with nested TensorDicts, a device, or more than one batch dimension go
     to ``torch.cat`` unchanged.
     """
-    from tensordict import TensorDict
-
     first = parts[0]
     keys = list(first.keys())
     if (len(first.batch_size) != 1 or first.device is not None

@@ -1,4 +1,4 @@
-"""Payload chunks on gRPC streams.
+"""Payload chunks on gRPC streams, and the memory a receiver reserves for them.
 
 A payload (the segments of :meth:`podium.codec.Encoded.to_segments`) is sent as
 a sequence of chunks no larger than :data:`CHUNK_SIZE`, so no gRPC message
@@ -6,21 +6,24 @@ limit ever reaches the user. The sender announces the total size first; the
 receiver refuses one over its limit before taking any memory, copies each chunk
 into one buffer with :class:`Assembler` (the one copy of this hop), then hands the
 buffer to :func:`podium.codec.decode`, which makes zero-copy views into it.
+
+A receiver does not take the announced size at once: one frame announcing 1 GiB followed
+by one byte would hold 1 GiB (issue #14). An assembler holds only the bytes that arrived,
+every byte it holds is counted against its connection's :class:`ReservationBudget` (a peer
+cannot hold more unfinished payload than that on one connection), and
+:meth:`Assembler.close` (the connection ended, the call was cancelled or refused) gives it
+all back at once.
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
-from podium.errors import DataLossError, PayloadTooLargeError
+from podium.errors import DataLossError, PayloadTooLargeError, ResourceExhaustedError
 from podium.memorypool import MIN_POOLED_BYTES, POOL
 
-if TYPE_CHECKING:
-    from podium.transport.reservation import ReservationBudget
-
-__all__ = ["CHUNK_SIZE", "iter_chunks", "Assembler"]
+__all__ = ["CHUNK_SIZE", "iter_chunks", "check_announced", "ReservationBudget", "Assembler", "GrowingAssembler"]
 
 #: Largest chunk :func:`iter_chunks` yields: 4 MiB less 64 KiB of headroom for
 #: the message's other fields and framing, so a chunk message stays within a
@@ -76,14 +79,39 @@ def check_announced(total_size: int, max_size: int) -> None:
             details={"size": str(total_size), "max_size": str(max_size)})
 
 
+class ReservationBudget:
+    """Bytes of unfinished payloads one connection may hold (``limit``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: Bytes held right now by this connection's unfinished payloads.
+        self.held = 0
+        #: The most ever held at once (tests and stats).
+        self.peak = 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Count ``nbytes`` more, or ResourceExhaustedError (nothing counted) past the limit."""
+        if self.held + nbytes > self.limit:
+            raise ResourceExhaustedError(
+                f"this connection's unfinished payloads would hold {self.held + nbytes} bytes, "
+                f"more than its limit of {self.limit}; send fewer large calls at once",
+                details={"held": str(self.held), "limit": str(self.limit)})
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+
+    def release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` reserved earlier."""
+        self.held = max(0, self.held - nbytes)
+
+
 class Assembler:
     """Collects the chunks of one payload into memory that is committed as they arrive.
 
     ``total_size`` is the size the sender announced; ``max_size`` is this receiver's limit
     (a larger announcement raises PayloadTooLargeError before anything is allocated). More
     bytes than announced raise DataLossError at once; fewer are caught by :meth:`result`.
-    With a ``budget`` (:class:`podium.transport.reservation.ReservationBudget`) every byte
-    held is counted against it, and bytes beyond it raise ResourceExhaustedError.
+    With a ``budget`` (:class:`ReservationBudget`) every byte held is counted against it,
+    and bytes beyond it raise ResourceExhaustedError.
 
     A large payload (that fits the budget) goes into a mapping of the process's pool
     (:mod:`podium.memorypool`): a reused one was touched before (no fresh pages), a new
@@ -154,3 +182,11 @@ class Assembler:
         if self._mapping is not None:  # an unfinished payload: its pages go, not to the pool
             self._mapping.close()
             self._mapping = None
+
+
+class GrowingAssembler(Assembler):
+    """An :class:`Assembler` counted against a connection's ``budget`` (required here): what a
+    worker uses for the payloads of its calls."""
+
+    def __init__(self, total_size: int, max_size: int, budget: ReservationBudget) -> None:
+        super().__init__(total_size, max_size, budget)

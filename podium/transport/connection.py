@@ -11,7 +11,7 @@ A controller's client of a worker and the worker's side of that client's calls h
 
 and owns what both ends do the same way: writing a payload as header + chunk frames,
 bookkeeping frames that must never fail a call ("quiet" writes), and the shared-memory
-segments of a same-host connection (:class:`podium.transport.shmpool.SharedSegments`: the
+segments of a same-host connection (:class:`podium.transport.sharedsegments.SharedSegments`: the
 pool this side writes, the cache of what the peer wrote, and the frames that give segments
 back). Frames are ``CallFrame`` one way and ``ReplyFrame`` the other; ``make_frame`` says
 which this end writes.
@@ -27,8 +27,9 @@ from typing import Any
 import grpc
 
 from podium import errors
-from podium.transport import shm, shmpool, shmstage
+from podium.transport import shm
 from podium.transport.callsocket import BULK_MIN_BYTES, FrameConnection
+from podium.transport.sharedsegments import SharedSegments
 
 __all__ = ["CallConnection"]
 
@@ -53,8 +54,8 @@ class CallConnection:
         #: Set once the connection is known to be gone: quiet writes stop.
         self.closed = False
         #: Reused shared-memory segments, both ways (None: the peer is on another host).
-        self.segments: shmpool.SharedSegments | None = (
-            shmpool.SharedSegments(self._loop, make_frame, self.send_quietly) if shared_memory else None)
+        self.segments: SharedSegments | None = (
+            SharedSegments(self._loop, make_frame, self.send_quietly) if shared_memory else None)
 
     # ---------------------------------------------------------------- writing
 
@@ -197,9 +198,7 @@ class CallConnection:
         if self.segments is None:
             raise errors.DataLossError(f"a reply refers to segment {name!r} on a connection "
                                        "without shared memory")
-        view = self.segments.pool.view if self.segments.pool.holds(name) else shmstage.STAGE.view
-        return {index: view(name, offset, length)
-                for index, offset, length in shmpool.ref_triples(refs, "a reply's")}
+        return self.segments.reply_views(name, refs)
 
     def read_refs(self, name: str, refs: Any, max_size: int) -> dict[int, memoryview]:
         """The buffers a call left in the peer's staged segment ``name`` (mapped, not copied,

@@ -29,71 +29,34 @@ it wrote and writes the next payload into one the peer has finished with:
 Both classes are thread-safe: a worker's result is written on its execution thread and
 the last view of a lease may die on any thread. Messages to the peer go through the
 ``send`` callback given to each, which must itself be safe to call from any thread.
+The segments' memory and its budget are :mod:`podium.transport.shmsegment`'s; one pool and
+one cache per connection, with the frames between them, are
+:class:`podium.transport.sharedsegments.SharedSegments`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from podium.errors import DataLossError, PayloadTooLargeError
 from podium.memorypool import copy_segments
 from podium.transport import shm
-from podium.errors import DataLossError, PayloadTooLargeError
+from podium.transport.shmsegment import address_of, budget, close_mapping, create_segment, lent_view, rounded
 
-__all__ = ["SegmentPool", "SegmentCache", "SharedSegments", "pool_budget", "address_of", "lent_view",
-           "create_segment", "drop_segment", "budget", "GRANULE", "REF_MIN_BYTES", "ref_triples"]
+__all__ = ["SegmentPool", "SegmentCache", "REF_MIN_BYTES", "ref_triples"]
 
-# Segments are made a multiple of this, so batches whose size varies a little (another
-# skeleton length, a few more rows) still fit the segment of the previous step.
-GRANULE = 1 << 20
+#: Buffers at least this large travel as references into a shared segment (a group call's
+#: staged arguments, a result written in place); smaller ones are cheaper to copy.
+REF_MIN_BYTES = 1 << 16
 # Free segments a pool keeps for reuse; more are forgotten (least recently released first).
 _MAX_FREE = 2
 # Whole segments a pool may have at once (free + in the peer's hands).
 _MAX_SEGMENTS = 8
-
-
-def pool_budget() -> int:
-    """Bytes of pooled segments one process may hold: ``PODIUM_SHM_POOL_BYTES``, else a
-    quarter of ``/dev/shm`` (Docker's default 64 MiB /dev/shm gets 16 MiB) up to 8 GiB."""
-    value = os.environ.get("PODIUM_SHM_POOL_BYTES")
-    if value:
-        return int(value)
-    try:
-        info = os.statvfs(shm.SHM_DIR)
-    except OSError:
-        return 0
-    return min(info.f_blocks * info.f_frsize // 4, 8 << 30)
-
-
-class _Budget:
-    """Pooled bytes of this process, shared by every pool (one per connection)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.used = 0
-        self.limit: int | None = None
-
-    def take(self, size: int) -> bool:
-        with self.lock:
-            if self.limit is None:
-                self.limit = pool_budget()
-            if self.used + size > self.limit:
-                return False
-            self.used += size
-            return True
-
-    def give(self, size: int) -> None:
-        with self.lock:
-            self.used -= size
-
-
-budget = _Budget()
 
 
 class _Segment:
@@ -120,10 +83,7 @@ class _Segment:
     def drop(self) -> None:
         if self.fresh:
             shm.remove_segment(self.name)
-        try:
-            self.mapping.close()
-        except BufferError:  # a copy into it is still running; unmapped when it ends
-            pass
+        close_mapping(self.mapping)
 
 
 class SegmentPool:
@@ -193,16 +153,17 @@ class SegmentPool:
                 self._evict_free_locked(keep=0)
                 if len(self._busy) >= _MAX_SEGMENTS:
                     return None
-        size = -(-nbytes // GRANULE) * GRANULE
+        size = rounded(nbytes)
         if not budget.take(size):
             self._evict_all_free()  # make room for the next call
             if not budget.take(size):
                 return None
         try:
-            segment = create_segment(size)
+            name, mapping = create_segment(size)
         except BaseException:
             budget.give(size)
             raise
+        segment = _Segment(name, size, mapping)
         with self._lock:
             if self._closed:
                 segment.drop()
@@ -321,11 +282,6 @@ class SegmentPool:
             budget.give(segment.size)
 
 
-#: Buffers at least this large travel as references into a shared segment (a group call's
-#: staged arguments, a result written in place); smaller ones are cheaper to copy.
-REF_MIN_BYTES = 1 << 16
-
-
 def ref_triples(refs: Sequence[int], what: str) -> list[tuple[int, int, int]]:
     """The (buffer index, offset, length) triples of a header's flat ``refs``; DataLossError
     when they are not whole triples (``what``: whose references, for the message)."""
@@ -333,48 +289,6 @@ def ref_triples(refs: Sequence[int], what: str) -> list[tuple[int, int, int]]:
         raise DataLossError(f"{what} segment references are {len(refs)} numbers, not "
                             "(index, offset, length) triples")
     return [(refs[i], refs[i + 1], refs[i + 2]) for i in range(0, len(refs), 3)]
-
-
-def lent_view(mapping: mmap.mmap, size: int, name: str, offset: int, length: int,
-              on_dead: Callable[[Any], None], holder: Any) -> memoryview:
-    """A writable view of ``length`` bytes at ``offset`` of segment ``name`` (``size`` bytes
-    mapped at ``mapping``) that calls ``on_dead(holder)`` once it, and everything made from
-    it, is gone. DataLossError for a range outside the segment (a peer's bad reference)."""
-    if offset < 0 or length < 0 or offset + length > size:
-        raise DataLossError(f"a reply refers to bytes {offset}..{offset + length} of the "
-                            f"{size}-byte segment {name}")
-    array = (ctypes.c_ubyte * length).from_buffer(mapping, offset)
-    weakref.finalize(array, on_dead, holder)
-    return memoryview(array).cast("B")
-
-
-def drop_segment(name: str, size: int, mapping: mmap.mmap) -> None:
-    """Unlink a segment this process created, give its bytes back to the budget, and unmap it
-    (at once, or when the last view of it dies)."""
-    shm.remove_segment(name)
-    try:
-        mapping.close()
-    except BufferError:  # still viewed: unmapped when the views die
-        pass
-    budget.give(size)
-
-
-def create_segment(size: int) -> _Segment:
-    """A new segment of ``size`` bytes in ``/dev/shm``, its pages reserved and mapped."""
-    name = f"{shm.PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
-    path = os.path.join(shm.SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        # Reserve the pages now: a sparse file on a full tmpfs would SIGBUS on first touch.
-        os.posix_fallocate(fd, 0, size)
-        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    except BaseException:
-        os.close(fd)
-        os.unlink(path)
-        raise
-    os.close(fd)
-    return _Segment(name, size, mapping)
 
 
 class _Mapped:
@@ -385,17 +299,6 @@ class _Mapped:
         self.leased = False
         self.forgotten = False
         self.base = address_of(mapping)
-
-
-def address_of(buffer: Any) -> int:
-    """The address of a writable buffer's first byte (0 when it is read-only or empty)."""
-    try:
-        probe = ctypes.c_char.from_buffer(buffer)
-    except (TypeError, ValueError):
-        return 0
-    address = ctypes.addressof(probe)
-    del probe  # releases the export, so the buffer can be closed again
-    return address
 
 
 class SegmentCache:
@@ -524,64 +427,3 @@ class SegmentCache:
         with self._lock:
             self._closed = True
             self._mapped.clear()
-
-
-class SharedSegments:
-    """Both halves for one call connection: the :class:`SegmentPool` this side writes and
-    the :class:`SegmentCache` of the peer's segments, plus the bookkeeping frames between them.
-
-    ``make_frame(**fields)`` builds this side's frame type (CallFrame or ReplyFrame) and
-    ``send(frame)`` queues it on the connection; both run on ``loop``. Pools and caches
-    call back from any thread, so their messages hop onto the loop first.
-    """
-
-    def __init__(self, loop: Any, make_frame: Callable[..., Any], send: Callable[[Any], None]) -> None:
-        self._loop = loop
-        self._make_frame = make_frame
-        self._send = send
-        self.closed = False
-        #: What this side writes for the peer.
-        self.pool = SegmentPool(lambda names: self._queue(forget=names))
-        #: What the peer wrote for this side.
-        self.cache = SegmentCache(lambda names: self._queue(released=names))
-
-    def _queue(self, released: Sequence[str] = (), forget: Sequence[str] = ()) -> None:
-        if self.closed:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._write, list(released), list(forget))
-        except RuntimeError:  # the loop is closed: so is the connection
-            pass
-
-    def _write(self, released: list[str], forget: list[str]) -> None:
-        if not self.closed:
-            # call id 0: a frame that carries only segment bookkeeping
-            self._send(self._make_frame(call_id=0, shm_released=released, shm_forget=forget))
-
-    def forget_foreign(self, names: Sequence[str]) -> None:
-        """Tell the peer to forget segments this side dropped that are not the pool's (staged
-        ones, :mod:`podium.transport.shmstage`). Safe on any thread."""
-        self._queue(forget=names)
-
-    def on_frame(self, frame: Any) -> None:
-        """Apply a received frame's ``shm_released`` (to the pool, or to the staged segments
-        for names not its own) and ``shm_forget`` (to the cache)."""
-        if frame.shm_released:
-            foreign = self.pool.release(list(frame.shm_released))
-            if foreign:
-                from podium.transport.shmstage import STAGE  # imports this module
-
-                for name in foreign:
-                    STAGE.release(name, self)
-        if frame.shm_forget:
-            self.cache.forget(list(frame.shm_forget))
-
-    def close(self) -> None:
-        """The connection ended: drop the pool's segments and forget the peer's (and the
-        staged segments the peer held are its no more)."""
-        self.closed = True
-        self.pool.close()
-        self.cache.close()
-        from podium.transport.shmstage import STAGE  # imports this module
-
-        STAGE.link_closed(self)

@@ -26,14 +26,14 @@ import atexit
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from podium import codec
+from podium import codec, spans
 from podium.errors import DataLossError
 from podium.memorypool import move
-from podium.transport import shm, shmpool
+from podium.transport import shm, shmsegment
 
-__all__ = ["Staged", "StagePool", "STAGE"]
+__all__ = ["Staged", "StageLink", "StagePool", "STAGE"]
 
 # Free staged segments kept for the next call; more are dropped.
 _MAX_FREE = 2
@@ -55,6 +55,15 @@ class Staged:
         self.nbytes = rest.nbytes
 
 
+class StageLink(Protocol):
+    """A connection a staged segment was sent on, as this module sees it (a
+    :class:`~podium.transport.sharedsegments.SharedSegments`): told when the peer must let go
+    of a segment that is gone."""
+
+    def forget_foreign(self, names: Sequence[str]) -> None:
+        """Tell the peer to forget ``names`` (safe on any thread)."""
+
+
 class _Stage:
     __slots__ = ("name", "size", "mapping", "base", "holders", "pins", "views", "links", "dropped")
 
@@ -62,19 +71,19 @@ class _Stage:
         self.name = name
         self.size = size
         self.mapping = mapping
-        self.base = shmpool.address_of(mapping)
+        self.base = shmsegment.address_of(mapping)
         #: Connections whose worker was sent it and has not released it: how many times.
-        self.holders: dict[Any, int] = {}
+        self.holders: dict[StageLink, int] = {}
         self.pins = 0  # calls being sent or in flight
         self.views = 0  # values of this process that view it
-        self.links: weakref.WeakSet = weakref.WeakSet()  # connections that were ever sent it
+        self.links: weakref.WeakSet[StageLink] = weakref.WeakSet()  # connections that were ever sent it
         self.dropped = False
 
     @property
     def in_use(self) -> bool:
         return bool(self.holders) or self.pins > 0 or self.views > 0
 
-    def let_go(self, link: Any) -> None:
+    def let_go(self, link: StageLink) -> None:
         count = self.holders.get(link, 0)
         if count > 1:
             self.holders[link] = count - 1
@@ -116,7 +125,7 @@ class StagePool:
         for p_index, payload in enumerate(payloads):
             for b_index, buf in enumerate(payload.encoded.buffers):
                 if buf.nbytes >= min_bytes:
-                    address = shmpool.address_of(buf)
+                    address = shmsegment.address_of(buf)
                     if address:
                         found.append((address, buf.nbytes, p_index, b_index))
         if not found:
@@ -168,28 +177,27 @@ class StagePool:
                 stage.pins = 1
                 self._used[stage.name] = stage
                 return stage
-        size = -(-nbytes // shmpool.GRANULE) * shmpool.GRANULE
-        if not shmpool.budget.take(size):
+        size = shmsegment.rounded(nbytes)
+        if not shmsegment.budget.take(size):
             with self._lock:
                 free, self._free = self._free, []
             for stage in free:
                 self._drop(stage)
-            if not shmpool.budget.take(size):
+            if not shmsegment.budget.take(size):
                 return None
         try:
-            segment = shmpool.create_segment(size)
+            name, mapping = shmsegment.create_segment(size)
         except BaseException:
-            shmpool.budget.give(size)
+            shmsegment.budget.give(size)
             raise
-        stage = _Stage(segment.name, size, segment.mapping)
+        stage = _Stage(name, size, mapping)
         stage.pins = 1
         with self._lock:
             self._used[stage.name] = stage
         return stage
 
-    def sent(self, name: str, link: Any) -> None:
-        """A call carrying ``name`` is being sent on connection ``link`` (a
-        :class:`~podium.transport.shmpool.SharedSegments`): pinned until :meth:`unpin`, and
+    def sent(self, name: str, link: StageLink) -> None:
+        """A call carrying ``name`` is being sent on connection ``link``: pinned until :meth:`unpin`, and
         held for that worker until it releases it. Raises DataLossError if it was dropped."""
         with self._lock:
             stage = self._used.get(name)
@@ -207,7 +215,7 @@ class StagePool:
                 stage.pins -= 1
                 self._settle_locked(stage)
 
-    def release(self, name: str, link: Any) -> bool:
+    def release(self, name: str, link: StageLink) -> bool:
         """The worker on connection ``link`` is done with ``name``; False if not staged here."""
         with self._lock:
             stage = self._used.get(name)
@@ -217,14 +225,14 @@ class StagePool:
             self._settle_locked(stage)
             return True
 
-    def link_closed(self, link: Any) -> None:
+    def link_closed(self, link: StageLink) -> None:
         """Connection ``link`` ended: its worker holds nothing of this process's any more."""
         with self._lock:
             for stage in list(self._used.values()):
                 if stage.holders.pop(link, None) is not None:
                     self._settle_locked(stage)
 
-    def abandon(self, name: str, link: Any) -> None:
+    def abandon(self, name: str, link: StageLink | None) -> None:
         """A call that carried ``name`` failed or went away: its worker may never release it,
         so the segment is never written again. Its file goes now; the other ranks' replies
         may still view it, and it is unmapped once nothing uses it. Ends the call's pin."""
@@ -236,7 +244,8 @@ class StagePool:
                 stage.dropped = True
                 self._retire(stage)
             stage.pins = max(0, stage.pins - 1)
-            stage.let_go(link)
+            if link is not None:
+                stage.let_go(link)
             self._settle_locked(stage)
 
     def view(self, name: str, offset: int, length: int) -> memoryview:
@@ -260,7 +269,7 @@ class StagePool:
         return None
 
     def _view_locked(self, stage: _Stage, offset: int, length: int) -> memoryview:
-        view = shmpool.lent_view(stage.mapping, stage.size, stage.name, offset, length, self._unview, stage)
+        view = shmsegment.lent_view(stage.mapping, stage.size, stage.name, offset, length, self._unview, stage)
         stage.views += 1
         return view
 
@@ -275,7 +284,7 @@ class StagePool:
             return
         del self._used[stage.name]
         if stage.dropped:
-            shmpool.drop_segment(stage.name, stage.size, stage.mapping)
+            shmsegment.drop_segment(stage.name, stage.size, stage.mapping)
             return
         self._free.append(stage)
         while len(self._free) > _MAX_FREE:
@@ -290,7 +299,7 @@ class StagePool:
     def _drop(self, stage: _Stage) -> None:
         stage.dropped = True
         self._retire(stage)
-        shmpool.drop_segment(stage.name, stage.size, stage.mapping)
+        shmsegment.drop_segment(stage.name, stage.size, stage.mapping)
 
     def close(self) -> None:
         """Drop every free staged segment and unlink those in use (their memory goes when
@@ -309,3 +318,5 @@ class StagePool:
 #: The process's staged segments (a controller's; workers never stage).
 STAGE = StagePool()
 atexit.register(STAGE.close)
+# Rows that came back adjacent in a staged segment concatenate into a view of it.
+spans.register(STAGE.span)

@@ -23,7 +23,7 @@ from podium.transport import chunks
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.transport.frames import frame_with_call_id, is_whole_call
-from podium.transport.reservation import GrowingAssembler, ReservationBudget
+from podium.transport.chunks import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
 from podium.worker.host.directcalls import DirectReader
 from podium.worker.host.execthread import Job
@@ -76,7 +76,7 @@ class CallStream:
         self.host = host
         self.context = context
         self.incoming: dict[int, _Incoming] = {}
-        #: Bytes of unfinished payloads this connection may hold (podium.transport.reservation).
+        #: Bytes of unfinished payloads this connection may hold (podium.transport.chunks).
         self.budget = ReservationBudget(host.config.max_payload_bytes)
         self.active: dict[int, ActiveCall] = {}
         #: The connection (its segments are used only by a same-host client). Replies written

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import podium
-from podium.transport import shmpool
+from podium.transport import shmsegment
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
@@ -45,7 +45,7 @@ class Mirror(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pooled_bytes(self):
-        return shmpool.budget.used
+        return shmsegment.budget.used
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shm_stats(self):
@@ -62,7 +62,7 @@ def wg(request):
     env = {"PODIUM_SHM_THRESHOLD_BYTES": "1"}
     if request.param == "oneshot":
         env["PODIUM_SHM_POOL_BYTES"] = "0"
-        shmpool.budget.limit = 0  # this controller's fresh pools for this group create nothing
+        shmsegment.budget.limit = 0  # this controller's fresh pools for this group create nothing
     podium.init()
     try:
         group = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Mirror),
@@ -75,7 +75,7 @@ def wg(request):
         else:
             assert all(pooled[0]) and all(pooled[1]), pooled  # the pooled path was taken
     finally:
-        shmpool.budget.limit = None
+        shmsegment.budget.limit = None
         podium.shutdown()
 
 

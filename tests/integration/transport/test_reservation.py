@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from podium import codec, errors, rpc
-from podium.transport.reservation import GrowingAssembler, ReservationBudget
+from podium.transport.chunks import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from tests.support.hostkit import hosted
 

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from podium import codec
+from podium.errors import InvalidArgumentAssertion, InvalidArgumentError, PodiumError
 from podium.dataproto import (
     PADDING_SIZE_KEY,
     DataProto,
@@ -290,6 +291,62 @@ def test_pad_dataproto_to_divisor_cycles_from_start():
     assert unpad_dataproto(same, 0) is same
     ten, pad = pad_dataproto_to_divisor(rows(10), 4)
     assert pad == 2 and a_of(ten)[-2:] == [0, 1]
+
+
+# --------------------------------------------------------------------------- errors
+
+# Each of verl's asserts, as a call that fails it, and the numbers its message must carry.
+ASSERTS = {
+    "chunk-uneven": (lambda: rows(10).chunk(4), ["10", "4"]),
+    "chunk-torch-fewer": (lambda: rows(6, auto_padding=True).chunk(4), ["6", "4", "3"]),
+    "batch-sizes": (lambda: DataProto.from_dict({"a": torch.zeros(3), "b": torch.zeros(4)}), ["3", "4"]),
+    "num-batch-dims": (lambda: DataProto.from_dict({"a": torch.zeros(3)}, num_batch_dims=0), ["0"]),
+    "short-column": (lambda: DataProto(batch=rows(3).batch, non_tensor_batch={"s": np.arange(2)}), ["2", "3"]),
+    "two-batch-dims": (lambda: DataProto(batch=TensorDict({"a": torch.zeros(2, 3)}, batch_size=[2, 3])),
+                       ["2, 3"]),
+    "mini-batch": (lambda: rows(5).make_iterator(mini_batch_size=2, epochs=1), ["5", "2"]),
+    "conflicting-meta": (lambda: DataProto.concat([rows(1, meta_info={"k": 1}), rows(1, meta_info={"k": 2})]),
+                         ["'k'"]),
+    "union-sizes": (lambda: union_tensor_dict(rows(3).batch, rows(2).batch), ["(3,)", "(2,)"]),
+    "pop-missing": (lambda: rows(2).pop(batch_keys=["nope"]), ["nope"]),
+    "repeat-2d": (lambda: rows(2).sample_level_repeat(np.ones((2, 2), dtype=int)), ["(2, 2)"]),
+    "not-a-dataproto": (lambda: pad_dataproto_to_divisor([1, 2], 2), ["list"]),
+}
+
+
+@pytest.mark.parametrize("name", ASSERTS)
+def test_a_failed_verl_assert_is_a_podium_error_verl_code_still_catches(name):
+    call, numbers = ASSERTS[name]
+    with pytest.raises(AssertionError) as caught:  # verl's code catches AssertionError
+        call()
+    assert isinstance(caught.value, InvalidArgumentAssertion) and isinstance(caught.value, InvalidArgumentError)
+    assert all(n in str(caught.value) for n in numbers), str(caught.value)
+
+
+@pytest.mark.parametrize("call", [lambda: DataProto.concat([]), lambda: rows(3).chunk(0),
+                                  lambda: rows(3).rename(["a"], ["x", "y"]),
+                                  lambda: DataProto.from_single_dict({"x": [1]}),
+                                  lambda: DataProto.from_dict({"a": torch.zeros(0)}).padded(1),
+                                  lambda: pad_dataproto_to_divisor(rows(3), 0)],
+                         ids=["concat-empty", "chunk-zero", "rename-lengths", "single-dict-type", "pad-empty",
+                              "divisor-zero"])
+def test_a_bad_argument_is_an_invalid_argument_error_and_a_value_error(call):
+    with pytest.raises(ValueError) as caught:
+        call()
+    assert isinstance(caught.value, InvalidArgumentError)
+
+
+def test_a_bad_index_type_is_a_podium_error_and_a_type_error():
+    with pytest.raises(TypeError) as caught:
+        rows(3)[{"a": 1}]
+    assert isinstance(caught.value, PodiumError)
+
+
+def test_a_failed_pop_takes_nothing():
+    d = rows(3, meta_info={"m": 1})
+    with pytest.raises(InvalidArgumentAssertion, match="missing"):
+        d.pop(batch_keys=["a"], non_tensor_batch_keys=["s"], meta_info_keys=["missing"])
+    assert set(d.batch.keys()) == {"a", "b"} and set(d.non_tensor_batch) == {"s"} and d.meta_info == {"m": 1}
 
 
 # --------------------------------------------------------------------------- pickling

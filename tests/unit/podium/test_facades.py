@@ -18,7 +18,7 @@ FACADES = {
         "AbortedError", "AlreadyExistsError", "ArgumentMismatchError", "AuthenticationError",
         "CancelledError", "DataLossError", "DataProto", "DataProtoConfig", "DataProtoFuture",
         "DataProtoItem", "DeadlineExceededError", "FailedPreconditionError", "InfeasibleError",
-        "InternalError", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectLostError", "ObjectRef",
+        "InternalError", "InvalidArgumentAssertion", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectLostError", "ObjectRef",
         "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
         "UnavailableError", "UnimplementedError", "UnknownMethodError", "UnresponsiveError",

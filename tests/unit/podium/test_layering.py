@@ -3,7 +3,8 @@ higher layer (or of a sibling on the same level) may have been loaded by it.
 
 The layers, lowest first (``docs/architecture.md`` explains them):
 
-1. ``podium`` core: errors, resources, codec, dataproto, auth, process, the generated ``v1``
+1. ``podium`` core: errors, resources, codec, dataproto, auth, process, the generated ``v1``,
+   the memory pool and row concatenation, and the hook the transport fills (``podium.spans``)
 2. the wire: ``podium.rpc``, ``podium.transport``, ``podium.refs``, ``podium.agentlogs``
 3. ``podium.scheduler.core``: the pure placement core
 4. the services, side by side: ``podium.scheduler`` and ``podium.worker`` (node agent and
@@ -23,7 +24,8 @@ import sys
 import pytest
 
 CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto", "podium.auth",
-        "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat"]
+        "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat",
+        "podium.spans"]
 WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs"]
 TOP = ["podium.cli", "podium.rollout", "podium.compat"]
 #: the scheduler's own modules (all but its client, which the node agent uses)

@@ -12,7 +12,7 @@ import torch
 
 from podium import codec
 from podium.transport import shm
-from podium.transport import shmpool
+from podium.transport import shmpool, shmsegment
 from podium.errors import DataLossError
 
 
@@ -131,7 +131,7 @@ def test_free_segments_beyond_the_pool_limit_are_forgotten(link):
 
 
 def test_the_byte_budget_falls_back_to_none(link, monkeypatch):
-    monkeypatch.setattr(shmpool.budget, "limit", shmpool.budget.used + (3 << 20))
+    monkeypatch.setattr(shmsegment.budget, "limit", shmsegment.budget.used + (3 << 20))
     assert link.pool.write([b"x" * (4 << 20)], 4 << 20) is None
     name = link.pool.write([b"x" * (2 << 20)], 2 << 20)
     assert name is not None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import torch
 from podium import codec
 from podium.errors import DataLossError
 from podium.memorypool import move
-from podium.transport import shm, shmpool
+from podium.transport import shm, shmsegment
 from podium.transport.payload import Payload
 from podium.transport.shmstage import StagePool
 
@@ -151,7 +153,7 @@ def test_references_outside_the_segment_or_to_another_are_data_loss(stages):
 
 
 def test_no_room_in_the_budget_stages_nothing(stages, monkeypatch):
-    monkeypatch.setattr(shmpool.budget, "limit", shmpool.budget.used)
+    monkeypatch.setattr(shmsegment.budget, "limit", shmsegment.budget.used)
     payload = Payload(codec.encode(((torch.ones(1 << 18),), {})))
     assert stages.stage([payload], MIN) is None and payload.staged is None
 
@@ -166,3 +168,45 @@ def test_a_large_move_split_between_two_threads_copies_every_byte(sizes):
         at += src.nbytes
     move(moves)
     assert np.array_equal(dest, np.concatenate(sources))
+
+
+def test_rows_that_came_back_adjacent_in_a_staged_segment_concatenate_into_a_view_of_it():
+    # The transport registers the process's staged segments with layer 1 (podium.spans), so
+    # rowcat, which never imports the transport, finds them.
+    from podium import rowcat
+    from podium.transport.shmstage import STAGE
+
+    batch = torch.randn(4, 1 << 17)  # 2 MiB: pooled size
+    payloads = [Payload(codec.encode(((shard,), {}))) for shard in batch.chunk(2)]
+    name = STAGE.stage(payloads, MIN)
+    try:
+        shards = [_decode(STAGE, payload)[0][0] for payload in payloads]
+        out = rowcat.cat_rows(shards)
+        assert out.data_ptr() == shards[0].data_ptr()  # a view of the segment, no copy
+        assert torch.equal(out, batch)
+        apart = rowcat.cat_rows([shards[1], shards[0]])  # not in order: copied
+        assert apart.data_ptr() != shards[1].data_ptr() and torch.equal(apart, torch.cat([shards[1], shards[0]]))
+    finally:
+        STAGE.unpin(name)
+
+
+def test_the_transport_fills_the_hook_without_importing_torch():
+    # Staged segments register with podium.spans when the transport is imported; that must
+    # not load torch into a worker that never uses it (cold start).
+    code = ("import sys\n"
+            "import numpy as np\n"
+            "from podium import codec, spans\n"
+            "from podium.transport import shmsegment\n"
+            "from podium.transport.connection import CallConnection\n"
+            "from podium.transport.payload import Payload\n"
+            "from podium.transport.shmstage import STAGE\n"
+            "payload = Payload(codec.encode(np.ones(1 << 18)))\n"
+            "name = STAGE.stage([payload], 1 << 16)\n"
+            "index, offset, length = payload.staged.refs\n"
+            "view = STAGE.view(name, offset, length)\n"
+            "found = spans.find(shmsegment.address_of(view), length)\n"
+            "print(found is not None and shmsegment.address_of(found) == shmsegment.address_of(view),\n"
+            "      spans.find(1, 8), sorted(m for m in ('torch', 'tensordict') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "None", "[]"]

@@ -23,9 +23,8 @@ ROOT = REPO
 CHECKED = [
     "podium/__init__.py", "podium/errors.py", "podium/resources.py", "podium/codec.py", "podium/auth.py",
     "podium/process.py", "podium/rpc.py", "podium/refs.py", "podium/agentlogs.py", "podium/limits.py",
-    "podium/private.py", "podium/memcap.py", "podium/cudawire.py", "podium/dataproto.py",
-    "podium/dataproto_dicts.py", "podium/dataproto_io.py", "podium/dataproto_padding.py", "podium/memorypool.py",
-    "podium/rowcat.py",
+    "podium/private.py", "podium/memcap.py", "podium/cudawire.py", "podium/dataproto", "podium/memorypool.py",
+    "podium/rowcat.py", "podium/spans.py",
     "podium/transport", "podium/cli", "podium/compat", "podium/rollout", "podium/controller",
     "podium/scheduler/core",
 ]

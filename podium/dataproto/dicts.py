@@ -1,7 +1,8 @@
-"""The dict helpers of :mod:`podium.dataproto` (verl's ``union_*`` and friends).
+"""The dict helpers of DataProto (verl's ``union_*`` and friends), re-exported from
+:mod:`podium.dataproto`, where verl code looks for them.
 
-Kept apart so DataProto's own module stays about the batch container; every name here is
-re-exported from :mod:`podium.dataproto`, where verl code looks for it.
+Where verl asserts, these raise :class:`~podium.errors.InvalidArgumentAssertion` (an
+``AssertionError`` too) naming the key and what differs.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from podium.errors import InvalidArgumentAssertion
+
 __all__ = ["union_tensor_dict", "union_numpy_dict", "union_two_dict", "list_of_dict_to_dict_of_list",
            "values_equal"]
 
 
-def _values_equal(a: Any, b: Any) -> bool:
-    # meta_info and non-tensor values may be arrays or tensors, whose == is
-    # element-wise; NaN equals NaN here as in verl's _deep_equal.
+def values_equal(a: Any, b: Any) -> bool:
+    """Whether two ``meta_info`` or non-tensor values are equal: arrays and tensors element by
+    element (their ``==`` is element-wise), NaN equal to NaN as in verl's ``_deep_equal``,
+    lists, tuples and dicts item by item."""
     if a is b:
         return True
     if type(a) is not type(b):
@@ -29,15 +33,15 @@ def _values_equal(a: Any, b: Any) -> bool:
             return False
         if a.dtype != object:
             return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-        return all(_values_equal(x, y) for x, y in zip(a.flat, b.flat))
+        return all(values_equal(x, y) for x, y in zip(a.flat, b.flat))
     if isinstance(a, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
     if isinstance(a, float) and math.isnan(a) and math.isnan(b):
         return True
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
     try:
         return bool(a == b)
     except Exception:  # an == that cannot be made a bool: treat as different
@@ -49,15 +53,15 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
 
     Batch sizes must match, and a key in both must hold equal tensors.
     """
-    assert tensor_dict1.batch_size == tensor_dict2.batch_size, (
-        f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} and "
-        f"{tensor_dict2.batch_size}")
+    if tensor_dict1.batch_size != tensor_dict2.batch_size:
+        raise InvalidArgumentAssertion(
+            f"Two tensor dict must have identical batch size. Got {tuple(tensor_dict1.batch_size)} and "
+            f"{tuple(tensor_dict2.batch_size)}")
     for key in tensor_dict2.keys():
         if key not in tensor_dict1.keys():
             tensor_dict1[key] = tensor_dict2[key]
-        else:
-            assert tensor_dict1[key].equal(tensor_dict2[key]), (
-                f"{key} in tensor_dict1 and tensor_dict2 are not the same object")
+        elif not tensor_dict1[key].equal(tensor_dict2[key]):
+            raise InvalidArgumentAssertion(f"{key} in tensor_dict1 and tensor_dict2 are not the same object")
     return tensor_dict1
 
 
@@ -70,10 +74,12 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray],
     """
     for key, val in tensor_dict2.items():
         if key in tensor_dict1:
-            assert isinstance(tensor_dict2[key], np.ndarray)
-            assert isinstance(tensor_dict1[key], np.ndarray)
-            assert _values_equal(tensor_dict1[key], tensor_dict2[key]), (
-                f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object.")
+            for side, array in (("tensor_dict1", tensor_dict1[key]), ("tensor_dict2", val)):
+                if not isinstance(array, np.ndarray):
+                    raise InvalidArgumentAssertion(f"`{key}` in {side} is a {type(array).__name__}, "
+                                                   "not a numpy.ndarray")
+            if not values_equal(tensor_dict1[key], val):
+                raise InvalidArgumentAssertion(f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object.")
         tensor_dict1[key] = val
     return tensor_dict1
 
@@ -81,9 +87,8 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray],
 def union_two_dict(dict1: dict, dict2: dict) -> dict:
     """Add the entries of ``dict2`` to ``dict1`` (in place); shared keys must agree."""
     for key, val in dict2.items():
-        if key in dict1:
-            assert _values_equal(dict1[key], val), (
-                f"{key} in meta_dict1 and meta_dict2 are not the same object")
+        if key in dict1 and not values_equal(dict1[key], val):
+            raise InvalidArgumentAssertion(f"{key} in meta_dict1 and meta_dict2 are not the same object")
         dict1[key] = val
     return dict1
 
@@ -95,7 +100,3 @@ def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
         for key, item in data.items():
             output.setdefault(key, []).append(item)
     return output
-
-
-#: Public name of the comparison (DataProto's consistency checks use it).
-values_equal = _values_equal
