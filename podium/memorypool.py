@@ -34,13 +34,15 @@ from typing import Any
 
 __all__ = ["MemoryPool", "POOL", "idle_budget", "MIN_POOLED_BYTES", "copy_segments", "move"]
 
-#: Payloads smaller than this use plain ``bytearray``s: fresh pages are cheap at that size
-#: and a mapping is at least one granule.
-MIN_POOLED_BYTES = 1 << 20
-
 # Mappings are a multiple of this, so payloads whose size varies a little (another
 # skeleton length, a few more rows) reuse the mapping of the previous step.
 _GRANULE = 1 << 20
+
+#: The smallest buffer worth a mapping of this pool (a received payload, a reply's copy,
+#: concatenated rows); smaller ones use plain ``bytearray``s: fresh pages are cheap at that
+#: size and a mapping is at least one granule. A rule of the pool, not of the wire: the
+#: transport's own sizes (chunks, frames, bulk frames, shared-memory references) are its own.
+MIN_POOLED_BYTES = _GRANULE
 # Copies at least this large are split between two threads (move).
 _PARALLEL_MOVE_BYTES = 16 << 20
 # A free mapping serves a request this much smaller at most (beyond, a new one is made).
