@@ -262,6 +262,8 @@ class DataProto:
         """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs
         (a torch DataLoader over the rows; ``dataloader_kwargs`` go to it, e.g.
         ``{"shuffle": True}``). Each mini-batch carries this meta_info."""
+        if not isinstance(mini_batch_size, numbers.Integral) or mini_batch_size < 1:
+            raise InvalidArgumentError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
         if self.batch.batch_size[0] % mini_batch_size != 0:
             raise InvalidArgumentAssertion(f"{self.batch.batch_size[0]} % {mini_batch_size} != 0")
         dataloader_kwargs = {} if dataloader_kwargs is None else dataloader_kwargs

@@ -16,16 +16,17 @@ directory is used instead (still same-host, just not guaranteed RAM-backed).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from podium.errors import DataLossError, InvalidArgumentError, PayloadTooLargeError
 
-__all__ = ["PREFIX", "SHM_DIR", "domain", "write_segments", "read_segment", "remove_segment",
+__all__ = ["PREFIX", "SHM_DIR", "domain", "write_segments", "new_file", "read_segment", "remove_segment",
            "cleanup_stale", "remove_segments_of"]
 
 #: Every segment name starts with this, followed by "<creator pid>-<uuid hex>".
@@ -65,11 +66,8 @@ def write_segments(segments: Iterable[bytes | bytearray | memoryview]) -> tuple[
     The caller passes the name to the reader, which unlinks it; if the reader
     will never come (the call failed), call :func:`remove_segment`.
     """
-    name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     size = 0
-    try:
+    with new_file() as (name, fd):
         for segment in segments:
             view = memoryview(segment)
             if view.ndim != 1 or view.itemsize != 1:
@@ -78,12 +76,23 @@ def write_segments(segments: Iterable[bytes | bytearray | memoryview]) -> tuple[
                 written = os.write(fd, view)
                 size += written
                 view = view[written:]
+    return name, size
+
+
+@contextlib.contextmanager
+def new_file() -> Iterator[tuple[str, int]]:
+    """A new segment file of this process, open for reading and writing: ``(name, fd)``. The
+    descriptor is closed when the block ends, and the file removed if the block raised."""
+    name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        yield name, fd
     except BaseException:
-        os.close(fd)
         os.unlink(path)
         raise
-    os.close(fd)
-    return name, size
+    finally:
+        os.close(fd)
 
 
 def read_segment(name: str, unlink: bool = True, max_size: int | None = None) -> memoryview:

@@ -12,7 +12,6 @@ import ctypes
 import mmap
 import os
 import threading
-import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -78,19 +77,11 @@ def rounded(nbytes: int) -> int:
 def create_segment(size: int) -> tuple[str, mmap.mmap]:
     """A new segment of ``size`` bytes in ``/dev/shm``, its pages reserved and mapped:
     ``(name, mapping)``. The caller has taken ``size`` from :data:`budget`."""
-    name = f"{shm.PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
-    path = os.path.join(shm.SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
+    with shm.new_file() as (name, fd):
         # Reserve the pages now: a sparse file on a full tmpfs would SIGBUS on first touch.
         os.posix_fallocate(fd, 0, size)
         mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    except BaseException:
-        os.close(fd)
-        os.unlink(path)
-        raise
-    os.close(fd)
     return name, mapping
 
 

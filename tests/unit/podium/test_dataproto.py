@@ -327,9 +327,10 @@ def test_a_failed_verl_assert_is_a_podium_error_verl_code_still_catches(name):
                                   lambda: rows(3).rename(["a"], ["x", "y"]),
                                   lambda: DataProto.from_single_dict({"x": [1]}),
                                   lambda: DataProto.from_dict({"a": torch.zeros(0)}).padded(1),
-                                  lambda: pad_dataproto_to_divisor(rows(3), 0)],
+                                  lambda: pad_dataproto_to_divisor(rows(3), 0),
+                                  lambda: rows(4).make_iterator(mini_batch_size=0, epochs=1)],
                          ids=["concat-empty", "chunk-zero", "rename-lengths", "single-dict-type", "pad-empty",
-                              "divisor-zero"])
+                              "divisor-zero", "mini-batch-zero"])
 def test_a_bad_argument_is_an_invalid_argument_error_and_a_value_error(call):
     with pytest.raises(ValueError) as caught:
         call()
