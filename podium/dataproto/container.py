@@ -9,7 +9,6 @@ it with ``type(self)``, so subclasses stay subclasses.
 from __future__ import annotations
 
 import copy
-import numbers
 import os
 import pickle
 from collections.abc import Iterator
@@ -262,7 +261,7 @@ class DataProto:
         """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs
         (a torch DataLoader over the rows; ``dataloader_kwargs`` go to it, e.g.
         ``{"shuffle": True}``). Each mini-batch carries this meta_info."""
-        if not isinstance(mini_batch_size, numbers.Integral) or mini_batch_size < 1:
+        if not isinstance(mini_batch_size, (int, np.integer)) or mini_batch_size < 1:
             raise InvalidArgumentError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
         if self.batch.batch_size[0] % mini_batch_size != 0:
             raise InvalidArgumentAssertion(f"{self.batch.batch_size[0]} % {mini_batch_size} != 0")
@@ -321,7 +320,7 @@ class DataProto:
         Without padding enabled the length must divide by ``chunks``. With padding
         enabled uneven pieces follow ``torch.chunk`` (e.g. 10 rows in 4 -> 3,3,3,1).
         """
-        if not isinstance(chunks, numbers.Integral) or chunks < 1:
+        if not isinstance(chunks, (int, np.integer)) or chunks < 1:
             raise InvalidArgumentError(f"chunks must be a positive int, got {chunks!r}")
         if not self.is_padding_enabled() and len(self) % chunks != 0:
             raise InvalidArgumentAssertion(

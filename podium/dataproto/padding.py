@@ -8,7 +8,8 @@ Padding keeps ``meta_info`` as it is instead of running it through the ``metrics
 from __future__ import annotations
 
 import logging
-import numbers
+
+import numpy as np
 
 from podium.dataproto.container import DataProto
 from podium.dataproto.rows import concat_parts
@@ -27,7 +28,7 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
     """
     if not isinstance(data, DataProto):
         raise InvalidArgumentAssertion(f"data must be a DataProto, got {type(data).__name__}")
-    if not isinstance(size_divisor, numbers.Integral) or size_divisor < 1:
+    if not isinstance(size_divisor, (int, np.integer)) or size_divisor < 1:
         raise InvalidArgumentError(f"size_divisor must be a positive int, got {size_divisor!r}")
     if len(data) % size_divisor == 0:
         if len(data) == 0:

@@ -8,6 +8,7 @@ hold no DataProto and no state.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,7 +68,7 @@ def chunk_parts(batch: Any, non_tensor: dict[str, np.ndarray], chunks: int) -> l
             raise InvalidArgumentAssertion(
                 f"cannot split {batch.batch_size[0]} rows into {chunks} chunks (torch.chunk makes "
                 f"{len(batches)}); pad to a multiple of {chunks} first")
-        cuts = np.cumsum([b.batch_size[0] for b in batches])[:-1].tolist()
+        cuts = list(itertools.accumulate(b.batch_size[0] for b in batches[:-1]))
     pieces: list[dict[str, np.ndarray]] = [{} for _ in range(chunks)]
     for key, val in non_tensor.items():
         for piece, part in zip(pieces, np.array_split(val, cuts)):
