@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from podium.errors import InvalidArgumentError
 from podium.resources import sort_key_address
-
-if TYPE_CHECKING:
-    from podium.scheduler.core.views import NodeView, Snapshot
+from podium.scheduler.core.views import NodeView, Snapshot
 
 __all__ = ["Summary", "CapacityIndex", "index_of", "summarize"]
 
@@ -42,7 +40,7 @@ class Summary(NamedTuple):
     free_gpu_units: int     # free GPU units, all GPUs together
 
 
-def summarize(view: "NodeView") -> Summary:
+def summarize(view: NodeView) -> Summary:
     """The Summary of one node view."""
     idle = 0
     largest = 0
@@ -69,7 +67,7 @@ class CapacityIndex:
                  "max_idle", "total_gpus", "total_cpu", "free_gpu_units", "free_cpu",
                  "_idle_box")
 
-    views: list["NodeView"]
+    views: list[NodeView]
     summaries: list[Summary]
     ranks: dict[str, int]
     positions: list[int]
@@ -84,7 +82,7 @@ class CapacityIndex:
     _idle_box: list
 
     @classmethod
-    def build(cls, snapshot: "Snapshot") -> "CapacityIndex":
+    def build(cls, snapshot: Snapshot) -> "CapacityIndex":
         """Index a snapshot from scratch."""
         keyed = sorted(((sort_key_address(n.address), n.node_id, pos)
                         for pos, n in enumerate(snapshot.nodes)))
@@ -120,11 +118,11 @@ class CapacityIndex:
     def __len__(self) -> int:
         return len(self.views)
 
-    def node_by_id(self, node_id: str) -> "NodeView":
+    def node_by_id(self, node_id: str) -> NodeView:
         """The view of a node by id (KeyError when absent)."""
         return self.views[self.ranks[node_id]]
 
-    def replaced(self, changes: Mapping[int, "NodeView"]) -> "CapacityIndex":
+    def replaced(self, changes: Mapping[int, NodeView]) -> "CapacityIndex":
         """A new index with the views at the given ranks replaced (copy-on-write)."""
         new = CapacityIndex.__new__(CapacityIndex)
         new.ranks = self.ranks
@@ -176,7 +174,6 @@ class CapacityIndex:
         """The index of the same cluster with nothing reserved (for feasibility)."""
         idle = self._idle_box[0]
         if idle is None:
-            from podium.scheduler.core.views import Snapshot  # model imports this module
             snap = Snapshot(tuple(v.as_idle() for v in self.views))
             idle = CapacityIndex.build(snap)
             idle._idle_box = [idle]
@@ -234,7 +231,7 @@ class CapacityIndex:
             yield from self.whole.get(k, ())
 
 
-def index_of(snapshot: "Snapshot") -> CapacityIndex:
+def index_of(snapshot: Snapshot) -> CapacityIndex:
     """The snapshot's index, built on first use and cached on the snapshot."""
     ix = snapshot._index
     if ix is None:

@@ -13,7 +13,6 @@ from functools import cached_property
 from typing import Any
 
 from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
-from podium.scheduler.core.index import index_of
 
 __all__ = ["GpuView", "NodeView", "Snapshot", "PlacementRequest", "BundleAssignment",
            "Placement", "Infeasible", "Unavailable"]
@@ -101,7 +100,15 @@ class Snapshot:
 
     def node(self, node_id: str) -> NodeView:
         """The node with this id (KeyError when absent)."""
-        return index_of(self).node_by_id(node_id)
+        # The index (built on first placement) maps ids to views; this module sits below
+        # the index, so without one it scans: snapshots are looked up by tests and tools,
+        # placement itself goes through the index.
+        if self._index is not None:
+            return self._index.node_by_id(node_id)
+        for view in self.nodes:
+            if view.node_id == node_id:
+                return view
+        raise KeyError(node_id)
 
 
 @dataclass(frozen=True)
