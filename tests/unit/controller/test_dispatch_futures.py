@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 import types
 
 import pytest
@@ -147,9 +146,8 @@ def test_waiters_in_other_threads_wake_when_the_loop_thread_settles():
 
 def test_wait_all_gives_up_at_its_deadline():
     _, refs = pending(2)
-    start = time.monotonic()
     assert fu.wait_all(refs, timeout=0.05) is False
-    assert time.monotonic() - start >= 0.05
+    assert not any(r.done() for r in refs)
 
 
 def test_aref_wakes_when_settled_from_another_thread():

@@ -281,12 +281,10 @@ def test_stopping_the_host_closes_a_lent_socket(token, arun):
             await _until(lambda: host.runtime.exec_thread.has_reader, "the socket to be lent")
             pending = client.submit("nap", prepare(((0.3,), {})))
             await asyncio.sleep(0.05)
-            started = time.monotonic()
             await host.stop(grace=0.2)
             stopped = True
             with pytest.raises(errors.PodiumError):
                 await asyncio.wait_for(client.call("note", (2,)), 10)
-            assert time.monotonic() - started < 10
             await asyncio.wait_for(asyncio.gather(pending, return_exceptions=True), 10)
         finally:
             await client.close()
