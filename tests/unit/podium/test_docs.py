@@ -3,6 +3,7 @@ files inside it (a user who clones it has nothing else)."""
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import subprocess
@@ -34,3 +35,41 @@ def test_every_docs_link_names_a_file_that_exists():
     assert "docs/architecture.md" in named
     missing = sorted(n for n in named if not (ROOT / n).is_file())
     assert not missing, missing
+
+
+CLOCKS = {"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns", "time_ns"}
+
+
+def _reads_a_clock(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in CLOCKS
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == "time" for n in ast.walk(node))
+
+
+def elapsed_asserts(source: str) -> list[int]:
+    """Lines of ``assert`` statements that compare a difference of clock readings (or a
+    name holding one) with something: an assertion on how long something took."""
+    tree = ast.parse(source)
+    timers = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _reads_a_clock(n.value)
+              for t in n.targets if isinstance(t, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assert):
+            continue
+        for sub in ast.walk(node.test):
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub) and (
+                    _reads_a_clock(sub) or any(isinstance(x, ast.Name) and x.id in timers
+                                               for x in (sub.left, sub.right))):
+                found.append(node.lineno)
+                break
+    return found
+
+
+def test_elapsed_assert_finder_finds_one():
+    # The check below passes on an empty answer, so the finder is shown to find one.
+    assert elapsed_asserts("import time\nt0 = time.monotonic()\nassert time.monotonic() - t0 < 2\n") == [3]
+    assert elapsed_asserts("import time\nd = time.monotonic() + 5\nassert time.monotonic() < d\n") == []
+
+
+def test_no_test_asserts_a_time():
+    bad = [f"{p.relative_to(ROOT)}:{line}" for p in tracked("tests/*.py") for line in elapsed_asserts(p.read_text())]
+    assert not bad, "tests assert how long something took:\n" + "\n".join(bad)

@@ -7,10 +7,13 @@ same commit, and say why in its message.
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 
 import pytest
+
+from tests.support.waiting import REPO
 
 
 FACADES = {
@@ -46,6 +49,30 @@ def test_exports_are_pinned_and_sorted(name):
         value = getattr(module, export)
         if export != "__version__":
             assert getattr(value, "__doc__", None), f"{name}.{export} has no docstring"
+
+
+def documented_facades() -> dict[str, set[str]]:
+    """facade -> the names its bullet in docs/architecture.md lists."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("One public facade per audience"):text.index("Every error a user can see")]
+    bullets = re.split(r"^- ", section, flags=re.M)[1:]
+    found = {}
+    for bullet in bullets:
+        head, _, rest = bullet.partition(":")
+        found[head.strip("`")] = set(re.findall(r"`(\w+)`", rest))
+    return found
+
+
+def test_the_docs_list_each_facade_as_it_is():
+    documented = documented_facades()
+    assert set(documented) == set(FACADES)
+    for facade, names in FACADES.items():
+        module = importlib.import_module(facade)
+        errors = {n for n in names if isinstance(getattr(module, n), type)
+                  and issubclass(getattr(module, n), BaseException)}
+        assert documented[facade] == set(names) - errors, facade
+        if errors:  # the errors are named as "every error class"
+            assert facade == "podium"
 
 
 def test_no_name_has_two_homes():
