@@ -10,6 +10,7 @@ carrying this test's pids count.
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import time
 
@@ -31,7 +32,8 @@ class Fragile(Worker):
     """Methods that block the worker's event loop, take a payload, or die after writing a segment."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    async def block_loop(self, seconds):
+    async def block_loop(self, seconds, marker):
+        pathlib.Path(marker).touch()  # the test waits for this: the loop is now blocked
         time.sleep(seconds)  # on the event loop on purpose: later frames stay unread
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -66,13 +68,14 @@ def one_worker() -> WorkerGroup:
     return WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Fragile))
 
 
-def test_worker_killed_before_it_maps_the_argument(crash_cluster):
+def test_worker_killed_before_it_maps_the_argument(crash_cluster, tmp_path):
     wg = one_worker()
     try:
         worker = wg.workers[0]
         assert worker.client.same_host  # the embedded cluster is on this host: shm is on
-        blocker = wg.block_loop(60)
-        time.sleep(0.3)  # let the blocking call reach the worker's loop
+        marker = tmp_path / "loop-blocked"
+        blocker = wg.block_loop(60, str(marker))
+        eventually(marker.exists, "the blocking call to reach the worker's loop")
         payload = torch.ones(16 << 20, dtype=torch.float32)  # 64 MiB: far above the threshold
         pending = wg.take(payload)
         # Wait until the whole argument is in its segment, then give the frame naming it

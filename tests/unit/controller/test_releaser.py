@@ -7,6 +7,7 @@ import threading
 import types
 
 from podium.controller.releaser import Releaser
+from tests.support.waiting import eventually_async
 
 
 class FakeClient:
@@ -34,8 +35,7 @@ def test_ids_from_many_threads_go_out_in_one_rpc_per_client():
             t.start()
         for t in threads:
             t.join()
-        for _ in range(20):
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: rt.stats.get("released") == 1000, "all 1,000 ids released")
         return rt, a, b
 
     rt, a, b = asyncio.run(main())
@@ -66,9 +66,9 @@ def test_an_add_inside_an_add_neither_deadlocks_nor_loses_ids():
         rt = types.SimpleNamespace(loop=ReentrantLoop(), _closed=False, stats={})
         releaser = Releaser(rt)
         releaser.add(client, "outer")
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: len(sum(client.calls, [])) == 2, "the outer and inner ids released")
         releaser.add(client, "later")
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: len(sum(client.calls, [])) == 3, "the later id released")
         return client
 
     client = asyncio.run(main())

@@ -9,6 +9,7 @@ from podium.controller.logdriver import is_internal_line, log_to_driver_enabled
 from podium.controller.progress import Progress
 from podium.cli.status_table import human_bytes, render_status, table
 from podium.v1 import common_pb2, scheduler_pb2
+from tests.support.waiting import eventually_async
 
 
 def _state() -> scheduler_pb2.ClusterState:
@@ -77,7 +78,7 @@ def test_progress_is_silent_when_quick_and_reports_phases_when_late():
         p = Progress("op", after=0.05, stream=slow)
         p.count_interval = 3600.0  # count updates never print here, however slow the machine
         p.phase("starting 2 workers")
-        await asyncio.sleep(0.2)  # the timer prints the current phase
+        await eventually_async(lambda: "starting 2 workers" in slow.getvalue(), "the timer to print the phase")
         p.phase("1/2 constructed", count=True)  # within count_interval of the last line: held back
         p.phase("connecting")
         p.done("ready")
