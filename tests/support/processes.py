@@ -32,13 +32,15 @@ def wait_for(predicate, what: str, timeout: float = DEADLINE):
 class AgentProcess:
     """One ``podium node`` subprocess, its address and port read from its --port-file."""
 
-    def __init__(self, workdir: pathlib.Path, scheduler: str, host: str, token: str, *extra: str) -> None:
+    def __init__(self, workdir: pathlib.Path, scheduler: str, host: str, token: str, *extra: str,
+                 launch=subprocess.Popen) -> None:
+        # ``launch`` starts the argv (``NetLab.popen`` on a lab host puts it in its namespace).
         self.host = host
         self.port_file = workdir / f"agent-{host}.json"
         self.log_dir = workdir / f"logs-{host}"
         self.output = open(workdir / f"agent-{host}.log", "ab")
         env = dict(os.environ, PODIUM_TOKEN=token)
-        self.proc = subprocess.Popen(
+        self.proc = launch(
             [sys.executable, "-m", "podium.cli", "node", "--scheduler", scheduler, "--host", host,
              "--fake-gpus", "2", "--cpus", "4", "--log-dir", str(self.log_dir),
              "--port-file", str(self.port_file), "--stop-grace", "1", *extra],
@@ -62,8 +64,10 @@ class AgentProcess:
 class SchedulerProcess:
     """One ``podium scheduler`` subprocess with free ports, read from its --port-file."""
 
-    def __init__(self, state: Path, token: str, workdir: Path, *extra: str) -> None:
+    def __init__(self, state: Path, token: str, workdir: Path, *extra: str, host: str = "127.0.0.1",
+                 launch=subprocess.Popen) -> None:
         self.state, self.token, self.workdir, self.extra = state, token, workdir, extra
+        self.host, self.launch = host, launch
         self.proc: subprocess.Popen | None = None
         self.port = self.http_port = 0
 
@@ -72,8 +76,8 @@ class SchedulerProcess:
         port_file = self.workdir / f"ports-{time.monotonic_ns()}.json"
         env = dict(os.environ, PODIUM_TOKEN=self.token)
         self.log = open(self.workdir / "scheduler.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "podium.cli", "scheduler", "--host", "127.0.0.1", "--port", "0",
+        self.proc = self.launch(
+            [sys.executable, "-m", "podium.cli", "scheduler", "--host", self.host, "--port", "0",
              "--http-port", "0", "--state", str(self.state), "--port-file", str(port_file),
              *self.extra], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + _START_TIMEOUT
@@ -92,12 +96,12 @@ class SchedulerProcess:
     @property
     def address(self) -> str:
         """gRPC address."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def http_url(self) -> str:
         """HTTP base URL."""
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` and reap; returns the exit status."""
