@@ -76,6 +76,7 @@ import cloudpickle
 
 from podium import cudawire
 from podium.errors import DataLossError, InvalidArgumentError
+from podium.memorypool import MIN_POOLED_BYTES, POOL, copy_segments
 
 __all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "without_buffers", "dumps", "loads"]
 
@@ -123,6 +124,30 @@ class Encoded:
     def nbytes(self) -> int:
         """Total size of the wire form (the sum of :meth:`to_segments`)."""
         return self._layout()[2]
+
+    def snapshot(self) -> "Encoded":
+        """The same value with its buffers copied into memory of its own.
+
+        A value is encoded without copying its tensors, so until it is sent, a change to
+        them changes what goes out. A call that returns before its arguments are sent
+        (``blocking=False``, tasks, actor methods, ``put``) sends a snapshot instead: the
+        argument as it was when the call returned, as Ray's serialization at call time
+        gives. Large buffers are copied into one reused mapping of :mod:`podium.memorypool`
+        (fresh pages cost more than the copy), which goes back to the pool when the last
+        view of it is dropped.
+        """
+        total = sum(buf.nbytes for buf in self.buffers)
+        if not total:
+            return self
+        if total < MIN_POOLED_BYTES:
+            return Encoded(self.skeleton, [memoryview(bytes(buf)) for buf in self.buffers])
+        view = POOL.lease(POOL.take(total), total)
+        copy_segments(view, self.buffers)
+        copies, at = [], 0
+        for buf in self.buffers:
+            copies.append(view[at:at + buf.nbytes])
+            at += buf.nbytes
+        return Encoded(self.skeleton, copies)
 
     def to_segments(self) -> list[memoryview]:
         """Header, skeleton, padding and buffers: concatenated, they are the wire form.

@@ -416,3 +416,19 @@ def test_outside_memory_only_replaces_buffers_left_out(external):
     rest = codec.without_buffers(encoded, {0})
     with pytest.raises(DataLossError, match="no empty buffer"):
         codec.decode(b"".join(rest.to_segments()), external)
+
+
+@pytest.mark.parametrize("numel", [300, 4096, 1 << 20])  # in-band, a small buffer, a pooled one
+def test_a_snapshot_is_the_value_when_it_was_taken(numel):
+    tensor = torch.arange(numel, dtype=torch.float32)
+    value = {"t": tensor, "n": 3}
+    encoded = codec.encode(value)
+    snap = encoded.snapshot()
+    tensor += 1  # the caller changes its tensor after the call returned
+    got = codec.decode(b"".join(bytes(s) for s in snap.to_segments()))
+    assert torch.equal(got["t"], torch.arange(numel, dtype=torch.float32)) and got["n"] == 3
+    # the encoding without a snapshot shows the change: the snapshot is what made the difference
+    if encoded.buffers:
+        late = codec.decode(b"".join(bytes(s) for s in encoded.to_segments()))
+        assert torch.equal(late["t"], tensor)
+    assert snap.nbytes == encoded.nbytes
