@@ -21,12 +21,12 @@ import contextlib
 import secrets
 from typing import Any
 
-from podium.controller import grouplife
 from podium.controller.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
-from podium.controller.groupworkers import _class_name
+from podium.controller.group import build as _build, life as _life
+from podium.controller.group.handle import class_name as _class_name
 from podium.controller.runtime import get_runtime
-from podium.errors import (AlreadyExistsError, InfeasibleError, InvalidArgumentError, NotFoundError,
-                           SlotFullError, UnimplementedError)
+from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
+                           NotFoundError, SlotFullError, UnimplementedError)
 from podium.worker.actorshell import ActorShell
 from podium.worker.factory import ClassWithInitArgs, by_value
 
@@ -53,7 +53,7 @@ class ActorMethod:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method on the actor; a PendingRef (``get`` gives its value)."""
-        return self._handle._group._run([0], self._name, [(args, kwargs)], blocking=False)[0]
+        return self._handle._group._calls.run([0], self._name, [(args, kwargs)], blocking=False)[0]
 
     def options(self, **options: Any) -> "ActorMethod":
         """Ray's per-call options: only the defaults are accepted (NotImplementedError names others)."""
@@ -61,7 +61,8 @@ class ActorMethod:
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"actor methods are called with '.{self._name}.remote(...)', not '.{self._name}(...)'")
+        raise ArgumentMismatchError(
+            f"actor methods are called with '.{self._name}.remote(...)', not '.{self._name}(...)'")
 
 
 class ActorHandle:
@@ -118,8 +119,8 @@ class ActorClass:
         return start_actor(self.__ray_actor_class__, self._options, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"actors cannot be instantiated directly: use '{self.__name__}.remote(...)' "
-                        f"instead of '{self.__name__}(...)'")
+        raise ArgumentMismatchError(f"actors cannot be instantiated directly: use '{self.__name__}.remote(...)' "
+                                    f"instead of '{self.__name__}(...)'")
 
 
 def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
@@ -196,7 +197,7 @@ def _attached_group(rt: Any, info: Any, owns: bool, detached: bool = False) -> A
     from podium.controller.group import WorkerGroup
 
     group = WorkerGroup(resource_pool=None, worker_handles=[], name_prefix=info.spec.name)
-    rt.run(group._connect([info]), timeout=60, what=f"connecting to actor {info.spec.name}")
+    rt.run(_build.connect(rt, group._members, [info]), timeout=60, what=f"connecting to actor {info.spec.name}")
     group._owns_workers = owns
     group.detached = detached  # the runtime's shutdown leaves a detached actor running
     rt.track_group(group)
@@ -232,7 +233,7 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
                                  f"{opts.namespace!r} (get_actor() finds it)") from None
     group = _attached_group(rt, info, owns=True, detached=opts.detached)
     if not opts.detached:  # Ray's lifetime: gone with the last handle
-        group._life = grouplife.arm(group, [own_pg] if own_pg else [])
+        group._life = _life.arm(rt, group.workers, group._gid, group._pg_ids, [own_pg] if own_pg else [])
     try:
         rt.run(_construct(group, payload), timeout=rt.call_timeout + 10, what=f"constructing actor {wname}")
     except BaseException:
@@ -246,7 +247,7 @@ async def _construct(group: Any, payload: Any) -> None:
     try:
         await worker.client.construct(payload, timeout=group._rt.call_timeout)
     except BaseException as exc:
-        raise await group._convert(worker, exc, "the constructor") from None
+        raise await group._calls.convert(worker, exc, "the constructor") from None
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
@@ -287,10 +288,10 @@ def _stop(rt: Any, group: Any, pg_id: str = "") -> None:
             with contextlib.suppress(Exception):
                 await rt.scheduler.remove_placement_group(pg_id)
 
-    if getattr(group, "_life", None) is not None:
+    if group._life is not None:
         group._life.disarm()
     rt.run(stop(), timeout=60, what="stopping an actor")
-    group._closed = True
+    group._calls.close()
 
 
 def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:

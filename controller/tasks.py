@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from podium.controller.actoroptions import Options, parse_options
 from podium.controller.actors import ActorClass, ActorHandle, start_actor
-from podium.errors import InvalidArgumentError
+from podium.errors import ArgumentMismatchError, InvalidArgumentError
 from podium.worker.actorshell import TaskRunner
 
 __all__ = ["RemoteFunction", "remote", "task_pool_limit", "MAX_TASK_WORKERS"]
@@ -118,8 +118,8 @@ class RemoteFunction:
         index = pool.pick()
         method = "run_async" if inspect.iscoroutinefunction(self._function) else "run"
         try:
-            ref = pool.workers[index]._group._run([0], method, [((self._function, *args), kwargs)],
-                                                  blocking=False)[0]
+            ref = pool.workers[index]._group._calls.run([0], method, [((self._function, *args), kwargs)],
+                                                         blocking=False)[0]
         except BaseException:
             pool.done(index)
             raise
@@ -127,7 +127,7 @@ class RemoteFunction:
         return ref
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"remote functions cannot be called directly: use '{self.__name__}.remote(...)'")
+        raise ArgumentMismatchError(f"remote functions cannot be called directly: use '{self.__name__}.remote(...)'")
 
 
 def remote(*args: Any, **options: Any) -> Any:

@@ -86,6 +86,16 @@ class Echo(Worker):
     def rank0_one(self, x):
         return (self.rank, x)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def leader_only(self, x):
+        """Rank 0 only by its registration, not by its name."""
+        return (self.rank, x)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def execute_rank_zero_stats(self, x):
+        """Every rank, although its name says rank zero."""
+        return (self.rank, x)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self, keys):
         import torch
@@ -213,6 +223,11 @@ def test_execute_rank_zero(wg):
     assert wg.execute_rank_zero_sync("plain", 3) == 6
     assert wg.execute_func_rank_zero(lambda a, b: a + b, 2, 3) == 5
     assert podium.get(wg.execute_rank_zero("plain", 1)) == 2
+
+
+def test_rank_zero_is_the_registered_execute_mode_not_the_name(wg):
+    assert wg.leader_only(3) == (0, 3)
+    assert wg.execute_rank_zero_stats(4) == [(r, 4) for r in range(4)]
 
 
 def test_execute_all_sync_and_async(wg):

@@ -1,7 +1,9 @@
-"""Binding and running a WorkerGroup's calls: the bound method of each ``@register``'ed
-method (dispatch -> execute -> collect), the concurrent calls to the ranks (blocking, or
-``blocking=False`` with PendingRefs), deadlines, and turning broken streams into
-WorkerDiedError. A mixin of :class:`podium.controller.group.WorkerGroup`."""
+"""The call object of a WorkerGroup: :class:`GroupCaller` fans one call out to the group's
+ranks and gathers their results. It sends the ranks their calls concurrently (blocking, or
+``blocking=False`` with PendingRefs), encodes a payload several ranks share once, stages
+same-host payloads in shared memory, keeps every call under its deadline, and turns broken
+streams into WorkerDiedError. Binding the user's methods (:mod:`.binding`) and verl's
+``execute_*`` names (:mod:`.workergroup`) both go through it."""
 
 from __future__ import annotations
 
@@ -10,28 +12,24 @@ import contextlib
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from podium.controller.groupstate import GroupState
 from podium.controller import dispatch as _dispatch
 from podium.controller.calltimeout import effective_call_timeout
 from podium.controller.deathwatch import died_error
 from podium.controller.futures import PendingRef, is_pending, resolve_args
 from podium.controller.gather import GroupGather, RankOutcome
-from podium.controller.groupworkers import WorkerHandle, _no_arguments
+from podium.controller.group.handle import WorkerHandle, no_arguments
+from podium.controller.group.members import GroupMembers
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
 from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
                            WorkerDiedError)
-from podium.worker.decorator import MAGIC_ATTR, get_registration
 from podium.worker.factory import by_value
 
-if TYPE_CHECKING:
-    from podium.controller.group import WorkerGroup
-
-__all__ = ["GroupCalls", "func_generator"]
+__all__ = ["GroupCaller", "Route", "direct_route"]
 
 log = logging.getLogger("podium.controller")
 
@@ -40,107 +38,71 @@ _DEATH_LOOKUP_SECONDS = 5.0
 #: After one rank's deadline, how long the others (same deadline) get to answer or expire.
 _DEADLINE_GRACE_SECONDS = 1.0
 
+#: ``route(method_name, args) -> (remote_name, remote_args)``: what a worker is asked to run.
+Route = Callable[[str, tuple], "tuple[str, tuple]"]
 
-def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable, collect_fn: Callable,
-                   execute_fn: Callable, blocking: bool) -> Callable:
-    """The bound method: an instance of a class named after ``method_name`` (for observability)."""
-    rank_zero = getattr(execute_fn, "__name__", "") == "execute_rank_zero"
-    replicated = dispatch_fn is not _dispatch.dispatch_all_to_all
-    one_to_all = dispatch_fn is _dispatch.dispatch_one_to_all
 
-    def __call__(this, *args: Any, **kwargs: Any) -> Any:
-        if one_to_all and not rank_zero:
-            # Every rank gets the very same arguments: one (args, kwargs) for all, encoded
-            # once, without building and slicing N-long lists per argument (what
-            # dispatch_one_to_all + slice_for_ranks would give, at O(N) Python per call).
-            output = self._run(list(range(self.world_size)), method_name,
-                               [(args, kwargs)] * self.world_size, blocking)
-            return collect_fn(self, output)
-        args, kwargs = dispatch_fn(self, *args, **kwargs)
-        padding_count = kwargs.pop(_dispatch.PADDING_SIZE_KEY, 0)
-        padded_rows = kwargs.pop(_dispatch.PADDED_ROWS_KEY, None)
-        if rank_zero:
-            if replicated:
-                args, kwargs = _dispatch.slice_for_ranks(self.world_size, args, kwargs)[0]
-            output = self._run([0], method_name, [(tuple(args), dict(kwargs))], blocking)[0]
-        else:
-            output = self._run(list(range(self.world_size)), method_name,
-                               _dispatch.slice_for_ranks(self.world_size, args, kwargs), blocking)
-        output = collect_fn(self, output)
-        return _dispatch.unpad_output(output, padding_count, padded_rows, self.world_size)
-
-    cls = type(method_name, (), {"__call__": __call__,
-                                 "__doc__": f"WorkerGroup method {method_name!r} (dispatch -> execute -> collect)."})
-    return cls()
+def direct_route(method_name: str, args: tuple) -> tuple[str, tuple]:
+    """The worker runs the method of that name with the arguments as given."""
+    return method_name, args
 
 
 def _keep_until_done(owned: Any, _ref: Any) -> None:
     """A done-callback whose only job is to hold ``owned`` (put values) until the call ends."""
 
 
-class GroupCalls(GroupState):
-    """How a WorkerGroup binds and runs calls (see the module docstring)."""
+class GroupCaller:
+    """Runs calls on the ranks of one group and gathers the results.
 
-    def _bind_worker_method(self, user_defined_cls: Any, func_generator: Callable = func_generator) -> list[str]:
-        """Put a bound method on the group for every registered method of the class (verl's
-        ``_bind_worker_method``: ``dir()`` order, ``MAGIC_ATTR``)."""
-        user_defined_cls = getattr(user_defined_cls, "__ray_actor_class__", user_defined_cls)
-        names = []
-        for name in dir(user_defined_cls):
-            try:
-                method = getattr(user_defined_cls, name)
-            except Exception:
-                continue
-            if not callable(method) or not hasattr(method, MAGIC_ATTR):
-                continue
-            reg = get_registration(method)
-            assert reg is not None  # it has MAGIC_ATTR
-            dispatch_mode, execute_mode = reg["dispatch_mode"], reg["execute_mode"]
-            _dispatch._check_dispatch_mode(dispatch_mode)
-            _dispatch._check_execute_mode(execute_mode)
-            dispatch_fn, collect_fn = _dispatch.resolve_dispatch_mode(dispatch_mode)
-            execute_fn = getattr(self, _dispatch.get_predefined_execute_fn(execute_mode)["execute_fn_name"])
-            try:
-                setattr(self, name, func_generator(self, name, dispatch_fn=dispatch_fn, collect_fn=collect_fn,
-                                                   execute_fn=execute_fn, blocking=reg["blocking"]))
-            except Exception as exc:
-                raise ValueError(f"Fail to set method_name {name}") from exc
-            names.append(name)
-        return names
+    ``GroupCaller(rt, members, label)``: ``rt`` is the controller runtime (its loop, call
+    timeout, scheduler), ``members`` the group's :class:`GroupMembers` (read at each call),
+    ``label`` names the group in messages, ``route`` maps a method to what the workers run
+    (a fused role's view routes through the fused worker). Once closed (:meth:`close`) it
+    refuses new calls and reports a broken worker's error as it is.
+    """
 
-    def _remote(self, method_name: str, args: tuple) -> tuple[str, tuple]:
-        # Fused views route role methods through the fused worker's dispatcher.
-        if self.fused_worker_used and self.sub_cls_name and method_name not in self.method_names_of_class():
-            assert self.ray_cls_with_init is not None  # a fused view has its class
-            cls = self.ray_cls_with_init.cls
-            role_cls = getattr(cls, "raw_cls_dict", {}).get(self.sub_cls_name)
-            target = getattr(role_cls, method_name, None)
-            fn = "_fuw_execute_async" if asyncio.iscoroutinefunction(target) else self.fused_worker_execute_fn_name
-            return fn, (f"{self.sub_cls_name}_fwmn_{method_name}",) + tuple(args)
-        return method_name, tuple(args)
+    def __init__(self, rt: Any, members: GroupMembers, label: str, route: Route = direct_route) -> None:
+        self._rt = rt
+        self._members = members
+        self._route = route
+        #: The group's name in messages.
+        self.label = label
+        #: Whether the group was shut down (no new calls).
+        self.closed = False
 
-    def method_names_of_class(self) -> set[str]:
-        """Names the hosted class itself has (not routed through a fused role)."""
-        return set(dir(self.ray_cls_with_init.cls)) if self.ray_cls_with_init is not None else set()
+    def routed(self, route: Route | None = None) -> "GroupCaller":
+        """A caller over the same runtime and members with its own closed flag and
+        ``route`` (default: this caller's): a view's."""
+        other = GroupCaller(self._rt, self._members, self.label, self._route if route is None else route)
+        other.closed = self.closed
+        return other
 
-    def _run(self, ranks: list[int], method_name: str, per_rank: list[tuple[tuple, dict]], blocking: bool) -> list:
+    def close(self) -> None:
+        """Refuse new calls from now on."""
+        self.closed = True
+
+    def run_all(self, method_name: str, per_rank: list[tuple[tuple, dict]], blocking: bool) -> list:
+        """:meth:`run` on every rank."""
+        return self.run(list(range(self._members.world_size)), method_name, per_rank, blocking)
+
+    def run(self, ranks: list[int], method_name: str, per_rank: list[tuple[tuple, dict]], blocking: bool) -> list:
         """Call ``method_name`` on ``ranks`` concurrently: values when blocking, else PendingRefs."""
-        if self._closed:
-            raise PodiumError(f"WorkerGroup {self.name_prefix!r} is shut down")
+        if self.closed:
+            raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
         rt = self._rt
         calls = []
         last: Any = None
         for rank, entry in zip(ranks, per_rank):
             if entry is not last:  # ONE_TO_ALL's ranks share one entry: prepared once
                 last = entry
-                name, args = self._remote(method_name, entry[0])
+                name, args = self._route(method_name, entry[0])
                 kwargs = entry[1]
             calls.append((rank, name, args, kwargs))
         timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
         if blocking:
             return rt.run(self._call_all(calls, hold=False, timeout=timeout), timeout=timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")
-        workers = self._workers
+        workers = self._members.workers
         # A held result lives in its worker until nothing here can name it any more: each
         # ref releases it when it is garbage (PendingRef.__del__).
         refs = [PendingRef(rank, method_name, workers[rank].held_releaser(rt)) for rank, *_ in calls]
@@ -160,7 +122,7 @@ class GroupCalls(GroupState):
                                                                   timeout=timeout))
             return
         try:
-            payloads = self._payloads(calls)
+            payloads = self.encode_payloads(calls)
         except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
             for sink in sinks:
                 sink._set_exception(exc)
@@ -168,7 +130,7 @@ class GroupCalls(GroupState):
         self._submit_all(calls, payloads, True, sinks, timeout)
 
     @staticmethod
-    def _payloads(prepared: list) -> dict[int, Any]:
+    def encode_payloads(prepared: list) -> dict[int, Any]:
         """The encoded payload of each call; ranks given the very same objects share one."""
         from podium.worker.client import prepare
         groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
@@ -176,7 +138,7 @@ class GroupCalls(GroupState):
         for members in groups:
             _, _, args, kwargs = prepared[members[0]]
             if not args and not kwargs:
-                payload = _no_arguments()
+                payload = no_arguments()
             else:
                 funcs = [v for v in (*args, *kwargs.values()) if callable(v)]
                 with by_value(*funcs):
@@ -195,7 +157,7 @@ class GroupCalls(GroupState):
                     last = (args, kwargs)  # ranks sharing their arguments share the resolved ones
                     resolved = await resolve_args(args, kwargs)
                 prepared.append((rank, name, *resolved))
-            payloads = self._payloads(prepared)
+            payloads = self.encode_payloads(prepared)
         except BaseException as exc:
             if sinks is None:
                 raise
@@ -227,7 +189,7 @@ class GroupCalls(GroupState):
         if first is not None:
             # The lowest failed rank explains itself; the others keep their deadline.
             rank, name, _, _ = prepared[failed[0]]
-            raise await self._convert(self._workers[rank], first, name) from None
+            raise await self.convert(self._members.workers[rank], first, name) from None
         return gather.values()
 
     async def _stage(self, prepared: list, payloads: dict[int, Any]) -> str | None:
@@ -235,7 +197,7 @@ class GroupCalls(GroupState):
         (:mod:`podium.transport.shmstage`) when two or more ranks take one and together they
         reach the shared-memory threshold (each rank's shard may be below it: 16 MiB over 128
         ranks): the name (pinned), or None. Off the loop: it copies the batch."""
-        workers = self._workers
+        workers = self._members.workers
         local: dict[int, Any] = {}  # the distinct payloads (a ONE_TO_ALL's ranks share one)
         ranks = sent = threshold = 0
         for i, (rank, _, _, _) in enumerate(prepared):
@@ -263,7 +225,7 @@ class GroupCalls(GroupState):
         By default (the PendingRefs of a ``blocking=False`` call) a broken worker's error is
         turned into WorkerDiedError first."""
         timeout = self._rt.call_timeout if timeout is None else timeout
-        workers = self._workers
+        workers = self._members.workers
         failed = self._sink_failed if on_error is None else on_error
         for i, (rank, name, _, _) in enumerate(prepared):
             workers[rank].client.submit_into(name, payloads[i], sinks[i], failed, hold=hold, timeout=timeout)
@@ -271,10 +233,10 @@ class GroupCalls(GroupState):
     def _sink_failed(self, sink: PendingRef, exc: BaseException) -> None:
         """A ``blocking=False`` call failed: settle its ref with the error a user can act on
         (on the loop thread)."""
-        worker = self._workers[sink.rank]
-        if isinstance(exc, UnavailableError) and not isinstance(exc, WorkerDiedError) and not self._closed:
+        worker = self._members.workers[sink.rank]
+        if isinstance(exc, UnavailableError) and not isinstance(exc, WorkerDiedError) and not self.closed:
             async def fail() -> None:  # asks the scheduler how the worker ended
-                sink._set_exception(await self._convert(worker, exc, sink.method))
+                sink._set_exception(await self.convert(worker, exc, sink.method))
             asyncio.get_running_loop().create_task(fail())
             return
         if isinstance(exc, RemoteError) and exc.rank < 0:
@@ -300,9 +262,9 @@ class GroupCalls(GroupState):
         err.ranks = late  # type: ignore[attr-defined]  # read by callers that list the silent ranks
         return err
 
-    async def _convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
+    async def convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
         """Turn a broken stream into WorkerDiedError with the scheduler's exit record."""
-        if isinstance(exc, WorkerDiedError) or not isinstance(exc, UnavailableError) or self._closed:
+        if isinstance(exc, WorkerDiedError) or not isinstance(exc, UnavailableError) or self.closed:
             if isinstance(exc, RemoteError) and exc.rank < 0:
                 exc.rank = worker.rank
             return exc

@@ -1,5 +1,6 @@
 """The per-worker pieces of a WorkerGroup: :class:`WorkerHandle` (one worker process and its
-client), the releaser of its held results, and small call helpers the group modules share."""
+client), the releaser of its held results, and the small helpers the group modules share
+(:func:`class_name`, :func:`no_arguments`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from podium.controller.runtime import get_runtime
 __all__ = ["WorkerHandle", "class_name", "no_arguments"]
 
 
-def _class_name(cls: Any) -> str:
+def class_name(cls: Any) -> str:
+    """The name of a hosted class (through Ray's ``__ray_actor_class__`` wrapper)."""
     cls = getattr(cls, "__ray_actor_class__", cls)
     return getattr(cls, "__name__", str(cls))
 
@@ -76,7 +78,7 @@ class WorkerHandle:
 _NO_ARGUMENTS = None
 
 
-def _no_arguments() -> Any:
+def no_arguments() -> Any:
     """The encoded ``((), {})`` every argument-less call sends (made once)."""
     global _NO_ARGUMENTS
     if _NO_ARGUMENTS is None:
@@ -99,8 +101,3 @@ class _HeldReleaser:
     def __call__(self, object_id: str) -> None:
         if not self._rt._closed:
             self._releaser.add(self._client, object_id)
-
-
-#: Public names of the helpers the group modules share.
-class_name = _class_name
-no_arguments = _no_arguments

@@ -68,13 +68,13 @@ def remove_later(rt: Any, worker_ids: list[str], clients: list, user: int, pg_id
         rt.loop.call_soon_threadsafe(start)
 
 
-def arm(group: Any, owned_pg_ids: Sequence[str] = ()) -> Lifetime:
-    """A token for ``group``'s workers: once it is garbage, they are removed."""
+def arm(rt: Any, workers: Sequence[Any], user: int, pg_ids: Sequence[str],
+        owned_pg_ids: Sequence[str] = ()) -> Lifetime:
+    """A token for ``workers`` (WorkerHandles of ``rt``'s group ``user``, which uses the
+    placement groups ``pg_ids``): once it is garbage, they are removed."""
     token = Lifetime()
-    workers = list(group._workers)
     token.finalizer = weakref.finalize(
-        token, remove_later, group._rt, [w.worker_id for w in workers],
-        [w.client for w in workers if w.client is not None], group._gid, list(group._pg_ids),
-        list(owned_pg_ids))
+        token, remove_later, rt, [w.worker_id for w in workers],
+        [w.client for w in workers if w.client is not None], user, list(pg_ids), list(owned_pg_ids))
     token.finalizer.atexit = False  # at exit the runtime's shutdown removes everything
     return token
