@@ -12,8 +12,13 @@ Where Podium deliberately differs from verl (each fixes one of verl's sharp edge
 docs/dispatch.md):
 
 * ``Dispatch.RANK_ZERO`` has no dispatch function in verl either, but verl only fails with
-  a bare ``KeyError`` while binding. :func:`get_predefined_dispatch_fn` raises a
-  :class:`ValueError` (also a ``KeyError``) that says to use ``Execute.RANK_ZERO``.
+  a bare ``KeyError`` while binding. :func:`get_predefined_dispatch_fn` raises
+  :class:`~podium.errors.RankZeroDispatchError` (an ``InvalidArgumentError``, also a
+  ``KeyError``) that says to use ``Execute.RANK_ZERO``.
+* verl's checks are ``assert`` statements (gone under ``python -O``, a bare
+  ``AssertionError``). Each check here is an explicit test that raises
+  :class:`~podium.errors.InvalidArgumentAssertion` with the numbers: an
+  ``InvalidArgumentError`` that ``except AssertionError`` (as verl code writes) still catches.
 * ``DP_COMPUTE`` accepts tuples and slices them like lists (verl sends the whole tuple to
   every rank).
 * Auto-padding never mutates the caller's DataProto: ranks receive chunks of a padded copy.
@@ -30,13 +35,16 @@ import functools
 import math
 from typing import Any, Callable
 
-import torch
 from tensordict import TensorDict
 
+from podium.controller.dispatchdata import chunk as _chunk
+from podium.controller.dispatchdata import concat as _concat
+from podium.controller.dispatchdata import concat_tensordict, split_tensordict
+from podium.controller.dispatchdata import is_data as _is_data
+from podium.controller.dispatchdata import looks_like_ref as _looks_like_ref
 from podium.dataproto import PADDING_SIZE_KEY, DataProto
-from podium.errors import RankZeroDispatchError
+from podium.errors import InvalidArgumentAssertion, RankZeroDispatchError, UnimplementedError
 from podium.refs import DataProtoFuture
-from podium.rowcat import cat_tensordicts
 from podium.worker.decorator import Dispatch, Execute
 
 __all__ = [
@@ -74,87 +82,6 @@ PADDED_ROWS_KEY = "_podium_padded_rows_x123d"
 
 
 # ---------------------------------------------------------------------------------------
-# data helpers
-
-
-def _is_future(value: Any) -> bool:
-    return isinstance(value, DataProtoFuture)
-
-
-def _is_data(value: Any) -> bool:
-    return isinstance(value, (DataProto, TensorDict)) or _is_future(value)
-
-
-def split_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
-    """Split a TensorDict into ``chunks`` equal parts along its batch dim.
-
-    Jagged nested tensors (``layout=torch.jagged``) are split by row and re-nested, so
-    each part keeps exactly its rows (verl's ``chunk_tensordict``). The length must divide.
-    """
-    n = td.batch_size[0]
-    if n % chunks:
-        raise AssertionError(f"only support equal chunk. Got size of TensorDict {n} and chunk {chunks}.")
-    size = n // chunks
-    nested = {key for key, value in td.items(include_nested=True, leaves_only=True)
-              if isinstance(value, torch.Tensor) and value.is_nested}
-    if not nested:
-        return [td[i * size:(i + 1) * size].contiguous() for i in range(chunks)]
-    plain = td.exclude(*nested)
-    parts = [plain[i * size:(i + 1) * size].contiguous() for i in range(chunks)]
-    for key in nested:
-        rows = td.get(key).unbind()
-        for i, part in enumerate(parts):
-            part.set(key, torch.nested.as_nested_tensor(list(rows[i * size:(i + 1) * size]),
-                                                         layout=torch.jagged))
-    return parts
-
-
-def concat_tensordict(parts: list[TensorDict]) -> TensorDict:
-    """Concatenate TensorDicts along the batch dim; jagged nested tensors are re-nested."""
-    nested = {key for key, value in parts[0].items(include_nested=True, leaves_only=True)
-              if isinstance(value, torch.Tensor) and value.is_nested}
-    if not nested:
-        return cat_tensordicts(parts)
-    out = cat_tensordicts([p.exclude(*nested) for p in parts])
-    for key in nested:
-        rows = [row for p in parts for row in p.get(key).unbind()]
-        out.set(key, torch.nested.as_nested_tensor(rows, layout=torch.jagged))
-    return out
-
-
-def _chunk(value: Any, chunks: int) -> list:
-    if isinstance(value, TensorDict):
-        return split_tensordict(value, chunks)
-    return value.chunk(chunks)
-
-
-def _concat(outputs: list) -> Any:
-    first = outputs[0]
-    if _is_future(first) or _looks_like_ref(first):
-        return _future_concat(outputs)
-    if isinstance(first, TensorDict):
-        return concat_tensordict(outputs)
-    return DataProto.concat(outputs)
-
-
-def _looks_like_ref(value: Any) -> bool:
-    # Refs of blocking=False calls: podium.refs.ObjectRef, or the controller's pending refs.
-    from podium.refs import ObjectRef
-    if isinstance(value, ObjectRef):
-        return True
-    try:
-        from podium.controller.futures import PendingRef
-    except ImportError:  # pragma: no cover - the controller package is partially imported
-        return False
-    return isinstance(value, PendingRef)
-
-
-def _future_concat(outputs: list) -> Any:
-    from podium.controller.futures import concat_refs
-    return concat_refs(outputs)
-
-
-# ---------------------------------------------------------------------------------------
 # predefined dispatch / collect functions (verl names)
 
 
@@ -178,12 +105,14 @@ def collect_all_to_all(worker_group, output):
 
 def dispatch_direct_rollout_fn(worker_group, *args, **kwargs):
     """Forbidden, as in verl: direct rollout methods are called on the workers themselves."""
-    raise NotImplementedError("Direct rollout call is forbidden.")
+    raise UnimplementedError("Direct rollout call is forbidden: call a DIRECT_ROLLOUT_METHOD on the workers "
+                             "themselves (verl's rule)")
 
 
 def collect_direct_rollout_fn(worker_group, output):
     """Forbidden, as in verl."""
-    raise NotImplementedError("Direct rollout call is forbidden.")
+    raise UnimplementedError("Direct rollout call is forbidden: call a DIRECT_ROLLOUT_METHOD on the workers "
+                             "themselves (verl's rule)")
 
 
 def dispatch_dp_compute(worker_group, *args, **kwargs):
@@ -195,7 +124,7 @@ def dispatch_dp_compute(worker_group, *args, **kwargs):
     ws = worker_group.world_size
     for arg in list(args) + list(kwargs.values()):
         if not isinstance(arg, (tuple, list)) or len(arg) != ws:
-            raise AssertionError(
+            raise InvalidArgumentAssertion(
                 f"DP_COMPUTE needs every argument to be a list or tuple of world_size={ws} "
                 f"items, got {type(arg).__name__}"
                 + (f" of length {len(arg)}" if isinstance(arg, (tuple, list)) else ""))
@@ -207,7 +136,8 @@ def dispatch_dp_compute(worker_group, *args, **kwargs):
 def collect_dp_compute(worker_group, output):
     """The list of per-rank outputs (must have ``world_size`` entries)."""
     if len(output) != worker_group.world_size:
-        raise AssertionError(f"expected {worker_group.world_size} outputs, got {len(output)}")
+        raise InvalidArgumentAssertion(f"DP_COMPUTE collects one output per rank: expected "
+                                       f"{worker_group.world_size} outputs, got {len(output)}")
     return output
 
 
@@ -233,8 +163,8 @@ def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs
                 data_len = len(value)
                 padding_size = (chunks - data_len % chunks) if data_len % chunks else 0
             elif len(value) != data_len:
-                raise AssertionError(
-                    f"padding-enabled DataProtos must have the same length: {data_len} != {len(value)}")
+                raise InvalidArgumentAssertion(
+                    f"padding-enabled DataProtos must have the same length: {data_len} != {len(value)} rows")
             if padding_size:
                 value = value.padded(padding_size)
         return _chunk(value, chunks)
@@ -250,7 +180,7 @@ def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs
 def _check_data_args(mode: str, args, kwargs) -> None:
     for arg in list(args) + list(kwargs.values()):
         if not _is_data(arg):
-            raise AssertionError(
+            raise InvalidArgumentAssertion(
                 f"{mode} needs DataProto, TensorDict or DataProtoFuture arguments, "
                 f"got {type(arg).__name__}")
 
@@ -264,7 +194,9 @@ def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
 def dispatch_dp_compute_data_proto_with_func(worker_group, *args, **kwargs):
     """``args[0]`` is a function replicated to every rank; the rest is chunked (no padding)."""
     if not args or not callable(args[0]):
-        raise AssertionError("DP_COMPUTE_PROTO_WITH_FUNC needs a function as its first argument")
+        raise InvalidArgumentAssertion(
+            "DP_COMPUTE_PROTO_WITH_FUNC needs a function as its first argument, got "
+            + (type(args[0]).__name__ if args else "no arguments"))
     _check_data_args("DP_COMPUTE_PROTO_WITH_FUNC", args[1:], kwargs)
     ws = worker_group.world_size
     split_args, split_kwargs = _split_args_kwargs_data_proto(ws, *args[1:], **kwargs)
@@ -275,7 +207,8 @@ def collect_dp_compute_data_proto(worker_group, output):
     """Concatenate per-rank DataProtos (or TensorDicts); refs become a DataProtoFuture."""
     for value in output:
         if not (_is_data(value) or _looks_like_ref(value)):
-            raise AssertionError(f"expected DataProto outputs, got {type(value).__name__}")
+            raise InvalidArgumentAssertion(f"expected DataProto outputs from every rank, got "
+                                           f"{type(value).__name__}")
     if len(output) == 1 and isinstance(output[0], DataProto) and "metrics" not in output[0].meta_info:
         # One rank: its reply was decoded for this call alone, so it is the result as is
         # (concat would copy every tensor once more; it only reshapes "metrics").
@@ -295,7 +228,7 @@ def _mesh_info(worker_group, attr: str, query: str, mesh_name: str) -> list:
     if mesh_name not in cache:
         info = list(getattr(worker_group, query)(mesh_name))
         if len(info) != worker_group.world_size:
-            raise AssertionError(
+            raise InvalidArgumentAssertion(
                 f"{query}({mesh_name!r}) returned {len(info)} entries for world_size "
                 f"{worker_group.world_size}")
         cache[mesh_name] = info
@@ -313,7 +246,8 @@ def dispatch_nd_compute(dp_rank_mapping: list[int], dp_size: int, worker_group, 
         if _is_data(value):
             parts = _chunk(value, dp_size)
             if len(parts) != dp_size:
-                raise AssertionError(f"could not split {type(value).__name__} into {dp_size} parts")
+                raise InvalidArgumentAssertion(f"could not split {type(value).__name__} into {dp_size} parts "
+                                               f"(got {len(parts)})")
             return [parts[d] for d in dp_rank_mapping]
         return [value] * len(dp_rank_mapping)
 
@@ -323,7 +257,8 @@ def dispatch_nd_compute(dp_rank_mapping: list[int], dp_size: int, worker_group, 
 def collect_nd_compute(collect_mask: list[bool], dp_rank_mapping: list[int] | None, worker_group, output):
     """Outputs of the collecting ranks, ordered by dp rank (one per dp rank)."""
     if len(output) != worker_group.world_size:
-        raise AssertionError(f"expected {worker_group.world_size} outputs, got {len(output)}")
+        raise InvalidArgumentAssertion(f"mesh collect needs one output per rank: expected "
+                                       f"{worker_group.world_size} outputs, got {len(output)}")
     chosen: dict[int, Any] = {}
     for rank, (keep, value) in enumerate(zip(collect_mask, output)):
         if not keep:
@@ -347,7 +282,8 @@ def collect_lazy_compute_data_proto(mesh_name: str, worker_group, *args, **kwarg
     output = collect_nd_compute(mask, mapping, worker_group, *args, **kwargs)
     for value in output:
         if not (_is_data(value) or _looks_like_ref(value)):
-            raise AssertionError(f"expected DataProto or TensorDict outputs, got {type(value).__name__}")
+            raise InvalidArgumentAssertion(f"expected DataProto or TensorDict outputs from the collecting "
+                                           f"ranks, got {type(value).__name__}")
     return _concat(output)
 
 
@@ -396,14 +332,16 @@ def register_dispatch_mode(dispatch_mode_name: str, dispatch_fn: Callable, colle
     dispatch_mode = Dispatch.register(dispatch_mode_name)
     _check_dispatch_mode(dispatch_mode)
     if dispatch_mode in DISPATCH_MODE_FN_REGISTRY:
-        raise AssertionError(f"dispatch_mode_name {dispatch_mode_name} already exists")
+        raise InvalidArgumentAssertion(f"dispatch_mode_name {dispatch_mode_name} already exists "
+                                       f"(update_dispatch_mode replaces its functions)")
     DISPATCH_MODE_FN_REGISTRY[dispatch_mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
 
 
 def update_dispatch_mode(dispatch_mode, dispatch_fn: Callable, collect_fn: Callable) -> None:
     """Replace the functions of an existing dispatch mode."""
     if not isinstance(dispatch_mode, Dispatch) or dispatch_mode not in DISPATCH_MODE_FN_REGISTRY:
-        raise AssertionError(f"dispatch_mode {dispatch_mode} not found")
+        raise InvalidArgumentAssertion(f"dispatch_mode {dispatch_mode!r} not found: register it first "
+                                       f"(register_dispatch_mode)")
     DISPATCH_MODE_FN_REGISTRY[dispatch_mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
 
 
@@ -417,12 +355,14 @@ def get_predefined_execute_fn(execute_mode) -> dict[str, str]:
 def _check_dispatch_mode(dispatch_mode) -> None:
     if not (isinstance(dispatch_mode, Dispatch) or (
             isinstance(dispatch_mode, dict) and "dispatch_fn" in dispatch_mode and "collect_fn" in dispatch_mode)):
-        raise AssertionError(f"dispatch_mode {dispatch_mode!r} is not supported")
+        raise InvalidArgumentAssertion(f"dispatch_mode {dispatch_mode!r} is not supported: a Dispatch member "
+                                       f"or a dict with 'dispatch_fn' and 'collect_fn'")
 
 
 def _check_execute_mode(execute_mode) -> None:
     if not isinstance(execute_mode, Execute):
-        raise AssertionError(f"execute_mode {execute_mode!r} is not supported")
+        raise InvalidArgumentAssertion(f"execute_mode {execute_mode!r} is not supported: Execute.ALL or "
+                                       f"Execute.RANK_ZERO")
 
 
 def resolve_dispatch_mode(dispatch_mode) -> tuple[Callable, Callable]:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from podium.errors import DeadlineExceededError
+from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError, InvalidArgumentError
 from podium.refs import DataProtoFuture, ObjectRef
 
 __all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
@@ -244,7 +244,8 @@ class PendingDataProtoFuture(DataProtoFuture):
             return base.slice(a, b)
         if kind == "unpad":
             return base.slice(0, len(base) - self._op[1])
-        raise AssertionError(f"unknown op {self._op!r}")
+        raise InternalError(f"PendingDataProtoFuture has an unknown op {self._op!r} "
+                            f"(a bug in podium.controller.futures)")
 
     def resolved(self, timeout: float | None = None) -> DataProtoFuture:
         """The plain DataProtoFuture, waiting up to ``timeout`` for the producers."""
@@ -350,7 +351,8 @@ def concat_refs(outputs: list) -> DataProtoFuture:
     for value in outputs:
         if isinstance(value, PendingDataProtoFuture) or (
                 isinstance(value, DataProtoFuture) and not isinstance(value, PendingDataProtoFuture)):
-            raise TypeError("cannot concatenate DataProtoFutures; collect refs instead")
+            raise ArgumentMismatchError("cannot concatenate DataProtoFutures; collect the per-rank refs instead "
+                                        "(a collect function over ObjectRefs or PendingRefs)")
         flat.append(value)
     if all(isinstance(v, ObjectRef) for v in flat):
         return DataProtoFuture.concat(flat)
@@ -463,7 +465,7 @@ def wait(refs: list, num_returns: int = 1, timeout: float | None = None) -> tupl
     """
     refs = list(refs)
     if not 0 <= num_returns <= len(refs):
-        raise ValueError(f"num_returns must be in [0, {len(refs)}], got {num_returns}")
+        raise InvalidArgumentError(f"num_returns must be in [0, {len(refs)}] (the number of refs), got {num_returns}")
     deadline = None if timeout is None else time.monotonic() + timeout
     underlying = _underlying(refs)
     with _board:

@@ -27,7 +27,7 @@ import random
 import string
 from typing import Any
 
-from podium.errors import FailedPreconditionError, InfeasibleError, InvalidArgumentError
+from podium.errors import FailedPreconditionError, InfeasibleError, InvalidArgumentAssertion, InvalidArgumentError
 
 __all__ = [
     "ResourcePool",
@@ -242,14 +242,14 @@ def split_resource_pool(resource_pool: ResourcePool, split_size: int | list[int]
     world size, or a list that sums to it), sharing the parent's placement groups."""
     if isinstance(split_size, int):
         if split_size <= 0 or resource_pool.world_size % split_size:
-            raise AssertionError(
+            raise InvalidArgumentAssertion(
                 f"split_size {split_size} must divide the world size {resource_pool.world_size}")
         sizes = [split_size] * (resource_pool.world_size // split_size)
     else:
         sizes = list(split_size)
         if sum(sizes) != resource_pool.world_size:
-            raise AssertionError(
-                f"split sizes {sizes} must sum to the world size {resource_pool.world_size}")
+            raise InvalidArgumentAssertion(
+                f"split sizes {sizes} (total {sum(sizes)}) must sum to the world size {resource_pool.world_size}")
     pgs = resource_pool.get_placement_groups()
     base = getattr(resource_pool, "start_bundle_index", 0)
     starts = [base + sum(sizes[:i]) for i in range(len(sizes))]
@@ -270,8 +270,8 @@ def merge_resource_pool(rp1: ResourcePool, rp2: ResourcePool) -> ResourcePool:
     """One pool over both pools' placement groups (``store = rp1.store + rp2.store``)."""
     for attr in ("use_gpu", "max_colocate_count", "n_gpus_per_node", "detached", "gpu_memory_cap"):
         if getattr(rp1, attr) != getattr(rp2, attr):
-            raise AssertionError(f"cannot merge pools with different {attr}: "
-                                 f"{getattr(rp1, attr)!r} != {getattr(rp2, attr)!r}")
+            raise InvalidArgumentAssertion(f"cannot merge pools with different {attr}: "
+                                           f"{getattr(rp1, attr)!r} != {getattr(rp2, attr)!r}")
     merged = ResourcePool(process_on_nodes=list(rp1.store) + list(rp2.store), use_gpu=rp1.use_gpu,
                           max_colocate_count=rp1.max_colocate_count, n_gpus_per_node=rp1.n_gpus_per_node,
                           name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}", detached=rp1.detached,

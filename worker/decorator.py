@@ -124,10 +124,11 @@ class DynamicEnum(metaclass=DynamicEnumMeta):
 
     @classmethod
     def register(cls, name: str) -> DynamicEnum:
-        """Add member ``name.upper()``; ValueError if it exists."""
+        """Add member ``name.upper()``; InvalidArgumentError (a ValueError) if it exists."""
         key = name.upper()
         if key in cls._registry:
-            raise ValueError(f"{key} already registered")
+            raise InvalidArgumentError(f"{key} already registered in {cls.__name__} "
+                                       f"(a name is registered once per process)")
         member = cls(key, cls._next_value)
         cls._registry[key] = member
         setattr(cls, key, member)

@@ -1,0 +1,96 @@
+"""The data side of dispatch: splitting a call's DataProto / TensorDict / DataProtoFuture
+arguments over ranks and concatenating the ranks' outputs back (jagged nested tensors are
+split and re-nested by row). :mod:`podium.controller.dispatch` builds its dispatch and
+collect functions on these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from podium.dataproto import DataProto
+from podium.errors import InvalidArgumentAssertion
+from podium.refs import DataProtoFuture
+from podium.rowcat import cat_tensordicts
+
+__all__ = ["chunk", "concat", "concat_tensordict", "is_data", "is_future", "looks_like_ref", "split_tensordict"]
+
+
+def is_future(value: Any) -> bool:
+    return isinstance(value, DataProtoFuture)
+
+
+def is_data(value: Any) -> bool:
+    return isinstance(value, (DataProto, TensorDict)) or is_future(value)
+
+
+def split_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
+    """Split a TensorDict into ``chunks`` equal parts along its batch dim.
+
+    Jagged nested tensors (``layout=torch.jagged``) are split by row and re-nested, so
+    each part keeps exactly its rows (verl's ``chunk_tensordict``). The length must divide.
+    """
+    n = td.batch_size[0]
+    if n % chunks:
+        raise InvalidArgumentAssertion(f"a TensorDict of {n} rows cannot be split into {chunks} equal chunks "
+                                       f"({n} % {chunks} = {n % chunks} rows left over)")
+    size = n // chunks
+    nested = {key for key, value in td.items(include_nested=True, leaves_only=True)
+              if isinstance(value, torch.Tensor) and value.is_nested}
+    if not nested:
+        return [td[i * size:(i + 1) * size].contiguous() for i in range(chunks)]
+    plain = td.exclude(*nested)
+    parts = [plain[i * size:(i + 1) * size].contiguous() for i in range(chunks)]
+    for key in nested:
+        rows = td.get(key).unbind()
+        for i, part in enumerate(parts):
+            part.set(key, torch.nested.as_nested_tensor(list(rows[i * size:(i + 1) * size]),
+                                                         layout=torch.jagged))
+    return parts
+
+
+def concat_tensordict(parts: list[TensorDict]) -> TensorDict:
+    """Concatenate TensorDicts along the batch dim; jagged nested tensors are re-nested."""
+    nested = {key for key, value in parts[0].items(include_nested=True, leaves_only=True)
+              if isinstance(value, torch.Tensor) and value.is_nested}
+    if not nested:
+        return cat_tensordicts(parts)
+    out = cat_tensordicts([p.exclude(*nested) for p in parts])
+    for key in nested:
+        rows = [row for p in parts for row in p.get(key).unbind()]
+        out.set(key, torch.nested.as_nested_tensor(rows, layout=torch.jagged))
+    return out
+
+
+def chunk(value: Any, chunks: int) -> list:
+    if isinstance(value, TensorDict):
+        return split_tensordict(value, chunks)
+    return value.chunk(chunks)
+
+
+def concat(outputs: list) -> Any:
+    first = outputs[0]
+    if is_future(first) or looks_like_ref(first):
+        return _future_concat(outputs)
+    if isinstance(first, TensorDict):
+        return concat_tensordict(outputs)
+    return DataProto.concat(outputs)
+
+
+def looks_like_ref(value: Any) -> bool:
+    # Refs of blocking=False calls: podium.refs.ObjectRef, or the controller's pending refs.
+    from podium.refs import ObjectRef
+    if isinstance(value, ObjectRef):
+        return True
+    try:
+        from podium.controller.futures import PendingRef
+    except ImportError:  # pragma: no cover - the controller package is partially imported
+        return False
+    return isinstance(value, PendingRef)
+
+
+def _future_concat(outputs: list) -> Any:
+    from podium.controller.futures import concat_refs
+    return concat_refs(outputs)
