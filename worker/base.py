@@ -148,6 +148,10 @@ class Worker(WorkerHelper):
 
     #: Name of the attribute that holds sibling roles when fused.
     fused_worker_attr_name = "fused_worker_dict"
+    # Set per instance from the environment at construction (see ``_configure_with_store``);
+    # declared here for the type checker.
+    _master_addr: str
+    _master_port: str
 
     @classmethod
     def env_keys(cls) -> list[str]:

@@ -65,6 +65,14 @@ class WorkerChannel:
         self._channel = rpc.make_channel(self.address, "", self._tls, add_token=False)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
+    def _connected_stub(self) -> worker_pb2_grpc.WorkerStub:
+        """The stub of the channel, connecting first (on the running loop)."""
+        self.connect()
+        stub = self._stub
+        if stub is None:  # connect() always makes one; a subclass that does not is a bug
+            raise errors.InternalError(f"no channel to {self._who()} after connect()")
+        return stub
+
     def _rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> errors.PodiumError:
         err = rpc.error_from_rpc(exc, what=f"{what} on {self._who()}")
         if type(err) is errors.UnavailableError:
@@ -76,9 +84,9 @@ class WorkerChannel:
 
     async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
         """The worker's identity, state and method table."""
-        self.connect()
+        stub = self._connected_stub()
         try:
-            return await self._stub.Describe(worker_pb2.DescribeRequest(), timeout=timeout,
+            return await stub.Describe(worker_pb2.DescribeRequest(), timeout=timeout,
                                              metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Describe") from None
@@ -86,7 +94,7 @@ class WorkerChannel:
     async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
                     timeout: float | None = None) -> Any:
         """The value ``ref`` names (or only rows ``[rows[0], rows[1])`` of it), from its owner."""
-        self.connect()
+        stub = self._connected_stub()
         if self.same_host is None and ref.size_bytes >= self.shm_threshold:
             self.same_host = shares_shm(await self.describe(timeout=timeout or 30.0))
         request = worker_pb2.FetchRequest(object_id=ref.object_id,
@@ -96,7 +104,7 @@ class WorkerChannel:
             request.row_start, request.row_stop = int(rows[0]), int(rows[1])
         assembler = None
         try:
-            async for chunk in self._stub.Fetch(request, timeout=timeout, metadata=self._metadata):
+            async for chunk in stub.Fetch(request, timeout=timeout, metadata=self._metadata):
                 if assembler is None:
                     if chunk.shm_name:
                         self.last_fetch_bytes = chunk.total_size
@@ -113,10 +121,10 @@ class WorkerChannel:
 
     async def release(self, object_ids, *, timeout: float | None = 30.0) -> int:
         """Drop held results in the worker; returns how many were held."""
-        self.connect()
+        stub = self._connected_stub()
         ids = [r.object_id if isinstance(r, ObjectRef) else r for r in object_ids]
         try:
-            reply = await self._stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
+            reply = await stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
                                              timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Release") from None
@@ -124,9 +132,9 @@ class WorkerChannel:
 
     async def shutdown(self, reason: str = "", *, timeout: float | None = 10.0) -> None:
         """Ask the worker process to exit (it answers first)."""
-        self.connect()
+        stub = self._connected_stub()
         try:
-            await self._stub.Shutdown(worker_pb2.ShutdownRequest(reason=reason), timeout=timeout,
+            await stub.Shutdown(worker_pb2.ShutdownRequest(reason=reason), timeout=timeout,
                                       metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Shutdown") from None

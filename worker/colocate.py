@@ -99,12 +99,13 @@ def _registered_methods(cls: type) -> list[tuple[str, Callable]]:
 def _delegate(role: str, method_name: str, original: Callable, attr_name: str,
               owner_qualname: str) -> Callable:
     """A method of the colocated class that calls ``self.worker_dict[role].<method_name>``."""
-    if inspect.iscoroutinefunction(original):
-        async def delegate(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return await getattr(self.worker_dict[role], method_name)(*args, **kwargs)
-    else:
-        def delegate(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return getattr(self.worker_dict[role], method_name)(*args, **kwargs)
+    async def delegate_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self.worker_dict[role], method_name)(*args, **kwargs)
+
+    def delegate_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker_dict[role], method_name)(*args, **kwargs)
+
+    delegate: Callable = delegate_async if inspect.iscoroutinefunction(original) else delegate_sync
     delegate.__name__ = attr_name
     delegate.__qualname__ = f"{owner_qualname}.{attr_name}"
     delegate.__doc__ = original.__doc__ or f"{role}.{method_name}"
@@ -122,8 +123,10 @@ def create_colocated_worker_raw_cls_dict(class_dict: Mapping[str, Any]) -> type:
     roles = _roles(class_dict)
     base = _base_class(next(iter(roles.values()))[0])
 
+    base_init: Callable[[Any], None] = base.__init__  # type: ignore[misc]  # the class's own, on purpose
+
     def __init__(self: Any) -> None:
-        base.__init__(self)
+        base_init(self)
         self.worker_dict = {}
         for key, (cls, args, kwargs) in roles.items():
             # Each role's own Worker.__init__ reads the same env: same rank.
@@ -140,6 +143,8 @@ def create_colocated_worker_raw_cls_dict(class_dict: Mapping[str, Any]) -> type:
         role_methods[key] = {}
         for method_name, method in _registered_methods(cls):
             reg = get_registration(method)
+            if reg is None:  # _registered_methods lists registered methods only
+                continue
             direct = reg["dispatch_mode"] is Dispatch.DIRECT_ROLLOUT_METHOD and "rollout" in key
             attr = method_name if direct else f"{key}_{method_name}"
             if attr in origin or hasattr(base, attr):
@@ -150,11 +155,10 @@ def create_colocated_worker_raw_cls_dict(class_dict: Mapping[str, Any]) -> type:
             origin[attr] = f"role {key!r}"
             namespace[attr] = _delegate(key, method_name, method, attr, "WorkerDict")
             role_methods[key][method_name] = attr
-    worker_dict_cls = type("WorkerDict", (base,), namespace)
-    worker_dict_cls.role_names = tuple(roles)
-    worker_dict_cls.role_methods = role_methods
-    worker_dict_cls._podium_role_classes = {key: cls for key, (cls, _, _) in roles.items()}
-    return worker_dict_cls
+    namespace["role_names"] = tuple(roles)
+    namespace["role_methods"] = role_methods
+    namespace["_podium_role_classes"] = {key: cls for key, (cls, _, _) in roles.items()}
+    return type("WorkerDict", (base,), namespace)
 
 
 def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> ClassWithInitArgs:

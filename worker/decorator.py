@@ -243,9 +243,14 @@ def _materialize_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return args, kwargs
     if not any(isinstance(v, kinds) for v in (*args, *kwargs.values())):
         return args, kwargs  # the common case: no copies on the call path
-    args = tuple(a.get() if isinstance(a, kinds) else a for a in args)
-    kwargs = {k: (v.get() if isinstance(v, kinds) else v) for k, v in kwargs.items()}
+    args = tuple(_value_of(a) if isinstance(a, kinds) else a for a in args)
+    kwargs = {k: (_value_of(v) if isinstance(v, kinds) else v) for k, v in kwargs.items()}
     return args, kwargs
+
+
+def _value_of(future: Any) -> Any:
+    """A DataProtoFuture's value (its ``get()``)."""
+    return future.get()
 
 
 async def _aresolve(future: Any) -> Any:
