@@ -8,16 +8,23 @@ method's registration, never from a function's name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from podium.controller import dispatch as _dispatch
 from podium.errors import InvalidArgumentError
 from podium.worker.decorator import MAGIC_ATTR, Execute, get_registration
 
-if TYPE_CHECKING:
-    from podium.controller.group.workergroup import WorkerGroup
+__all__ = ["BindableGroup", "bind_worker_methods", "func_generator", "runs_on"]
 
-__all__ = ["bind_worker_methods", "func_generator", "runs_on"]
+
+class BindableGroup(Protocol):
+    """What a bound method reads of its group, per call (a protocol, so the group's module
+    imports this one and not the other way round)."""
+
+    _calls: Any
+
+    @property
+    def world_size(self) -> int: ...
 
 
 def runs_on(execute_mode: Any) -> Any:
@@ -29,7 +36,7 @@ def runs_on(execute_mode: Any) -> Any:
     return mark
 
 
-def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable, collect_fn: Callable,
+def func_generator(self: BindableGroup, method_name: str, dispatch_fn: Callable, collect_fn: Callable,
                    execute_fn: Callable, blocking: bool, execute_mode: Any = None) -> Callable:
     """The bound method: an instance of a class named after ``method_name`` (for observability).
 
@@ -69,7 +76,7 @@ def func_generator(self: "WorkerGroup", method_name: str, dispatch_fn: Callable,
     return cls()
 
 
-def bind_worker_methods(group: "WorkerGroup", user_defined_cls: Any,
+def bind_worker_methods(group: Any, user_defined_cls: Any,
                         generator: Callable = func_generator) -> list[str]:
     """Put a bound method on ``group`` for every registered method of the class (verl's
     ``_bind_worker_method``: ``dir()`` order, ``MAGIC_ATTR``); their names."""

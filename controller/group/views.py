@@ -8,15 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from podium.controller.group.binding import bind_worker_methods, func_generator
 from podium.errors import InvalidArgumentError
 
-if TYPE_CHECKING:
-    from podium.controller.group.workergroup import WorkerGroup
+__all__ = ["FusedRoute", "ViewableGroup", "make_view", "spawn", "spawn_fused"]
 
-__all__ = ["FusedRoute", "make_view", "spawn", "spawn_fused"]
+
+class ViewableGroup(Protocol):
+    """What a view is made from: the WorkerGroup attributes this module reads and sets (a
+    protocol, so the group's module is imported by this one and not the other way round)."""
+
+    ray_cls_with_init: Any
+    fused_worker_used: bool
+    fused_worker_execute_fn_name: str
+    sub_cls_name: str
+    _calls: Any
+    _owns_workers: bool
+    _pg_ids: list[str]
+    _dispatch_info: dict[str, list[int]]
+    _collect_info: dict[str, list[bool]]
+
+
+G = TypeVar("G", bound=ViewableGroup)
 
 #: The fused worker's dispatcher of synchronous role methods (verl's name).
 FUSED_EXECUTE = "_fuw_execute"
@@ -45,9 +60,9 @@ class FusedRoute:
         return fn, (f"{self.role}_fwmn_{method_name}",) + tuple(args)
 
 
-def make_view(group: "WorkerGroup") -> "WorkerGroup":
+def make_view(group: G) -> G:
     """A view of ``group``: the same workers, its own mesh caches and call object."""
-    view: Any = copy.copy(group)
+    view = copy.copy(group)
     view._owns_workers = False
     view._pg_ids = []  # the parent holds the placement groups
     view._dispatch_info = {}
@@ -56,13 +71,13 @@ def make_view(group: "WorkerGroup") -> "WorkerGroup":
     return view
 
 
-def _hosted_class(group: "WorkerGroup") -> Any:
+def _hosted_class(group: ViewableGroup) -> Any:
     if group.ray_cls_with_init is None:
         raise InvalidArgumentError("spawn() needs a group built from a class (ray_cls_with_init)")
     return group.ray_cls_with_init.cls
 
 
-def spawn(group: "WorkerGroup", prefix_set: Any) -> dict[str, "WorkerGroup"]:
+def spawn(group: G, prefix_set: Any) -> dict[str, G]:
     """One view per role prefix of a colocated class (see :meth:`WorkerGroup.spawn`)."""
     if group.fused_worker_used:
         return spawn_fused(group, prefix_set)
@@ -82,7 +97,7 @@ def spawn(group: "WorkerGroup", prefix_set: Any) -> dict[str, "WorkerGroup"]:
     return views
 
 
-def spawn_fused(group: "WorkerGroup", prefix_set: Any) -> dict[str, "WorkerGroup"]:
+def spawn_fused(group: G, prefix_set: Any) -> dict[str, G]:
     """Views of a fused class: each binds its role's methods, routed via ``_fuw_execute``."""
     cls = _hosted_class(group)
     raw = cls.raw_cls_dict
