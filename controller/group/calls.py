@@ -111,27 +111,31 @@ class GroupCaller:
             keep_alive = functools.partial(_keep_until_done, owned)
             for ref in refs:
                 ref.add_done_callback(keep_alive)
-        soon(rt.loop, self._start_nowait, calls, refs, timeout)  # batched: one loop wake-up per burst
+        if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
+            # Arguments that are still computing: resolved, then encoded, in a task on the loop.
+            soon(rt.loop, self._start_when_resolved, calls, refs, timeout)
+            return refs
+        # The arguments are encoded here and their buffers copied before the call returns:
+        # the call sends them later, from the loop, and must send what they were now.
+        try:
+            payloads = self.encode_payloads(calls, snapshot=True)
+        except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
+            for ref in refs:
+                ref._set_exception(exc)
+            return refs
+        soon(rt.loop, self._submit_all, calls, payloads, True, refs, timeout)  # batched: one loop wake-up per burst
         return refs
 
-    def _start_nowait(self, calls: list, sinks: list[PendingRef], timeout: float | None = None) -> None:
-        """Start a ``blocking=False`` call on the loop thread; results settle ``sinks``."""
-        if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
-            # Arguments that are still computing: wait for them in a task.
-            asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks,
-                                                                  timeout=timeout))
-            return
-        try:
-            payloads = self.encode_payloads(calls)
-        except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
-            for sink in sinks:
-                sink._set_exception(exc)
-            return
-        self._submit_all(calls, payloads, True, sinks, timeout)
+    def _start_when_resolved(self, calls: list, sinks: list[PendingRef], timeout: float | None = None) -> None:
+        """Start a ``blocking=False`` call whose arguments include results still computing."""
+        asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks, timeout=timeout))
 
     @staticmethod
-    def encode_payloads(prepared: list) -> dict[int, Any]:
-        """The encoded payload of each call; ranks given the very same objects share one."""
+    def encode_payloads(prepared: list, snapshot: bool = False) -> dict[int, Any]:
+        """The encoded payload of each call; ranks given the very same objects share one.
+
+        ``snapshot``: with the buffers copied (:meth:`Payload.snapshot`), for a call that
+        returns before they are sent."""
         from podium.worker.client import prepare
         groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
         payloads: dict[int, Any] = {}
@@ -143,6 +147,8 @@ class GroupCaller:
                 funcs = [v for v in (*args, *kwargs.values()) if callable(v)]
                 with by_value(*funcs):
                     payload = prepare((tuple(args), dict(kwargs)))
+                if snapshot:
+                    payload = payload.snapshot()
             for i in members:
                 payloads[i] = payload
         return payloads

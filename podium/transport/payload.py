@@ -40,6 +40,13 @@ class Payload:
         self._chunks: list[bytes] | None = None
         self._tails: dict | None = None
 
+    def snapshot(self) -> "Payload":
+        """This payload with its buffers copied (:meth:`podium.codec.Encoded.snapshot`): what
+        a call that returns before it is sent sends, so later changes to the caller's
+        tensors do not reach the workers."""
+        encoded = self.encoded.snapshot()
+        return self if encoded is self.encoded else Payload(encoded, self.reusable)
+
     def frame_tail(self, method: str, hold: bool, timeout: float, reply_in_shm: bool) -> bytes:
         """The serialized one-frame CALL of this payload minus its call id (see
         :mod:`podium.transport.frames`); kept for the next call with the same options."""

@@ -1,0 +1,121 @@
+"""An argument is what it was when the call returned.
+
+A call that returns before its arguments are sent (a ``blocking=False`` method, a task, an
+actor method) or before a value is stored (``put``) must not see what the caller does to
+those arguments afterwards: Ray serializes them at call time, and a verl loop that reuses or
+edits a batch after a non-blocking call relies on that. Each case changes its tensors in
+place right after the call returns, on every path a payload takes: shared memory (the
+embedded cluster is on this host), TCP (``PODIUM_DISABLE_SHM``) and the gRPC stream
+(``PODIUM_RAW_CALLS=0``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import podium
+from podium import DataProto
+from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from podium.worker import Dispatch, Worker, register
+
+pytestmark = pytest.mark.timeout(240)
+
+#: 32 MiB of float32 ones: a sum of ones is exact, and +1 in place doubles it.
+NUMEL = 8 << 20
+PATHS = {
+    "shm": {},
+    "tcp": {"PODIUM_DISABLE_SHM": "1"},
+    "grpc": {"PODIUM_DISABLE_SHM": "1", "PODIUM_RAW_CALLS": "0"},
+}
+
+
+class Summer(Worker):
+    """Sums what it is given."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def total(self, tensor):
+        return float(tensor.double().sum())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def totals(self, data):
+        return DataProto.from_dict({"s": data.batch["x"].double().sum(dim=1, keepdim=True)})
+
+
+@podium.remote
+def task_total(tensor):
+    return float(tensor.double().sum())
+
+
+@podium.remote
+class ActorSummer:
+    def total(self, tensor):
+        return float(tensor.double().sum())
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def path(request):
+    saved = {k: os.environ.get(k) for k in PATHS[request.param]}
+    os.environ.update(PATHS[request.param])
+    podium.init()
+    try:
+        yield request.param
+    finally:
+        podium.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def group(path):
+    wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Summer),
+                     name_prefix=f"snap{path}")
+    expected = {"shm": True, "tcp": False, "grpc": False}[path]
+    assert [w.client.same_host for w in wg.workers] == [expected] * 2
+    assert {w.client.transport for w in wg.workers} == {"grpc" if path == "grpc" else "socket"}
+    yield wg
+    wg.shutdown()
+
+
+def test_a_non_blocking_method_gets_the_argument_as_it_was(group):
+    tensor = torch.ones(NUMEL)
+    refs = group.total(tensor)
+    tensor += 1
+    assert podium.get(refs, timeout=120) == [float(NUMEL)] * 2
+
+
+def test_a_non_blocking_dp_compute_proto_gets_the_batch_as_it_was(group):
+    data = DataProto.from_dict({"x": torch.ones(64, NUMEL // 64)})
+    future = group.totals(data)
+    data.batch["x"] += 1
+    out = future.get(timeout=120)
+    assert torch.equal(out.batch["s"], torch.full((64, 1), float(NUMEL // 64), dtype=torch.float64))
+
+
+def test_a_task_gets_the_argument_as_it_was(group):
+    tensor = torch.ones(NUMEL)
+    ref = task_total.remote(tensor)
+    tensor += 1
+    assert podium.get(ref, timeout=120) == float(NUMEL)
+
+
+def test_an_actor_method_gets_the_argument_as_it_was(group):
+    actor = ActorSummer.remote()
+    tensor = torch.ones(NUMEL)
+    ref = actor.total.remote(tensor)
+    tensor += 1
+    assert podium.get(ref, timeout=120) == float(NUMEL)
+    podium.kill(actor)
+
+
+def test_put_stores_the_value_as_it_was(group):
+    tensor = torch.ones(NUMEL)
+    ref = podium.put(tensor)
+    tensor += 1
+    assert float(podium.get(ref, timeout=120).double().sum()) == float(NUMEL)
+    assert podium.get(group.total(ref), timeout=120) == [float(NUMEL)] * 2  # read by the workers
