@@ -8,14 +8,16 @@ compares.
 
 from __future__ import annotations
 
-import pathlib
+import importlib
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+import pytest
 
 from tests.support.waiting import REPO
+
+try:
+    tomllib = importlib.import_module("tomllib")
+except ModuleNotFoundError:  # Python 3.10: the backport, where installed
+    tomllib = pytest.importorskip("tomli")
 
 
 def test_every_package_folder_is_installed():
