@@ -5,6 +5,10 @@ so no lock is needed), writes what changed to the store in one transaction, wake
 the waiters, and only then talks to node agents (reserve a port, spawn, stop).
 Waits (WaitPlacementGroup, WaitWorkers) are server-side waits on one
 ``asyncio.Condition`` that every mutation notifies.
+
+Its parts with a job of their own: the channels to the node agents
+(:mod:`~podium.scheduler.agents`), the open heartbeat streams
+(:mod:`~podium.scheduler.heartbeats`) and the lease checker (:mod:`~podium.scheduler.leases`).
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ import grpc
 from podium import errors
 from podium.auth import TlsConfig
 from podium.limits import MAX_GRACE_SECONDS, check_repeated_fields, check_seconds
-from podium.rpc import MalformedMessage, abort, error_from_rpc, handle_errors, make_channel
+from podium.rpc import error_from_rpc, handle_errors
 from podium.resources import Strategy, validate_bundles
 from podium.scheduler import core
+from podium.scheduler.agents import AGENT_TIMEOUT, AgentLinks
+from podium.scheduler.heartbeats import HeartbeatStreams
+from podium.scheduler.leases import LeaseChecker
 from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
                                     Effects)
 from podium.scheduler.store import Store
-from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from podium.v1 import common_pb2, node_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +47,6 @@ __all__ = ["SchedulerConfig", "SchedulerService", "Metrics", "MAX_WAIT_SECONDS",
 INLINE_BUNDLES = 64
 #: Longest a server-side wait may last, whatever the request asks.
 MAX_WAIT_SECONDS = 300.0
-#: A lease checker that wakes this much later than it asked was stalled (see _check_leases).
-STALL_SECONDS = 1.0
-# Deadline for one call to a node agent.
-_AGENT_TIMEOUT = 30.0
 
 
 @dataclass
@@ -180,61 +183,35 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.store.load_into(self.model, clock())
         self.metrics = Metrics()
         self._changed = asyncio.Condition()
-        self._agents: dict[str, tuple[str, grpc.aio.Channel, node_pb2_grpc.NodeAgentStub]] = {}
-        self._tasks: set[asyncio.Task] = set()
-        #: Open HeartbeatStream calls: context -> loop time of its last beat (end_streams).
-        self._streams: dict[grpc.aio.ServicerContext, float] = {}
-        self._checker: asyncio.Task | None = None
+        #: Channels to the node agents; stops workers on them.
+        self.agents = AgentLinks(self.model, config.token, config.tls)
+        #: Open HeartbeatStream calls (see end_streams).
+        self.streams = HeartbeatStreams()
+        self.leases = LeaseChecker(self.model, self.streams, clock=clock,
+                                   node_lease=config.node_lease, session_lease=config.session_lease,
+                                   interval=config.check_interval, settle=self._settle)
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         """Start the background lease checker (call on the serving loop)."""
-        if self._checker is None:
-            self._checker = asyncio.get_running_loop().create_task(self._check_leases())
+        self.leases.start()
 
     async def close(self) -> None:
         """Stop background work and close agent channels."""
-        if self._checker is not None:
-            self._checker.cancel()
-            await asyncio.gather(self._checker, return_exceptions=True)
-            self._checker = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for _, channel, _ in self._agents.values():
-            await channel.close()
-        self._agents.clear()
+        await self.leases.stop()
+        await self.agents.close()
         try:
             self._save_readings()
         except Exception:  # noqa: BLE001 - closing must close the store whatever happens
             log.exception("saving the last heartbeat readings failed")
         self.store.close()
 
-    async def _check_leases(self) -> None:
-        interval = self.config.check_interval or max(
-            0.05, min(self.config.node_lease, self.config.session_lease) / 4)
-        loop = asyncio.get_running_loop()
-        # A wake-up this late means the loop was stalled (a slow request, swapping, a
-        # SIGSTOP): heartbeats waited unread meanwhile, so leases restart (issue #14).
-        stall = min(STALL_SECONDS, self.config.node_lease / 4, self.config.session_lease / 4)
-        woke = loop.time()
-        while True:
-            await asyncio.sleep(interval)
-            slept, woke = loop.time() - woke, loop.time()
-            try:
-                if slept - interval > stall:
-                    log.warning("scheduler loop stalled for %.1f s; leases restart now",
-                                slept - interval)
-                    self.model.excuse_stall(self.clock())
-                    self._excuse_streams()
-                effects = self.model.expire(self.clock())
-                self._save_readings()
-                await self._commit()
-                self._stop_later(effects)
-                await self._end_idle_streams()
-            except Exception:  # noqa: BLE001 - the checker must keep running
-                log.exception("lease check failed")
+    async def _settle(self, effects: Effects) -> None:
+        """Persist a lease check's changes (and the readings gathered), then stop its workers."""
+        self._save_readings()
+        await self._commit()
+        self.agents.stop_later(effects)
 
     async def _commit(self) -> None:
         """Persist what changed and wake the waiters (none when nothing changed: every
@@ -269,45 +246,6 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     # ------------------------------------------------------------ node agents
 
-    def _agent(self, node_id: str) -> node_pb2_grpc.NodeAgentStub:
-        info = self.model.node(node_id).info
-        target = f"{info.address}:{info.agent_port}"
-        cached = self._agents.get(node_id)
-        if cached is not None and cached[0] == target:
-            return cached[2]
-        if cached is not None:
-            self._spawn(cached[1].close())
-        channel = make_channel(target, self.config.token, self.config.tls)
-        stub = node_pb2_grpc.NodeAgentStub(channel)
-        self._agents[node_id] = (target, channel, stub)
-        return stub
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _stop_on_agents(self, effects: Effects, grace: float = 0.0) -> None:
-        async def stop(node_id: str, ids: list[str]) -> None:
-            node = self.model.nodes.get(node_id)
-            if node is None or node.state != common_pb2.NODE_ALIVE:
-                return  # a dead node's workers are gone or will be told by its next heartbeat
-            try:
-                await self._agent(node_id).StopWorkers(
-                    node_pb2.StopWorkersRequest(worker_ids=ids, grace_seconds=grace),
-                    timeout=_AGENT_TIMEOUT + grace)
-            except errors.NotFoundError:
-                pass
-            except grpc.RpcError as exc:
-                # The slots are already free; the heartbeat's stop list retries.
-                log.warning("StopWorkers on node %s failed: %s", node_id,
-                            error_from_rpc(exc, what=f"node {node_id}"))
-        await asyncio.gather(*(stop(n, ids) for n, ids in effects.stop.items() if ids))
-
-    def _stop_later(self, effects: Effects) -> None:
-        if effects.stop:
-            self._spawn(self._stop_on_agents(effects))
-
     # ------------------------------------------------------------ node agent RPCs
 
     @rpc
@@ -317,7 +255,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         await self._commit()
         log.info("node %s registered at %s:%d (%d GPUs)", request.node.node_id,
                  request.node.address, request.node.agent_port, len(request.node.gpus))
-        self._stop_later(effects)
+        self.agents.stop_later(effects)
         return scheduler_pb2.RegisterNodeResponse(
             lease_seconds=self.config.node_lease,
             heartbeat_interval_seconds=self.config.heartbeat_interval,
@@ -336,50 +274,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         """Heartbeat on one long-lived stream: each request answered in order (see the proto).
         Each beat is handled, bounded and metered as a unary Heartbeat is; a bad one ends the
         stream with its error."""
-        streams, now = self._streams, asyncio.get_running_loop().time
-        streams[context] = now()
-        try:
-            read, write = context.read, context.write
-            while True:
-                request = await read()
-                if request is grpc.aio.EOF:
-                    return
-                if isinstance(request, MalformedMessage):  # a peer's garbage bytes
-                    await abort(context, request.error)
-                streams[context] = now()
-                await write(await self.Heartbeat(request, context))
-        finally:
-            streams.pop(context, None)
+        await self.streams.serve(context, self.Heartbeat)
 
     async def end_streams(self) -> None:
         """End every open heartbeat stream now with UNAVAILABLE (their agents register again,
         with a restarted scheduler), so that stopping the server waits only for the calls in
         flight, not for streams that never end by themselves. (Cancelling a handler's task
         does not end its call: the server would still wait out its grace.)"""
-        await self._end_streams(list(self._streams),
-                                errors.UnavailableError(f"scheduler {self.scheduler_id} is stopping"))
-
-    async def _end_idle_streams(self) -> None:
-        # A stream is a wait with no deadline of its own: one silent for two node leases
-        # (its node is dead by then anyway) is ended, so none lingers.
-        idle = 2 * self.config.node_lease
-        since = asyncio.get_running_loop().time() - idle
-        silent = [context for context, last in self._streams.items() if last < since]
-        if silent:
-            await self._end_streams(silent, errors.DeadlineExceededError(
-                f"no heartbeat on this stream for {idle:g} s (two node leases)"))
-
-    def _excuse_streams(self) -> None:
-        # As with leases: beats this loop could not read during its own stall do not count
-        # against their streams.
-        now = asyncio.get_running_loop().time()
-        for context in self._streams:
-            self._streams[context] = now
-
-    @staticmethod
-    async def _end_streams(contexts: list, error: errors.PodiumError) -> None:
-        await asyncio.gather(*(abort(context, error) for context in contexts),
-                             return_exceptions=True)  # abort raises AbortError by design
+        await self.streams.end_all(errors.UnavailableError(f"scheduler {self.scheduler_id} is stopping"))
 
     @rpc
     async def ReportWorker(self, request, context):
@@ -410,7 +312,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         """Ends a session and removes what it owns."""
         groups, workers, effects = self.model.close_session(request.session_id, self.clock())
         await self._commit()
-        await self._stop_on_agents(effects)
+        await self.agents.stop_workers(effects)
         return scheduler_pb2.CloseSessionResponse(removed_placement_groups=groups,
                                                   removed_workers=workers)
 
@@ -468,7 +370,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         """Removes a group and stops its workers."""
         count, effects = self.model.remove_placement_group(request.id, self.clock())
         await self._commit()
-        await self._stop_on_agents(effects)
+        await self.agents.stop_workers(effects)
         return scheduler_pb2.RemovePlacementGroupResponse(removed_workers=count)
 
     # ------------------------------------------------------------ workers
@@ -480,8 +382,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         port = plan.port
         if plan.need_port:
             try:
-                reply = await self._agent(plan.node_id).ReservePort(
-                    node_pb2.ReservePortRequest(), timeout=_AGENT_TIMEOUT)
+                reply = await self.agents.stub(plan.node_id).ReservePort(
+                    node_pb2.ReservePortRequest(), timeout=AGENT_TIMEOUT)
             except grpc.RpcError as exc:
                 raise errors.UnavailableError(
                     f"cannot reserve MASTER_PORT on node {plan.node_id} ({plan.address}): "
@@ -497,9 +399,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
         async def spawn(node_id: str, batch: list[common_pb2.WorkerInfo]):
             reserved = port if plan.need_port and node_id == plan.node_id else 0
-            reply = await self._agent(node_id).SpawnWorkers(
+            reply = await self.agents.stub(node_id).SpawnWorkers(
                 node_pb2.SpawnWorkersRequest(workers=batch, reserved_port=reserved),
-                timeout=_AGENT_TIMEOUT)
+                timeout=AGENT_TIMEOUT)
             return node_id, reply
 
         results = await asyncio.gather(*(spawn(n, b) for n, b in by_node.items()),
@@ -513,7 +415,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             effects = self.model.fail_workers([w.id for w in workers], reason)
             await self._commit()
             # Stop what the other agents did start; the failed node gets it too (harmless).
-            self._stop_later(effects)
+            self.agents.stop_later(effects)
             raise errors.UnavailableError(reason, node=node_id)
         for _, reply in results:
             for spawned in reply.workers:
@@ -559,7 +461,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         grace = check_seconds(request.grace_seconds, "grace_seconds", MAX_GRACE_SECONDS)
         stopped, effects = self.model.remove_workers(request.ids, self.clock())
         await self._commit()
-        await self._stop_on_agents(effects, grace)
+        await self.agents.stop_workers(effects, grace)
         return scheduler_pb2.RemoveWorkersResponse(stopped=stopped)
 
     @rpc

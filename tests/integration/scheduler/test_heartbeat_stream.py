@@ -36,12 +36,12 @@ def test_beats_on_one_stream_keep_the_lease_and_are_metered(token, arun):
                 reply = await c.client.heartbeat("n1", gpus=[common_pb2.GpuInfo(index=0, memory_used_bytes=7)])
                 assert not reply.reregister
                 await asyncio.sleep(0.1)
-            assert len(service._streams) == 1  # all of them on one call
+            assert len(service.streams) == 1  # all of them on one call
             assert service.model.nodes["n1"].state == common_pb2.NODE_ALIVE
             assert service.model.nodes["n1"].info.gpus[0].memory_used_bytes == 7
             # An unknown node is told to register, on the same stream.
             assert (await c.client.heartbeat("nobody")).reregister
-            assert len(service._streams) == 1
+            assert len(service.streams) == 1
             assert _heartbeats_counted(generate_latest(service.metrics.registry).decode()) == 13
     arun(scenario())
 
@@ -56,7 +56,7 @@ def test_a_bad_beat_fails_with_its_error_and_the_next_opens_a_new_stream(token, 
                 await c.client.heartbeat("n1", processes=too_many)
             assert not (await c.client.heartbeat("n1")).reregister
             await asyncio.sleep(0.1)
-            assert len(c.running.service._streams) == 1  # the failed one is gone
+            assert len(c.running.service.streams) == 1  # the failed one is gone
     arun(scenario())
 
 
@@ -67,7 +67,7 @@ def test_a_stream_without_the_token_is_refused(token, arun):
             async with SchedulerClient(c.running.address, "wrong-token") as intruder:
                 with pytest.raises(errors.AuthenticationError):
                     await intruder.heartbeat("n1")
-            assert not c.running.service._streams
+            assert not c.running.service.streams
     arun(scenario())
 
 
@@ -78,7 +78,7 @@ def test_stopping_the_scheduler_ends_open_streams_at_once(token, arun):
         try:
             await c.client.register_node(node_info("n1", "127.0.0.2", 7001))
             await c.client.heartbeat("n1")
-            assert len(c.running.service._streams) == 1
+            assert len(c.running.service.streams) == 1
             # The stream never ends by itself: without end_streams the stop waits the whole grace.
             await asyncio.wait_for(c.running.stop(grace=30), 10)
             with pytest.raises(errors.UnavailableError, match="is stopping"):
@@ -152,9 +152,9 @@ def test_a_silent_stream_is_ended_after_two_leases(token, arun):
         async with Cluster(token, agents=0, node_lease=0.3, heartbeat_interval=0.1) as c:
             await c.client.register_node(node_info("n1", "127.0.0.2", 7001))
             await c.client.heartbeat("n1")
-            assert len(c.running.service._streams) == 1
+            assert len(c.running.service.streams) == 1
             await asyncio.sleep(1.0)  # silent for more than two leases (0.6 s)
-            assert not c.running.service._streams
+            assert not c.running.service.streams
             with pytest.raises(errors.DeadlineExceededError, match="no heartbeat on this stream"):
                 await c.client.heartbeat("n1")
             assert (await c.client.heartbeat("n1")).reregister  # a new stream; the node died meanwhile
