@@ -1,28 +1,54 @@
-"""Placement groups of the cluster model: capacity snapshot, placement, removal.
+"""The placement group table of the cluster model: capacity snapshot, placement, removal.
 
-Part of :class:`~podium.scheduler.state.ClusterModel` (a mixin over its shared
-dicts); the placement itself is pure (:mod:`podium.scheduler.core`).
+The placement itself is pure (:mod:`podium.scheduler.core`); what a removal means for the
+group's workers is the cluster model's to carry out
+(:class:`~podium.scheduler.state.ClusterModel`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from podium import errors
 from podium.limits import MAX_BUNDLES, check_count
 from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
 from podium.scheduler import core
-from podium.scheduler.records import LIVE_WORKER_STATES, Effects
+from podium.scheduler.nodes import NodeTable
+from podium.scheduler.sessions import SessionTable
+from podium.scheduler.tables import ChangeLog, RecordTable
 from podium.v1 import common_pb2
 
-__all__ = ["GroupsMixin", "placement_of"]
+__all__ = ["GroupTable", "placement_of"]
+
+#: What placing a group gives: a placement, a reason it does not fit now, or never.
+PlaceResult = core.Placement | core.Unavailable | core.Infeasible
 
 
-class GroupsMixin:
-    """Placement group records of the cluster model (``self.groups``, ``self._specs``)."""
+class GroupTable(RecordTable[common_pb2.PlacementGroup]):
+    """The placement groups by id, in creation order (pending ones are retried in it), with
+    the free capacity of the alive nodes kept up to date.
 
-    def group(self, group_id: str = "", name: str = "") -> common_pb2.PlacementGroup:
+    ``nodes`` is where groups are placed; ``sessions`` checks a group's owner; ``changes``
+    is marked by every change; ``new_id`` makes group ids.
+    """
+
+    def __init__(self, changes: ChangeLog, nodes: NodeTable, sessions: SessionTable, *,
+                 new_id: Callable[[str], str]) -> None:
+        super().__init__()
+        self._changes = changes
+        self._nodes = nodes
+        self._sessions = sessions
+        self._new_id = new_id
+        self._specs: dict[str, tuple[BundleSpec, ...]] = {}
+        #: Name -> id of the live (not REMOVED) group of that name.
+        self._live_names: dict[str, str] = {}
+        #: The free capacity of the alive nodes (see :meth:`snapshot`), valid while the
+        #: nodes' capacity epoch is the one it was built at; None: rebuild on next use.
+        self._capacity: core.Snapshot | None = None
+        self._capacity_epoch = -1
+
+    def lookup(self, group_id: str = "", name: str = "") -> common_pb2.PlacementGroup:
         """A placement group by id or by name (exactly one), or NotFoundError.
 
         By name, the live (not REMOVED) group wins over removed ones of the same name.
@@ -30,17 +56,21 @@ class GroupsMixin:
         if bool(group_id) == bool(name):
             raise errors.InvalidArgumentError("give exactly one of placement group id or name")
         if group_id:
-            found = self.groups.get(group_id)
+            found = self._records.get(group_id)
             if found is None:
                 raise errors.NotFoundError(f"unknown placement group id {group_id!r}")
             return found
         live = self._live_names.get(name)
         if live is not None:
-            return self.groups[live]
-        matches = [g for g in self.groups.values() if g.name == name]
+            return self._records[live]
+        matches = [g for g in self._records.values() if g.name == name]
         if not matches:
             raise errors.NotFoundError(f"unknown placement group name {name!r}")
         return matches[-1]
+
+    def bundles(self, group_id: str) -> tuple[BundleSpec, ...]:
+        """The checked bundles of a remembered group (KeyError for an unknown id)."""
+        return self._specs[group_id]
 
     def snapshot(self) -> core.Snapshot:
         """The alive nodes with every CREATED group's reservations taken off.
@@ -51,18 +81,17 @@ class GroupsMixin:
         takes tens of milliseconds, an update tens of microseconds.
         """
         cached = self._capacity
-        if cached is None:
-            cached = self._capacity = self._build_snapshot()
+        epoch = self._nodes.capacity_epoch
+        if cached is None or self._capacity_epoch != epoch:
+            cached = self._capacity = self.build_snapshot()
+            self._capacity_epoch = epoch
         return cached
 
-    def _capacity_changed(self) -> None:
-        """A node came, went or changed what it has: rebuild the snapshot when next asked."""
-        self._capacity = None
-
-    def _build_snapshot(self) -> core.Snapshot:
+    def build_snapshot(self) -> core.Snapshot:
+        """The snapshot built from the records alone (what :meth:`snapshot` keeps)."""
         cpu_used: dict[str, int] = {}
         gpu_used: dict[tuple[str, int], int] = {}
-        for group in self.groups.values():
+        for group in self._records.values():
             if group.state != common_pb2.PG_CREATED:
                 continue
             specs = self._specs[group.id]
@@ -78,7 +107,7 @@ class GroupsMixin:
                     gpu_used[key] = gpu_used.get(key, 0) + per_gpu
         views = []
         # Order carries no meaning to the core (it sorts by address itself).
-        for node in self.nodes.values():
+        for node in self._nodes.values():
             if node.state != common_pb2.NODE_ALIVE:
                 continue
             info = node.info
@@ -97,8 +126,8 @@ class GroupsMixin:
                         sign: int) -> None:
         """Take (sign -1) or give back (+1) a group's resources in the kept snapshot."""
         snapshot = self._capacity
-        if snapshot is None:
-            return
+        if snapshot is None or self._capacity_epoch != self._nodes.capacity_epoch:
+            return  # rebuilt from the records on next use
         request = core.PlacementRequest(self._specs[group.id], Strategy(group.strategy))
         try:
             change = core.apply if sign < 0 else core.release
@@ -108,26 +137,26 @@ class GroupsMixin:
             # GPUs under a group): the records are the truth, rebuild from them.
             self._capacity = None
 
-    def _place(self, group: common_pb2.PlacementGroup, snapshot: core.Snapshot):
+    def _place(self, group: common_pb2.PlacementGroup, snapshot: core.Snapshot) -> PlaceResult:
         return core.place(core.PlacementRequest(self._specs[group.id], Strategy(group.strategy)),
                           snapshot)
 
-    def _apply_placement(self, group: common_pb2.PlacementGroup, placement) -> None:
+    def _apply_placement(self, group: common_pb2.PlacementGroup, placement: core.Placement) -> None:
         del group.placements[:]
         for a in placement.assignments:
-            info = self.nodes[a.node_id].info
+            info = self._nodes[a.node_id].info
             uuids = {g.index: g.uuid for g in info.gpus}
             group.placements.add(bundle_index=a.bundle_index, node_id=a.node_id,
                                  node_address=info.address, gpu_indices=list(a.gpu_indices),
                                  gpu_uuids=[uuids.get(i, "") for i in a.gpu_indices])
         group.state = common_pb2.PG_CREATED
         group.reason = ""
-        self._touch(groups=[group.id])
+        self._changes.touch(groups=[group.id])
         self._track_capacity(group, placement, -1)
 
-    def _promote_pending(self) -> list[str]:
+    def promote_pending(self) -> list[str]:
         """Retry pending groups in creation order; ids of those now CREATED."""
-        pending = [g for g in self.groups.values() if g.state == common_pb2.PG_PENDING]
+        pending = [g for g in self._records.values() if g.state == common_pb2.PG_PENDING]
         if not pending:
             return []
         created = []
@@ -145,14 +174,14 @@ class GroupsMixin:
                 reason = _reason_text(result)
             if group.reason != reason:
                 group.reason = reason
-                self._touch(groups=[group.id])
+                self._changes.touch(groups=[group.id])
         return created
 
-    def create_placement_group(self, name: str, bundles: Sequence[dict], strategy: int,
-                               detached: bool, owner: str, now: float, *,
-                               specs: tuple[BundleSpec, ...] | None = None,
-                               placed: tuple[core.Snapshot, object] | None = None
-                               ) -> common_pb2.PlacementGroup:
+    def create(self, name: str, bundles: Sequence[dict], strategy: int,
+               detached: bool, owner: str, now: float, *,
+               specs: tuple[BundleSpec, ...] | None = None,
+               placed: tuple[core.Snapshot, PlaceResult] | None = None
+               ) -> common_pb2.PlacementGroup:
         """Create a group: CREATED when it fits now, PENDING when it fits the cluster
         only once capacity frees; InfeasibleError (with per-node reasons) when no
         set of alive nodes can ever hold it. With no alive node at all it is PENDING.
@@ -169,7 +198,7 @@ class GroupsMixin:
         if detached:
             owner = ""
         elif owner:
-            self.session(owner)
+            self._sessions.lookup(owner)
         if name in self._live_names:
             raise errors.AlreadyExistsError(f"placement group name {name!r} is already taken")
         group = common_pb2.PlacementGroup(id=self._new_id("pg"), name=name, strategy=int(strat),
@@ -178,6 +207,7 @@ class GroupsMixin:
         for spec in specs:
             group.bundles.add(resources=spec.to_resources())
         snapshot = self.snapshot()
+        result: PlaceResult | None
         if not snapshot.nodes:
             result = None
         else:
@@ -189,47 +219,56 @@ class GroupsMixin:
                 raise errors.InfeasibleError(
                     f"placement group {name!r} can never fit: {result.message}",
                     node_reasons=dict(result.node_reasons))
-        self.groups[group.id] = group
+        self._records[group.id] = group
         self._specs[group.id] = specs
         self._live_names[name] = group.id
-        self._touch(groups=[group.id])
+        self._changes.touch(groups=[group.id])
         if isinstance(result, core.Placement):
             self._apply_placement(group, result)
         else:
             group.reason = "no alive nodes" if result is None else _reason_text(result)
         return group
 
-    def remove_placement_group(self, group_id: str, now: float) -> tuple[int, Effects]:
-        """Remove a group and stop its workers; (workers stopped, effects).
-
-        Removing an already removed group is a no-op (0 workers).
-        """
-        group = self.group(group_id)
-        if group.state == common_pb2.PG_REMOVED:
-            return 0, Effects()
-        count, effects = self._remove_group(group, "removed by request", now)
-        self._promote_pending()
-        return count, effects
-
-    def _remove_group(self, group: common_pb2.PlacementGroup, reason: str,
-                      now: float) -> tuple[int, Effects]:
+    def remove(self, group: common_pb2.PlacementGroup, reason: str) -> None:
+        """Mark a group REMOVED with ``reason`` and give its capacity back (its workers are
+        the caller's to stop)."""
         if group.state == common_pb2.PG_CREATED:
             self._track_capacity(group, placement_of(group), +1)
         if self._live_names.get(group.name) == group.id:
             del self._live_names[group.name]
         group.state = common_pb2.PG_REMOVED
         group.reason = reason
-        self._touch(groups=[group.id])
-        effects = Effects()
-        count = 0
-        for worker_id in list(self._group_workers.get(group.id, ())):
-            worker = self.workers[worker_id]
-            if worker.state in LIVE_WORKER_STATES:
-                self._stop_worker(worker, reason, effects)
-                count += 1
-        return count, effects
+        self._changes.touch(groups=[group.id])
 
-    def pending_text(self, group: common_pb2.PlacementGroup) -> str:
+    def placed_on(self, node_id: str) -> list[common_pb2.PlacementGroup]:
+        """The CREATED groups with a bundle on a node."""
+        return [g for g in self._records.values()
+                if g.state == common_pb2.PG_CREATED and any(p.node_id == node_id for p in g.placements)]
+
+    def owned_by(self, session_id: str) -> list[common_pb2.PlacementGroup]:
+        """The groups that die with a session: its own, not detached, not yet REMOVED."""
+        return [g for g in self._records.values()
+                if g.owner == session_id and not g.detached and g.state != common_pb2.PG_REMOVED]
+
+    def prune(self, keep: int) -> None:
+        """Forget the oldest REMOVED groups beyond ``keep``."""
+        removed = [g.id for g in self._records.values() if g.state == common_pb2.PG_REMOVED]
+        for group_id in removed[:max(0, len(removed) - keep)]:
+            del self._records[group_id]
+            del self._specs[group_id]
+            self._changes.touch(groups=[group_id])
+
+    def restore(self, groups: Iterable[common_pb2.PlacementGroup]) -> None:
+        """Load persisted groups (in any order: they are kept in creation order)."""
+        for group in sorted(groups, key=lambda g: g.created_at):
+            self._records[group.id] = group
+            self._specs[group.id] = validate_bundles([dict(b.resources) for b in group.bundles])
+            if group.state != common_pb2.PG_REMOVED:
+                self._live_names[group.name] = group.id
+        self._capacity = None
+
+    @staticmethod
+    def pending_text(group: common_pb2.PlacementGroup) -> str:
         """Why a group is still pending, for a DeadlineExceeded message."""
         return group.reason or "waiting for capacity"
 

@@ -211,7 +211,7 @@ def _group_bundles(model: ClusterModel, group: common_pb2.PlacementGroup) -> lis
     CPU units); none for a group not placed."""
     if group.state != common_pb2.PG_CREATED:
         return []
-    specs = model._specs.get(group.id)
+    specs = model.groups.bundles(group.id) if group.id in model.groups else None
     out = []
     for placed in group.placements:
         bundle_index = placed.bundle_index

@@ -1,8 +1,8 @@
 """The scheduler's record types: sessions, side effects, dirty sets, master plans.
 
-Shared by the aggregate modules (:mod:`podium.scheduler.nodes`, ``groups``,
-``workers``, ``sessions``) that :class:`~podium.scheduler.state.ClusterModel`
-composes; plain data, no state of their own.
+Shared by the tables (:mod:`podium.scheduler.nodes`, ``groups``, ``workers``,
+``sessions``) that :class:`~podium.scheduler.state.ClusterModel` composes; plain data,
+no state of their own.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ LIVE_WORKER_STATES = frozenset({common_pb2.WORKER_STARTING, common_pb2.WORKER_RU
 TERMINAL_WORKER_STATES = frozenset({common_pb2.WORKER_EXITED, common_pb2.WORKER_FAILED})
 
 
-@functools.lru_cache(maxsize=4096)  # a handful of distinct shares, asked per GPU per page
 @functools.lru_cache(maxsize=4096)  # few distinct shares; on every GPU of every /v1/placement page
 def fraction_text(units: int, per: int = GPU_UNITS) -> str:
     """Units as an exact fraction for people: ``"1/3"``, ``"1"``, ``"2"``."""

@@ -1,112 +1,122 @@
-"""Validation of CreateWorkers specs against the cluster model (no change on error).
+"""Validation of CreateWorkers specs against the cluster model's tables (no change on error).
 
-Part of :class:`~podium.scheduler.state.ClusterModel` through
-:class:`~podium.scheduler.workers.WorkersMixin`.
+:meth:`WorkerTable.plan <podium.scheduler.workers.WorkerTable.plan>` and ``create`` call
+:func:`check_specs` with the tables it reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from podium import errors
 from podium.resources import check_user_env, cpu_units, format_cpus, format_gpus, gpu_units
+from podium.scheduler.groups import GroupTable
 from podium.scheduler.records import LIVE_WORKER_STATES
+from podium.scheduler.sessions import SessionTable
 from podium.v1 import common_pb2
 
-__all__ = ["WorkerSpecsMixin"]
+__all__ = ["CheckedSpec", "check_specs"]
+
+#: Per spec: (its group, the placement of its bundle, CPU units, GPU units).
+CheckedSpec = tuple[common_pb2.PlacementGroup, common_pb2.BundlePlacement, int, int]
 
 
-class WorkerSpecsMixin:
-    """Checks of worker specs and bundle slots (reads ``self.workers`` and ``self.groups``)."""
+def _bundle_usage(members: Sequence[common_pb2.WorkerInfo], bundle_index: int) -> tuple[int, int]:
+    cpu = gpu = 0
+    for worker in members:
+        spec = worker.spec
+        if (spec.bundle_index == bundle_index
+                and worker.state in LIVE_WORKER_STATES):
+            cpu += _worker_cpu(spec)
+            gpu += _worker_gpu(spec)
+    return cpu, gpu
 
-    def _bundle_usage(self, group_id: str, bundle_index: int) -> tuple[int, int]:
-        cpu = gpu = 0
-        for worker in self.workers_of_group(group_id):
-            spec = worker.spec
-            if (spec.bundle_index == bundle_index
-                    and worker.state in LIVE_WORKER_STATES):
-                cpu += _worker_cpu(spec)
-                gpu += _worker_gpu(spec)
-        return cpu, gpu
 
-    def _validate_specs(self, specs: Sequence[common_pb2.WorkerSpec], owner: str
-                        ) -> list[tuple[common_pb2.PlacementGroup, common_pb2.BundlePlacement, int, int]]:
-        """Check every spec and every slot; per spec (group, bundle placement, cpu, gpu units)."""
-        if not specs:
-            raise errors.InvalidArgumentError("CreateWorkers needs at least one worker spec")
-        if owner:
-            self.session(owner)
-        names: set[str] = set()
-        ranks: set[tuple[str, int]] = set()
-        live_names = {w.spec.name for w in self.workers.values() if w.state in LIVE_WORKER_STATES}
-        live_ranks = {(w.spec.group, w.spec.rank) for w in self.workers.values()
-                      if w.state in LIVE_WORKER_STATES}
-        wanted: dict[tuple[str, int], list[int]] = {}
-        out = []
-        for i, spec in enumerate(specs):
-            label = f"worker spec {i} ({spec.name!r})"
-            if not spec.name:
-                raise errors.InvalidArgumentError(f"worker spec {i}: name is required")
-            if spec.name in names:
-                raise errors.InvalidArgumentError(f"{label}: name given twice in one request")
-            if spec.name in live_names:
-                raise errors.AlreadyExistsError(f"worker name {spec.name!r} is already taken")
-            names.add(spec.name)
-            if not spec.group:
-                raise errors.InvalidArgumentError(f"{label}: group (WG_PREFIX) is required")
-            if spec.world_size < 1:
-                raise errors.InvalidArgumentError(f"{label}: world_size = {spec.world_size} must be >= 1")
-            if not 0 <= spec.rank < spec.world_size:
-                raise errors.InvalidArgumentError(
-                    f"{label}: rank = {spec.rank} must be in [0, world_size={spec.world_size})")
-            key = (spec.group, spec.rank)
-            if key in ranks or key in live_ranks:
-                raise errors.InvalidArgumentError(
-                    f"{label}: rank {spec.rank} of group {spec.group!r} is already taken")
-            ranks.add(key)
-            try:
-                check_user_env(dict(spec.env))
-                gpu = 0 if spec.num_gpus == 0 else gpu_units(spec.num_gpus, name=f"{label}: num_gpus")
-                cpu = cpu_units(spec.num_cpus, name=f"{label}: num_cpus")
-            except errors.InvalidSpecError as exc:
-                raise errors.InvalidSpecError(exc.message if label in exc.message
-                                              else f"{label}: {exc.message}") from None
-            if not spec.placement_group_id:
-                raise errors.InvalidArgumentError(f"{label}: placement_group_id is required")
-            group = self.groups.get(spec.placement_group_id)
-            if group is None:
-                raise errors.NotFoundError(
-                    f"{label}: unknown placement group id {spec.placement_group_id!r}")
-            if group.state != common_pb2.PG_CREATED:
-                state = common_pb2.PlacementGroupState.Name(group.state)
-                raise errors.FailedPreconditionError(
-                    f"{label}: placement group {group.name!r} is {state}, not PG_CREATED"
-                    + (f" ({group.reason})" if group.reason else ""))
-            if not 0 <= spec.bundle_index < len(group.bundles):
-                raise errors.InvalidArgumentError(
-                    f"{label}: bundle_index = {spec.bundle_index} out of range "
-                    f"(group {group.name!r} has {len(group.bundles)} bundles)")
-            bundle = self._specs[group.id][spec.bundle_index]
-            if gpu and not bundle.gpu_units:
-                raise errors.InvalidSpecError(
-                    f"{label}: num_gpus = {spec.num_gpus!r} but bundle {spec.bundle_index} of "
-                    f"{group.name!r} has no GPU")
-            placed = next(p for p in group.placements if p.bundle_index == spec.bundle_index)
-            wanted.setdefault((group.id, spec.bundle_index), []).append(i)
-            out.append((group, placed, cpu, gpu))
-        for (group_id, index), members in wanted.items():
-            bundle = self._specs[group_id][index]
-            used_cpu, used_gpu = self._bundle_usage(group_id, index)
-            need_cpu = sum(out[i][2] for i in members)
-            need_gpu = sum(out[i][3] for i in members)
-            if used_cpu + need_cpu > bundle.cpu_units or used_gpu + need_gpu > bundle.gpu_units:
-                name = self.groups[group_id].name
-                raise errors.SlotFullError(
-                    f"bundle {index} of placement group {name!r} is full: it holds "
-                    f"{bundle.describe()}, workers already use CPU {format_cpus(used_cpu)} / "
-                    f"GPU {format_gpus(used_gpu)}, and {len(members)} more ask for "
-                    f"CPU {format_cpus(need_cpu)} / GPU {format_gpus(need_gpu)}")
-        return out
+def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
+                sessions: SessionTable, groups: GroupTable,
+                workers: Mapping[str, common_pb2.WorkerInfo],
+                workers_of_group: Callable[[str], Sequence[common_pb2.WorkerInfo]],
+                ) -> list[CheckedSpec]:
+    """Check every spec and every slot; per spec (group, bundle placement, cpu, gpu units).
+
+    ``workers`` are every remembered worker (names and ranks must be free among the live
+    ones); ``workers_of_group`` lists a placement group's workers (its bundles' usage).
+    """
+    if not specs:
+        raise errors.InvalidArgumentError("CreateWorkers needs at least one worker spec")
+    if owner:
+        sessions.lookup(owner)
+    names: set[str] = set()
+    ranks: set[tuple[str, int]] = set()
+    live_names = {w.spec.name for w in workers.values() if w.state in LIVE_WORKER_STATES}
+    live_ranks = {(w.spec.group, w.spec.rank) for w in workers.values()
+                  if w.state in LIVE_WORKER_STATES}
+    wanted: dict[tuple[str, int], list[int]] = {}
+    out = []
+    for i, spec in enumerate(specs):
+        label = f"worker spec {i} ({spec.name!r})"
+        if not spec.name:
+            raise errors.InvalidArgumentError(f"worker spec {i}: name is required")
+        if spec.name in names:
+            raise errors.InvalidArgumentError(f"{label}: name given twice in one request")
+        if spec.name in live_names:
+            raise errors.AlreadyExistsError(f"worker name {spec.name!r} is already taken")
+        names.add(spec.name)
+        if not spec.group:
+            raise errors.InvalidArgumentError(f"{label}: group (WG_PREFIX) is required")
+        if spec.world_size < 1:
+            raise errors.InvalidArgumentError(f"{label}: world_size = {spec.world_size} must be >= 1")
+        if not 0 <= spec.rank < spec.world_size:
+            raise errors.InvalidArgumentError(
+                f"{label}: rank = {spec.rank} must be in [0, world_size={spec.world_size})")
+        key = (spec.group, spec.rank)
+        if key in ranks or key in live_ranks:
+            raise errors.InvalidArgumentError(
+                f"{label}: rank {spec.rank} of group {spec.group!r} is already taken")
+        ranks.add(key)
+        try:
+            check_user_env(dict(spec.env))
+            gpu = 0 if spec.num_gpus == 0 else gpu_units(spec.num_gpus, name=f"{label}: num_gpus")
+            cpu = cpu_units(spec.num_cpus, name=f"{label}: num_cpus")
+        except errors.InvalidSpecError as exc:
+            raise errors.InvalidSpecError(exc.message if label in exc.message
+                                          else f"{label}: {exc.message}") from None
+        if not spec.placement_group_id:
+            raise errors.InvalidArgumentError(f"{label}: placement_group_id is required")
+        group = groups.get(spec.placement_group_id)
+        if group is None:
+            raise errors.NotFoundError(
+                f"{label}: unknown placement group id {spec.placement_group_id!r}")
+        if group.state != common_pb2.PG_CREATED:
+            state = common_pb2.PlacementGroupState.Name(group.state)
+            raise errors.FailedPreconditionError(
+                f"{label}: placement group {group.name!r} is {state}, not PG_CREATED"
+                + (f" ({group.reason})" if group.reason else ""))
+        if not 0 <= spec.bundle_index < len(group.bundles):
+            raise errors.InvalidArgumentError(
+                f"{label}: bundle_index = {spec.bundle_index} out of range "
+                f"(group {group.name!r} has {len(group.bundles)} bundles)")
+        bundle = groups.bundles(group.id)[spec.bundle_index]
+        if gpu and not bundle.gpu_units:
+            raise errors.InvalidSpecError(
+                f"{label}: num_gpus = {spec.num_gpus!r} but bundle {spec.bundle_index} of "
+                f"{group.name!r} has no GPU")
+        placed = next(p for p in group.placements if p.bundle_index == spec.bundle_index)
+        wanted.setdefault((group.id, spec.bundle_index), []).append(i)
+        out.append((group, placed, cpu, gpu))
+    for (group_id, index), members in wanted.items():
+        bundle = groups.bundles(group_id)[index]
+        used_cpu, used_gpu = _bundle_usage(workers_of_group(group_id), index)
+        need_cpu = sum(out[i][2] for i in members)
+        need_gpu = sum(out[i][3] for i in members)
+        if used_cpu + need_cpu > bundle.cpu_units or used_gpu + need_gpu > bundle.gpu_units:
+            name = groups[group_id].name
+            raise errors.SlotFullError(
+                f"bundle {index} of placement group {name!r} is full: it holds "
+                f"{bundle.describe()}, workers already use CPU {format_cpus(used_cpu)} / "
+                f"GPU {format_gpus(used_gpu)}, and {len(members)} more ask for "
+                f"CPU {format_cpus(need_cpu)} / GPU {format_gpus(need_gpu)}")
+    return out
 
 
 def _worker_cpu(spec: common_pb2.WorkerSpec) -> int:

@@ -30,7 +30,7 @@ def _by_node(snapshot):
 
 def _check(model: ClusterModel) -> None:
     kept = model.snapshot()
-    assert _by_node(kept) == _by_node(model._build_snapshot())
+    assert _by_node(kept) == _by_node(model.groups.build_snapshot())
     # Every GPU once per alive node, never over-reserved.
     for view in kept.nodes:
         assert len({g.index for g in view.gpus}) == len(view.gpus)
@@ -64,7 +64,7 @@ def test_kept_snapshot_equals_the_rebuilt_one(seed):
             victim = rng.choice(nodes)
             node = model.nodes[f"node-{victim}"]
             if node.state == common_pb2.NODE_ALIVE:
-                model._node_died(node, now)
+                model.node_died(node, now)
         elif op < 0.93:
             # A node (re-)registers, sometimes with fewer or more GPUs than before.
             model.register_node(_node(rng.choice(nodes), rng.choice([4, 8, 8])), [], now=now)
@@ -131,7 +131,7 @@ def test_kept_group_entries_follow_every_change():
         model.remove_placement_group(group_id, 4.0)
     assert waiting.state == common_pb2.PG_CREATED
     same_page()
-    model._node_died(model.nodes["node-2"], 5.0)  # its groups are removed with it
+    model.node_died(model.nodes["node-2"], 5.0)  # its groups are removed with it
     same_page()
 
 
