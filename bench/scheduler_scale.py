@@ -2,8 +2,8 @@
 
 ``python -m bench.scheduler_scale [--nodes 1000] [--gpus 8] [--heartbeat 1.0]`` runs three
 processes: ``podium scheduler`` (SQLite state file, the real service), the simulated nodes
-(:mod:`podium.worker.agent.simnodes`: register, heartbeat at the interval the scheduler
-gives, answer spawns) and this one, which drives the phases and measures:
+(:mod:`tests.support.simnodes`: the node agent's own register and heartbeat loop, at the
+interval the scheduler gives, answering spawns) and this one, which drives the phases and measures:
 
 1. **registration**: every node registers (a cold cluster's storm);
 2. **heartbeats**: ``--steady`` seconds of nothing but heartbeats;
@@ -328,10 +328,11 @@ def run(args: argparse.Namespace) -> dict:
         results["first_start_ready_s"] = round(sched.start(), 3)
         env = dict(os.environ, PODIUM_TOKEN=token)
         sim = subprocess.Popen(
-            [sys.executable, "-m", "podium.worker.agent.simnodes", "--scheduler", sched.address,
+            [sys.executable, "-m", "tests.support.simnodes", "--scheduler", sched.address,
              "--nodes", str(args.nodes), "--gpus", str(args.gpus),
              "--connections", str(args.connections), "--stats-file", str(stats_file)],
-            env=env, stdout=open(workdir / "sim.log", "w"), stderr=subprocess.STDOUT)
+            env=env, stdout=open(workdir / "sim.log", "w"), stderr=subprocess.STDOUT,
+            cwd=pathlib.Path(__file__).resolve().parent.parent)  # tests.support is found from the root
         alive = lambda: gauge(sched.metrics(), "podium_scheduler_nodes", "NODE_ALIVE") >= args.nodes  # noqa: E731
         results["register_all_s"] = round(wait_for(alive, "every node registered", 300), 2)
         time.sleep(args.heartbeat * 2)  # heartbeat phases spread over one interval

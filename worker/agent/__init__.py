@@ -1,7 +1,9 @@
 """The node agent: one per machine (``podium node``).
 
 - :mod:`~podium.worker.agent.service`: the NodeAgent gRPC service and the agent's main loop
-  (registration, heartbeats, GPU inventory).
+  (GPU inventory, worker reports); :mod:`~podium.worker.agent.link` its registration and
+  heartbeat loop with the scheduler (the load-test harness ``tests/support/simnodes.py``
+  drives the same loop for simulated nodes).
   :mod:`~podium.worker.agent.config` holds its command line, :mod:`~podium.worker.agent.ports`
   the held MASTER_PORTs, :mod:`~podium.worker.agent.logtail` TailLog's file reading.
 - :mod:`~podium.worker.agent.spawner`: starting, watching and stopping worker processes;
@@ -9,8 +11,6 @@
   (its argv and environment), :mod:`~podium.worker.agent.exitinfo` (log tails, exit records).
 - :mod:`~podium.worker.agent.forkserver`: a pre-imported parent that forks workers fast.
 - :mod:`~podium.worker.agent.metrics`: the agent's Prometheus metrics.
-- :mod:`~podium.worker.agent.simnodes`: many simulated nodes in one process, speaking the
-  agent's side of the gRPC contract, to load-test a real scheduler (no process is forked).
 
 Importing it stays light (no torch): the agent must start fast on every node.
 """

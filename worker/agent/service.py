@@ -35,6 +35,7 @@ from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
 from podium.worker.gpus import GpuProvider, detect
 from podium.worker.agent.config import AgentConfig, build_parser, config_from_args
+from podium.worker.agent.link import MAX_BACKOFF_SECONDS, RETRYABLE, SchedulerLink
 from podium.worker.agent.logtail import LogFollower, file_size
 from podium.worker.agent.ports import PortHolds
 from podium.worker.agent.exitinfo import read_tail
@@ -47,21 +48,15 @@ __all__ = ["AgentConfig", "RunningAgent", "NodeAgentService", "run_agent", "main
 
 #: Deadline of each call to the scheduler.
 RPC_TIMEOUT_SECONDS = 5.0
-#: Heartbeat interval when the scheduler does not say.
-DEFAULT_HEARTBEAT_SECONDS = 2.0
 #: How long ReservePort holds a port when the request does not say.
 DEFAULT_PORT_HOLD_SECONDS = 60.0
 #: How often the agent removes shared-memory segments of dead processes.
 SHM_SWEEP_SECONDS = 60.0
-#: Retry delays towards an unreachable scheduler grow up to this.
-MAX_BACKOFF_SECONDS = 5.0
 #: How often a following TailLog looks for new lines.
 TAIL_POLL_SECONDS = 0.2
 #: On shutdown, how long queued reports may take to reach the scheduler.
 REPORT_FLUSH_SECONDS = 3.0
 
-#: Errors worth retrying: the scheduler is down or slow, not the request wrong.
-_RETRYABLE = (errors.UnavailableError, errors.DeadlineExceededError, errors.CancelledError)
 
 
 class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
@@ -169,20 +164,30 @@ class RunningAgent:
                                scheduler=config.scheduler, token=token, report=self._enqueue_report,
                                command=config.worker_command, stop_grace=config.stop_grace,
                                tls=config.tls)
-        #: Set whenever a registration succeeds; cleared when the scheduler is lost.
-        self.registered = asyncio.Event()
-        #: Successful RegisterNode calls so far (a re-registration adds one).
-        self.registrations = 0
-        #: Id of the scheduler incarnation last registered with.
-        self.scheduler_id = ""
         self._reports: asyncio.Queue[scheduler_pb2.ReportWorkerRequest] = asyncio.Queue()
         self._stop = asyncio.Event()
+        #: Registration and heartbeats with the scheduler (podium.worker.agent.link).
+        self.link = SchedulerLink(self.node_id, register=self._register, beat=self._beat,
+                                  unwanted=self._stop_unwanted, stop=self._stop,
+                                  scheduler=config.scheduler)
+        #: Set whenever a registration succeeds; cleared when the scheduler is lost.
+        self.registered = self.link.registered
         self._stopped = asyncio.Event()
         self._stopping = False
         self._server: grpc.aio.Server | None = None
         self._scheduler: SchedulerClient | None = None
         self._tasks: list[asyncio.Task] = []
         self._side_tasks: set[asyncio.Task] = set()
+
+    @property
+    def registrations(self) -> int:
+        """Successful RegisterNode calls so far (a re-registration adds one)."""
+        return self.link.registrations
+
+    @property
+    def scheduler_id(self) -> str:
+        """Id of the scheduler incarnation last registered with."""
+        return self.link.scheduler_id
 
     @property
     def address(self) -> str:
@@ -207,7 +212,7 @@ class RunningAgent:
         self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,
                                           timeout=RPC_TIMEOUT_SECONDS)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._scheduler_loop(), name="agent-heartbeat"),
+        self._tasks = [loop.create_task(self.link.run(), name="agent-heartbeat"),
                        loop.create_task(self._report_loop(), name="agent-reports"),
                        loop.create_task(self._shm_sweep_loop(), name="agent-shm-sweep")]
         if self.config.port_file:
@@ -275,9 +280,19 @@ class RunningAgent:
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep unless stopping; True when the agent is stopping."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
-        return self._stop.is_set()
+        return await self.link.sleep(seconds)
+
+    async def _register(self) -> scheduler_pb2.RegisterNodeResponse:
+        return await self._client().register_node(self.node_info(), self.spawner.running())
+
+    async def _beat(self) -> scheduler_pb2.HeartbeatResponse:
+        return await self._client().heartbeat(self.node_id, self._gpus(), self._processes(),
+                                              self.spawner.running())
+
+    def _client(self) -> SchedulerClient:
+        if self._scheduler is None:
+            raise errors.FailedPreconditionError(f"node agent {self.node_id} is not started")
+        return self._scheduler
 
     async def _shm_sweep_loop(self) -> None:
         """Remove shared-memory segments whose creator died before a reader mapped them.
@@ -291,52 +306,6 @@ class RunningAgent:
                 log.info("removed %d shared-memory segment(s) of dead processes", len(removed))
             if await self._sleep(SHM_SWEEP_SECONDS):
                 return
-
-    async def _scheduler_loop(self) -> None:
-        backoff, outage_logged = 0.1, False
-        # Once registered, retry at least as often as it heartbeats: a restarted scheduler
-        # must hear from this node well within the node lease it restores.
-        max_backoff = MAX_BACKOFF_SECONDS
-        while not self._stop.is_set():
-            try:
-                response = await self._scheduler.register_node(self.node_info(),
-                                                               self.spawner.running())
-            except errors.PodiumError as error:
-                if not outage_logged:
-                    # Unreachable is normal (it restarts); a refusal means misconfiguration.
-                    level = logging.WARNING if isinstance(error, _RETRYABLE) else logging.ERROR
-                    log.log(level, "cannot register with the scheduler (will retry): %s", error)
-                    outage_logged = True
-                if await self._sleep(backoff):
-                    return
-                backoff = min(backoff * 2, max_backoff)
-                continue
-            backoff, outage_logged = 0.1, False
-            self.scheduler_id = response.scheduler_id
-            self.registrations += 1
-            self.registered.set()
-            interval = response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
-            max_backoff = min(MAX_BACKOFF_SECONDS, interval)
-            log.info("registered node %s with scheduler %s (heartbeat every %g s)",
-                     self.node_id, response.scheduler_id or self.config.scheduler, interval)
-            await self._heartbeats(interval)
-            self.registered.clear()
-
-    async def _heartbeats(self, interval: float) -> None:
-        """Heartbeat until the scheduler is lost or wants a new registration."""
-        while not await self._sleep(interval):
-            try:
-                response = await self._scheduler.heartbeat(self.node_id, self._gpus(),
-                                                           self._processes(),
-                                                           self.spawner.running())
-            except errors.PodiumError as error:
-                log.warning("heartbeat failed, registering again: %s", error)
-                return
-            if response.reregister:
-                log.info("scheduler asks node %s to register again", self.node_id)
-                return
-            if response.stop_worker_ids:
-                self._stop_unwanted(response.stop_worker_ids)
 
     def _stop_unwanted(self, worker_ids: Sequence[str]) -> None:
         known = [w for w in worker_ids if any(m.id == w and m.alive for m in self.spawner.workers())]
@@ -358,10 +327,10 @@ class RunningAgent:
             try:
                 while True:
                     try:
-                        await self._scheduler.call("ReportWorker", request)
+                        await self._client().call("ReportWorker", request)
                         break
                     except errors.PodiumError as error:
-                        if not isinstance(error, _RETRYABLE):
+                        if not isinstance(error, RETRYABLE):
                             log.warning("scheduler refused the report on worker %s (%s): %s",
                                         request.worker_id,
                                         common_pb2.WorkerState.Name(request.state), error)

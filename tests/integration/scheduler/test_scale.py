@@ -20,7 +20,7 @@ from podium.resources import GPU_UNITS, BundleSpec
 from podium.scheduler.client import SchedulerClient
 from podium.scheduler.server import run_scheduler
 from podium.v1 import common_pb2
-from podium.worker.agent.simnodes import SimulatedNodes
+from tests.support.simnodes import SimulatedNodes
 from tests.support.scheduler_fakes import config
 from tests.support.waiting import eventually_async
 

@@ -1,11 +1,12 @@
 """Simulated node agents: many GPU nodes in one process, for load tests of a real scheduler.
 
-``python -m podium.worker.agent.simnodes --scheduler HOST:PORT --nodes 1000 --gpus 8``
-plays a thousand 8-GPU machines against a real scheduler over the real gRPC contract:
-each simulated node registers (``RegisterNode`` with its GPU inventory), heartbeats at
-the interval the scheduler gives it (GPU memory readings, per-process memory and its
-running workers, as :mod:`podium.worker.agent.service` sends them), registers again when
-the scheduler asks or is lost, and answers the scheduler's ``NodeAgent`` calls: spawning
+``python -m tests.support.simnodes --scheduler HOST:PORT --nodes 1000 --gpus 8`` (from the
+repository root) plays a thousand 8-GPU machines against a real scheduler over the real gRPC
+contract. Each simulated node runs the node agent's own link to the scheduler
+(:class:`~podium.worker.agent.link.SchedulerLink`: register, heartbeat, register again,
+back off) over shared connections; only what a node *is* is simulated:
+it registers with its GPU inventory, heartbeats at the interval the scheduler gives it (GPU memory readings, per-process memory and its
+running workers, as :mod:`podium.worker.agent.service` sends them) and answers the scheduler's ``NodeAgent`` calls: spawning
 a worker gives it a pid and reports it RUNNING on a made-up port, stopping one reports it
 EXITED. Nothing is forked and no GPU is touched, so one machine holds 1,000 nodes.
 
@@ -14,7 +15,8 @@ dials each node's ``address:agent_port``, and a request names its workers, so th
 knows which node is meant) and a few client connections to the scheduler.
 
 :class:`SimulatedNodes` is the library face (the scale benchmark and the scale test run
-it in their own event loop); :func:`main` is the command line, which writes what it saw
+it in their own event loop); :func:`main` is the command line (the benchmark runs it in a
+process of its own), which writes what it saw
 (registrations, heartbeat latencies) as JSON to ``--stats-file`` when it stops.
 """
 
@@ -38,8 +40,11 @@ import grpc
 from podium import errors, rpc
 from podium.auth import TlsConfig, resolve_token
 from podium.limits import MAX_REPEATED
+from podium.rpc import error_from_rpc
 from podium.scheduler.client import HeartbeatStream
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from podium.worker.agent.link import SchedulerLink
+from podium.worker.agent.service import RPC_TIMEOUT_SECONDS
 from podium.worker.gpus import DEFAULT_FAKE_MEMORY, fake_uuid
 
 log = logging.getLogger(__name__)
@@ -54,10 +59,6 @@ MAX_SIM_GPUS = 64
 MAX_SIM_CONNECTIONS = 256
 #: Heartbeat latency samples kept (the oldest are dropped beyond it).
 MAX_SAMPLES = 2_000_000
-#: Deadline of each call to the scheduler (the real agent's).
-RPC_TIMEOUT_SECONDS = 5.0
-#: Retry delays towards an unreachable scheduler grow up to this (the real agent's).
-MAX_BACKOFF_SECONDS = 5.0
 #: Registrations in flight at once when the simulator starts (a cold cluster's storm).
 REGISTER_CONCURRENCY = 64
 #: Device memory a simulated worker reports holding on each of its GPUs.
@@ -79,17 +80,30 @@ class _Node:
     info: common_pb2.NodeInfo
     number: int = 0
     workers: dict[str, _Worker] = field(default_factory=dict)
-    registrations: int = 0
-    #: Heartbeats the scheduler answered.
-    heartbeats: int = 0
-    registered: bool = False
     #: The heartbeat request, rebuilt only when the workers change.
     request: scheduler_pb2.HeartbeatRequest | None = None
+    #: Its link to the scheduler (the real agent's loop); set by SimulatedNodes.start.
+    link: SchedulerLink | None = None
 
     @property
     def node_id(self) -> str:
         """This node's id."""
         return self.info.node_id
+
+    @property
+    def registrations(self) -> int:
+        """Successful RegisterNode calls so far."""
+        return self.link.registrations if self.link is not None else 0
+
+    @property
+    def heartbeats(self) -> int:
+        """Heartbeats the scheduler answered."""
+        return self.link.heartbeats if self.link is not None else 0
+
+    @property
+    def registered(self) -> bool:
+        """True while registered (between a registration and the loss of the scheduler)."""
+        return self.link is not None and self.link.registered.is_set()
 
     def heartbeat_request(self) -> scheduler_pb2.HeartbeatRequest:
         """GPU readings, per-process memory and running workers, as the real agent sends."""
@@ -185,10 +199,12 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
         self._server: grpc.aio.Server | None = None
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[scheduler_pb2_grpc.SchedulerStub] = []
+        self._streams: list[HeartbeatStream] = []
         self._tasks: list[asyncio.Task] = []
         self._side: set[asyncio.Task] = set()
         self._register_gate: asyncio.Semaphore | None = None
         self._stopping = False
+        self._stop = asyncio.Event()
         self.port = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -218,15 +234,17 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
             self.nodes[node_id] = _Node(info, i)
         self._register_gate = asyncio.Semaphore(REGISTER_CONCURRENCY)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run(node, self._stubs[i % len(self._stubs)]),
-                                        name=f"sim-{node.node_id}")
-                       for i, node in enumerate(self.nodes.values())]
+        for i, node in enumerate(self.nodes.values()):
+            node.link = self._link(node, self._stubs[i % len(self._stubs)])
+        self._tasks = [loop.create_task(node.link.run(), name=f"sim-{node.node_id}")
+                       for node in self.nodes.values() if node.link is not None]
         self._tasks.append(loop.create_task(self._watch_lag(), name="sim-loop-lag"))
         return self
 
     async def stop(self) -> None:
         """End every node and stop serving."""
         self._stopping = True
+        self._stop.set()
         for task in [*self._tasks, *self._side]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._side, return_exceptions=True)
@@ -234,6 +252,9 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
+        for beats in self._streams:
+            beats.close()
+        self._streams = []
         for channel in self._channels:
             await channel.close()
         self._channels, self._stubs = [], []
@@ -263,66 +284,47 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
         return await getattr(stub, method)(request, timeout=RPC_TIMEOUT_SECONDS,
                                            metadata=self._metadata)
 
-    async def _run(self, node: _Node, stub) -> None:
-        """Register, heartbeat until lost or asked to register again, repeat (the real loop)."""
-        backoff = 0.1
-        first = True
-        while not self._stopping:
-            try:
-                assert self._register_gate is not None
-                async with self._register_gate:
-                    response = await self._call(stub, "RegisterNode", scheduler_pb2.RegisterNodeRequest(
-                        node=node.info, running=node.running()))
-            except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                      grpc.StatusCode.CANCELLED):
-                    log.error("node %s: registration refused: %s", node.node_id, exc.details())
-                await asyncio.sleep(backoff * (0.5 + self._rng.random()))
-                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
-                continue
-            backoff = 0.1
-            node.registrations += 1
-            node.registered = True
-            self.stats.registrations.append((time.time(), node.node_id))
-            interval = response.heartbeat_interval_seconds or 2.0
-            # Spread the first heartbeats over one interval, as machines started at
-            # different moments would be, instead of a thundering herd every interval.
-            wait = interval * self._rng.random() if first else interval
-            first = False
-            await self._heartbeats(node, stub, interval, wait)
-            node.registered = False
-
-    async def _heartbeats(self, node: _Node, stub, interval: float, wait: float) -> None:
+    def _link(self, node: _Node, stub: scheduler_pb2_grpc.SchedulerStub) -> SchedulerLink:
+        """The agent's own loop for one node, over a shared connection, recording what it sees."""
+        stats = self.stats
         # Each node beats on a stream of its own, as the real agent does.
         beats = HeartbeatStream(stub, timeout=RPC_TIMEOUT_SECONDS, what=f"node {node.node_id}",
                                 metadata=self._metadata)
-        try:
-            await self._beat(node, beats, interval, wait)
-        finally:
-            beats.close()
+        self._streams.append(beats)
 
-    async def _beat(self, node: _Node, beats: HeartbeatStream, interval: float, wait: float) -> None:
-        """Heartbeat until lost or asked to register again."""
-        stats = self.stats
-        while not self._stopping:
-            await asyncio.sleep(wait)
-            wait = interval
+        async def register() -> scheduler_pb2.RegisterNodeResponse:
+            assert self._register_gate is not None
+            try:
+                async with self._register_gate:  # a cold cluster's storm, REGISTER_CONCURRENCY wide
+                    response = await self._call(stub, "RegisterNode", scheduler_pb2.RegisterNodeRequest(
+                        node=node.info, running=node.running()))
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc, what=f"node {node.node_id} RegisterNode") from None
+            stats.registrations.append((time.time(), node.node_id))
+            return response
+
+        async def beat() -> scheduler_pb2.HeartbeatResponse:
             sent = time.time()
             started = time.perf_counter()
             try:
                 response = await beats.beat(node.heartbeat_request())
             except errors.PodiumError:
                 stats.heartbeat_failures.append(sent)
-                return
+                raise
             if len(stats.heartbeats) >= MAX_SAMPLES:
                 del stats.heartbeats[:MAX_SAMPLES // 10]
             stats.heartbeats.append((sent, time.perf_counter() - started, node.number))
-            node.heartbeats += 1
             if response.reregister:
                 stats.reregister_asked.append(sent)
-                return
-            for worker_id in response.stop_worker_ids:
+            return response
+
+        def unwanted(worker_ids) -> None:
+            for worker_id in worker_ids:
                 self._forget(worker_id, report=False)
+
+        return SchedulerLink(node.node_id, register=register, beat=beat, unwanted=unwanted,
+                             stop=self._stop, jitter=self._rng.random, spread=self._rng.random,
+                             scheduler=self.scheduler)
 
     # ------------------------------------------------------------ the NodeAgent service
 
@@ -415,7 +417,7 @@ class SimulatedNodes(node_pb2_grpc.NodeAgentServicer):
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m podium.worker.agent.simnodes",
+    p = argparse.ArgumentParser(prog="python -m tests.support.simnodes",
                                 description="Simulated GPU nodes against a real scheduler.")
     p.add_argument("--scheduler", required=True, help="HOST:PORT of the scheduler")
     p.add_argument("--nodes", type=int, default=1000, help=f"simulated nodes (1..{MAX_SIM_NODES})")
