@@ -33,11 +33,11 @@ DEFAULT_TIMEOUT = 30.0
 _WAIT_MARGIN = 5.0
 
 
-def _strategy(value: Strategy | int | str) -> int:
+def _strategy(value: Strategy | int | str) -> common_pb2.Strategy.ValueType:
     # Raw ints go to the server unchecked (it validates); names are parsed here.
     if isinstance(value, int) and not isinstance(value, (bool, Strategy)):
-        return value
-    return int(Strategy.parse(value))
+        return common_pb2.Strategy.ValueType(value)
+    return common_pb2.Strategy.ValueType(int(Strategy.parse(value)))
 
 
 def _bundle(resources: Mapping[str, float], index: int) -> common_pb2.Bundle:
@@ -66,7 +66,7 @@ class HeartbeatStream:
         self.timeout = timeout
         self._what = what
         self._metadata = metadata
-        self._call = None
+        self._call: grpc.aio.StreamStreamCall | None = None
         self._unary = False
         self._lock = asyncio.Lock()
 
@@ -94,13 +94,14 @@ class HeartbeatStream:
                 raise error_from_rpc(exc, what=f"{self._what} Heartbeat") from None
 
     async def _exchange(self, request: scheduler_pb2.HeartbeatRequest) -> scheduler_pb2.HeartbeatResponse:
-        if self._call is None:
-            self._call = self._stub.HeartbeatStream(metadata=self._metadata)
+        call = self._call
+        if call is None:
+            call = self._call = self._stub.HeartbeatStream(metadata=self._metadata)
         try:
-            await self._call.write(request)
+            await call.write(request)
         except asyncio.InvalidStateError:
             pass  # the call is over (the scheduler ended it): reading it raises its status
-        response = await self._call.read()
+        response = await call.read()
         if response is grpc.aio.EOF:
             raise errors.UnavailableError(f"{self._what}: the scheduler ended the heartbeat stream")
         return response
@@ -160,7 +161,7 @@ class SchedulerClient:
         return await self._heartbeats.beat(scheduler_pb2.HeartbeatRequest(
             node_id=node_id, gpus=list(gpus), processes=list(processes), running=list(running)))
 
-    async def report_worker(self, worker_id: str, state: int, *, node_id: str = "", pid: int = 0,
+    async def report_worker(self, worker_id: str, state: common_pb2.WorkerState.ValueType, *, node_id: str = "", pid: int = 0,
                             port: int = 0, exit: common_pb2.ExitInfo | None = None) -> None:
         """Report a worker state change (WORKER_RUNNING with port, or EXITED/FAILED with exit)."""
         request = scheduler_pb2.ReportWorkerRequest(worker_id=worker_id, state=state,

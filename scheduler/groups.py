@@ -201,7 +201,8 @@ class GroupTable(RecordTable[common_pb2.PlacementGroup]):
             self._sessions.lookup(owner)
         if name in self._live_names:
             raise errors.AlreadyExistsError(f"placement group name {name!r} is already taken")
-        group = common_pb2.PlacementGroup(id=self._new_id("pg"), name=name, strategy=int(strat),
+        group = common_pb2.PlacementGroup(id=self._new_id("pg"), name=name,
+                                          strategy=common_pb2.Strategy.ValueType(int(strat)),
                                           state=common_pb2.PG_PENDING, detached=detached,
                                           owner=owner, created_at=now)
         for spec in specs:

@@ -190,8 +190,8 @@ class _PlacementIndex:
                 entry = (record, _group_bundles(model, group), orjson.dumps(_group_doc(group)))
             fresh[group.id] = entry
             self.group_json[group.id] = entry[2]
-            for node_id, indices, doc, share, cpu_units in entry[1]:
-                cpu[node_id] = cpu.get(node_id, 0) + cpu_units
+            for node_id, indices, doc, share, bundle_cpu in entry[1]:
+                cpu[node_id] = cpu.get(node_id, 0) + bundle_cpu
                 for index in indices:
                     key = (node_id, index)
                     owners.setdefault(key, []).append(doc)
@@ -236,8 +236,8 @@ def _node_doc(node: common_pb2.NodeStatus, ix: _PlacementIndex) -> dict:
     memory: dict[tuple[int, str], int] = {}
     by_worker: dict[tuple[str, str], int] = {}
     for proc in node.processes:
-        key = (proc.pid, proc.gpu_uuid)
-        memory[key] = memory.get(key, 0) + proc.used_bytes
+        held = (proc.pid, proc.gpu_uuid)
+        memory[held] = memory.get(held, 0) + proc.used_bytes
         if proc.worker_id:
             by_worker[(proc.worker_id, proc.gpu_uuid)] = proc.used_bytes
     owners, reserved_units, on_gpu = ix.owners, ix.reserved_units, ix.on_gpu

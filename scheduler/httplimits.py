@@ -11,6 +11,7 @@ headers), and beyond :data:`HTTP_MAX_CONNECTIONS` open ones a new connection get
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 from aiohttp import web
 
@@ -30,7 +31,8 @@ class _Refusal(asyncio.Protocol):
     """A connection over the cap: answer 503 and close."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(_BUSY)
+        # A stream server's transports write (BaseTransport is what the Protocol declares).
+        cast(asyncio.WriteTransport, transport).write(_BUSY)
         transport.close()
 
 

@@ -16,6 +16,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
+import grpc
+
 from podium import errors
 from podium.auth import TlsConfig, resolve_token
 from podium.rpc import bind, make_server, start_server, use_uvloop
@@ -38,7 +40,7 @@ class RunningScheduler:
     """A started scheduler: its service, the bound ports, and how to stop it."""
 
     service: SchedulerService
-    grpc_server: object
+    grpc_server: grpc.aio.Server
     http: HttpServer
     port: int
     http_port: int

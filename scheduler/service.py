@@ -408,8 +408,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                                        return_exceptions=True)
         failed = [(node_id, r) for node_id, r in zip(by_node, results) if isinstance(r, BaseException)]
         if failed:
-            node_id, exc = failed[0]
-            cause = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+            node_id, error = failed[0]
+            cause = error_from_rpc(error) if isinstance(error, grpc.RpcError) else error
             address = self.model.node(node_id).info.address
             reason = f"spawn failed on node {node_id} ({address}): {cause}"
             effects = self.model.fail_workers([w.id for w in workers], reason)

@@ -28,7 +28,8 @@ from podium.v1 import common_pb2
 
 __all__ = ["Store"]
 
-_TABLES = {
+_TABLES: dict[str, type[common_pb2.NodeStatus] | type[common_pb2.PlacementGroup]
+              | type[common_pb2.WorkerInfo]] = {
     "nodes": common_pb2.NodeStatus,
     "placement_groups": common_pb2.PlacementGroup,
     "workers": common_pb2.WorkerInfo,
@@ -79,12 +80,13 @@ class Store:
         """Every stored record, decoded and checked (StateFileError naming a bad row)."""
         loaded: dict[str, list] = {}
         try:
-            for table, cls in (*_TABLES.items(), ("sessions", None)):
+            for table in (*_TABLES, "sessions"):
+                cls = _TABLES.get(table)
                 loaded[table] = []
                 for record_id, data in self._db.execute(f"SELECT id, data FROM {table} ORDER BY seq"):
                     try:
                         record = Session(**json.loads(data)) if cls is None else cls.FromString(data)
-                        if table == "placement_groups":
+                        if isinstance(record, common_pb2.PlacementGroup):
                             validate_bundles([dict(b.resources) for b in record.bundles])
                     except (DecodeError, ValueError, TypeError, PodiumError) as exc:
                         raise StateFileError(path, f"has a bad {table} row {record_id!r} ({exc})") from None

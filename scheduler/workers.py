@@ -292,7 +292,7 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
                          common_pb2.ExitInfo(exit_code=-1, reason=reason, requested=True))
         effects.add_stop(worker.node_id, worker.id)
 
-    def end(self, worker: common_pb2.WorkerInfo, state: int,
+    def end(self, worker: common_pb2.WorkerInfo, state: common_pb2.WorkerState.ValueType,
             exit_info: common_pb2.ExitInfo) -> None:
         """Record how a worker ended (EXITED or FAILED)."""
         # The slot is free as soon as the state is terminal (usage is computed from

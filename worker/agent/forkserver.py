@@ -46,7 +46,10 @@ import socket
 import sys
 import time
 import traceback
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # the helper imports subprocess only when it starts (start())
+    import subprocess
 
 __all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "main"]
 
@@ -255,13 +258,19 @@ class ForkedProcess:
             callback(code)
 
 
+def _wake(room: asyncio.Future) -> None:
+    """The socket has room: wake the sender waiting on ``room``."""
+    if not room.done():
+        room.set_result(None)
+
+
 class ForkServer:
     """The agent's handle on its fork server (all methods on the agent's loop thread)."""
 
     def __init__(self, env: dict[str, str], log_path: str | os.PathLike | None = None) -> None:
         self._env = dict(env, PYTHONUNBUFFERED="1")
         self._log_path = log_path
-        self._proc = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ready: asyncio.Future | None = None
         self._requests: dict[int, asyncio.Future] = {}
@@ -290,7 +299,7 @@ class ForkServer:
                 env=self._env, start_new_session=True)
         finally:
             theirs.close()
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):  # a log file, not DEVNULL
                 out.close()
         mine.setblocking(False)
         with contextlib.suppress(OSError):
@@ -350,7 +359,7 @@ class ForkServer:
                     pass
                 self._room = room = loop.create_future()
                 fileno = self._sock.fileno()
-                loop.add_writer(fileno, lambda: room.done() or room.set_result(None))
+                loop.add_writer(fileno, _wake, room)
                 try:
                     await asyncio.wait_for(room, max(0.0, deadline - loop.time()))
                 except asyncio.TimeoutError:
@@ -361,9 +370,12 @@ class ForkServer:
                         loop.remove_writer(fileno)
 
     def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
         while True:
             try:
-                data = self._sock.recv(_MAX_MESSAGE)
+                data = sock.recv(_MAX_MESSAGE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -401,14 +413,17 @@ class ForkServer:
         if self.dead:
             return
         self.dead = True
-        with contextlib.suppress(Exception):
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(self._sock.fileno())
-            loop.remove_writer(self._sock.fileno())
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(sock.fileno())
+                loop.remove_writer(sock.fileno())
         if self._room is not None and not self._room.done():
             self._room.set_result(None)  # the waiting sender sees ``dead`` and gives up
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
         error = OSError("the fork server ended")
         for future in self._requests.values():
             if not future.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from typing import BinaryIO
 
 from podium.worker.agent.exitinfo import HEADER_PREFIX
 
@@ -30,7 +31,7 @@ class LogFollower:
         self._path = path
         self._offset = offset
         self._partial = b""
-        self._handle = None
+        self._handle: BinaryIO | None = None
 
     def close(self) -> None:
         """Close the file (a later drain opens it again)."""
@@ -43,13 +44,14 @@ class LogFollower:
         ``final`` also the last line even without its newline."""
         while until is None or self._offset < until:
             limit = self.CHUNK if until is None else min(self.CHUNK, until - self._offset)
-            if self._handle is None:
+            handle = self._handle
+            if handle is None:
                 try:
-                    self._handle = open(self._path, "rb")
+                    handle = self._handle = open(self._path, "rb")
                 except FileNotFoundError:
                     break
-            self._handle.seek(self._offset)
-            data = self._handle.read(limit)
+            handle.seek(self._offset)
+            data = handle.read(limit)
             if not data:
                 break
             self._offset += len(data)

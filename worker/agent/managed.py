@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import subprocess
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from podium.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from podium.worker.agent.forkserver import ForkedProcess
 
 __all__ = ["ManagedWorker"]
 
@@ -25,7 +28,8 @@ class ManagedWorker:
         self.state = common_pb2.WORKER_STARTING
         self.exit: common_pb2.ExitInfo | None = None
         self.stop_requested = False
-        self.proc: subprocess.Popen | None = None
+        #: Its process: started by exec, or forked by the fork server.
+        self.proc: subprocess.Popen | ForkedProcess | None = None
         loop = asyncio.get_running_loop()
         #: Resolves to the Popen return code when the process is reaped.
         self.exited: asyncio.Future[int] = loop.create_future()

@@ -22,7 +22,7 @@ import pathlib
 import signal
 import socket
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import grpc
 
@@ -40,6 +40,9 @@ from podium.worker.agent.logtail import LogFollower, file_size
 from podium.worker.agent.ports import PortHolds
 from podium.worker.agent.exitinfo import read_tail
 from podium.worker.agent.spawner import Spawner
+
+if TYPE_CHECKING:  # imported when --metrics-port asks for it (aiohttp is not light)
+    from podium.worker.agent.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +161,7 @@ class RunningAgent:
             config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory, node_id=self.node_id)
         self.port = 0
         #: The /metrics server (podium.worker.agent.metrics), when --metrics-port is given.
-        self.metrics = None
+        self.metrics: MetricsServer | None = None
         self.ports = PortHolds(config.host)
         self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=self.node_address,
                                scheduler=config.scheduler, token=token, report=self._enqueue_report,
@@ -207,8 +210,8 @@ class RunningAgent:
         await rpc.start_server(self._server, health)
         if self.config.metrics_port is not None:
             from podium.worker.agent.metrics import MetricsServer
-            self.metrics = MetricsServer(self)
-            await self.metrics.start(self.host, self.config.metrics_port)
+            metrics = self.metrics = MetricsServer(self)
+            await metrics.start(self.host, self.config.metrics_port)
         self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,
                                           timeout=RPC_TIMEOUT_SECONDS)
         loop = asyncio.get_running_loop()

@@ -189,20 +189,21 @@ class Spawner:
         self._start_forkserver()
         fork = (self._forkserver is not None
                 and await self._forkserver.wait_ready(FORKSERVER_READY_SECONDS))
-        started: list[Any] = []
+        started: list[ManagedWorker | asyncio.Future[ManagedWorker]] = []
         for info in workers:
             known = self._workers.get(info.id)
             if known is None or known.ended:
                 self._workers.pop(info.id, None)  # re-insert: start order stays true
                 # Forks are requested back to back (tasks) and answered by the helper in order.
-                known = (asyncio.ensure_future(self._start_forked(info)) if fork else self._start(info))
-            started.append(known)
+                started.append(asyncio.ensure_future(self._start_forked(info)) if fork
+                               else self._start(info))
+            else:
+                started.append(known)
         out = []
-        for known in started:
-            if not isinstance(known, ManagedWorker):
-                known = await known
-            out.append(node_pb2.SpawnedWorker(worker_id=known.id, pid=known.pid,
-                                              log_path=str(known.out_path)))
+        for item in started:
+            done = item if isinstance(item, ManagedWorker) else await item
+            out.append(node_pb2.SpawnedWorker(worker_id=done.id, pid=done.pid,
+                                              log_path=str(done.out_path)))
         return out
 
     def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
@@ -229,12 +230,16 @@ class Spawner:
 
     async def _start_forked(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
         """Like :meth:`_start`, through the fork server (falls back to :meth:`_start`)."""
+        server = self._forkserver
+        if server is None:  # only forks once the fork server is up (spawn)
+            return self._start(info)
         worker, env = self._new_worker(info)
         read_fd, write_fd = os.pipe()
         try:
             with self._log_files(worker) as (out, err):
-                worker.proc = await self._forkserver.spawn(
+                forked = await server.spawn(
                     env, os.getcwd(), (write_fd, out.fileno(), err.fileno()), [self.command[-1]])
+                worker.proc = forked
             os.close(write_fd)  # the helper got its own copies with the request
             write_fd = -1
         except Exception as exc:  # noqa: BLE001 - any failure: the exec path decides (and reports)
@@ -244,7 +249,7 @@ class Spawner:
             log.warning("worker %s: fork server failed (%s); starting it as a new process", info.id, exc)
             self._workers.pop(info.id, None)
             return self._start(info)
-        return self._running(worker, read_fd, "forked")
+        return self._running(worker, forked, read_fd, "forked")
 
     def _start(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
         worker, env = self._new_worker(info)
@@ -252,7 +257,7 @@ class Spawner:
         try:
             with self._log_files(worker) as (out, err):
                 # No preexec_fn, so Popen can vfork (see the module docstring).
-                worker.proc = subprocess.Popen(
+                proc = worker.proc = subprocess.Popen(
                     launch_argv(self.command, write_fd), pass_fds=(write_fd,),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=os.getcwd(), env=env,
                     start_new_session=True)
@@ -270,21 +275,22 @@ class Spawner:
             return worker
         finally:
             os.close(write_fd)
-        return self._running(worker, read_fd, "started")
+        return self._running(worker, proc, read_fd, "started")
 
-    def _running(self, worker: ManagedWorker, read_fd: int, how: str) -> ManagedWorker:
-        """Watch a worker whose process exists: its exit, its ready pipe, its supervision."""
-        worker.pid = worker.proc.pid
+    def _running(self, worker: ManagedWorker, proc: subprocess.Popen | forkserver.ForkedProcess,
+                 read_fd: int, how: str) -> ManagedWorker:
+        """Watch a worker whose process ``proc`` exists: its exit, its ready pipe, its supervision."""
+        worker.pid = proc.pid
         log.info("worker %s (%s) %s, pid %d", worker.id, worker.info.spec.name, how, worker.pid)
-        self._watch_exit(worker)
+        self._watch_exit(worker, proc)
         self._watch_ready(worker, read_fd)
         worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
                                                              name=f"supervise-{worker.id}")
         return worker
 
-    def _watch_exit(self, worker: ManagedWorker) -> None:
+    def _watch_exit(self, worker: ManagedWorker,
+                    proc: subprocess.Popen | forkserver.ForkedProcess) -> None:
         loop = asyncio.get_running_loop()
-        proc = worker.proc
 
         def reaped(returncode: int) -> None:
             if not worker.exited.done():
@@ -346,7 +352,8 @@ class Spawner:
         worker.close_ready = lambda: finish(b"")
 
     async def _supervise(self, worker: ManagedWorker) -> None:
-        await asyncio.wait({worker.ready, worker.exited}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {worker.ready, worker.exited}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         port, problem, killed = 0, "", False
         if worker.ready.done():
             port, problem = _parse_ready(worker.ready.result())

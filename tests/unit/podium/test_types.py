@@ -27,7 +27,7 @@ CHECKED = [
     "podium/private.py", "podium/memcap.py", "podium/cudawire.py", "podium/dataproto", "podium/memorypool.py",
     "podium/rowcat.py", "podium/spans.py",
     "podium/transport", "podium/cli", "podium/compat", "podium/rollout", "podium/controller",
-    "podium/scheduler/core",
+    "podium/scheduler", "podium/worker/agent",
     "podium/worker/colocate.py", "podium/worker/decorator.py", "podium/worker/channel.py",
     "podium/worker/base.py", "podium/worker/actorshell.py", "podium/worker/factory.py",
     "podium/worker/gpufilter.py", "podium/worker/gpus.py",
