@@ -1,0 +1,126 @@
+"""SchedulerLink alone, driven by scripted register and heartbeat calls (no sockets): it
+registers, heartbeats at the interval the scheduler gives, registers again when asked or
+when a beat fails, retries an unreachable scheduler (logging each outage once), hands on
+the workers the scheduler does not want, and stops when told."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from podium import errors
+from podium.v1 import scheduler_pb2
+from podium.worker.agent.link import SchedulerLink
+
+
+class Script:
+    """Plays the scheduler: answers (or raises) from queued outcomes, and records the calls."""
+
+    def __init__(self, registers, beats):
+        self.registers = list(registers)
+        self.beats = list(beats)
+        self.calls: list[str] = []
+        self.unwanted: list[list[str]] = []
+        self.done = asyncio.Event()
+
+    async def register(self):
+        self.calls.append("register")
+        return self._next(self.registers)
+
+    async def beat(self):
+        self.calls.append("beat")
+        return self._next(self.beats)
+
+    def _next(self, queue):
+        if not queue or (len(self.registers) == 0 and len(self.beats) == 0):
+            self.done.set()
+        if not queue:
+            raise errors.UnavailableError("script over")
+        outcome = queue.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def _registered(interval=0.01, scheduler_id="sched-1"):
+    return scheduler_pb2.RegisterNodeResponse(heartbeat_interval_seconds=interval,
+                                              scheduler_id=scheduler_id)
+
+
+async def _run(script: Script, **kw) -> SchedulerLink:
+    link = SchedulerLink("n1", register=script.register, beat=script.beat,
+                         unwanted=script.unwanted.append, **kw)
+    task = asyncio.get_running_loop().create_task(link.run())
+    await asyncio.wait_for(script.done.wait(), 20)
+    link.stop.set()
+    await asyncio.wait_for(task, 20)
+    return link
+
+
+def test_register_beat_and_register_again_when_asked(arun):
+    ok = scheduler_pb2.HeartbeatResponse()
+    script = Script(
+        registers=[_registered(scheduler_id="sched-1"), _registered(scheduler_id="sched-2")],
+        beats=[ok, scheduler_pb2.HeartbeatResponse(stop_worker_ids=["w-1", "w-2"]),
+               scheduler_pb2.HeartbeatResponse(reregister=True), ok])
+    link = arun(_run(script))
+    assert script.calls[:6] == ["register", "beat", "beat", "beat", "register", "beat"]
+    assert script.unwanted == [["w-1", "w-2"]]
+    assert link.registrations == 2 and link.scheduler_id == "sched-2"
+    assert link.heartbeats >= 4
+
+
+def test_a_failed_beat_clears_registered_and_registers_again(arun):
+    seen = []
+
+    async def scenario():
+        script = Script(registers=[_registered(), _registered()],
+                        beats=[errors.DeadlineExceededError("slow"), scheduler_pb2.HeartbeatResponse()])
+
+        async def beat():  # what the flag says while each beat is sent
+            seen.append(link.registered.is_set())
+            return await script.beat()
+        link = SchedulerLink("n1", register=script.register, beat=beat,
+                             unwanted=script.unwanted.append)
+        task = asyncio.get_running_loop().create_task(link.run())
+        await asyncio.wait_for(script.done.wait(), 20)
+        link.stop.set()
+        await task
+        return script, link
+
+    script, link = arun(scenario())
+    assert script.calls[:4] == ["register", "beat", "register", "beat"]
+    assert seen[:2] == [True, True] and link.registrations == 2 and link.heartbeats >= 1
+
+
+def test_an_unreachable_scheduler_is_retried_and_each_outage_logged_once(arun, caplog):
+    down = errors.UnavailableError("connection refused")
+    script = Script(registers=[down, down, down, _registered()], beats=[scheduler_pb2.HeartbeatResponse()])
+    with caplog.at_level(logging.WARNING, logger="podium.worker.agent.link"):
+        link = arun(_run(script, jitter=lambda: 0.5))
+    assert script.calls[:5] == ["register"] * 4 + ["beat"]
+    assert link.registrations == 1
+    # Three refused tries, one outage, one line (the script's end is a second outage).
+    outages = [r for r in caplog.records if "connection refused" in r.getMessage()]
+    assert len(outages) == 1 and outages[0].levelno == logging.WARNING
+
+
+def test_a_refusal_is_logged_as_an_error_and_still_retried(arun, caplog):
+    script = Script(registers=[errors.AuthenticationError("bad token"), _registered()],
+                    beats=[scheduler_pb2.HeartbeatResponse()])
+    with caplog.at_level(logging.WARNING, logger="podium.worker.agent.link"):
+        link = arun(_run(script))
+    assert link.registrations == 1
+    assert [r.levelno for r in caplog.records if "bad token" in r.getMessage()] == [logging.ERROR]
+
+
+def test_a_stopped_link_returns_without_registering(arun):
+    async def scenario():
+        script = Script(registers=[_registered()], beats=[])
+        link = SchedulerLink("n1", register=script.register, beat=script.beat,
+                             unwanted=script.unwanted.append)
+        link.stop.set()
+        await asyncio.wait_for(link.run(), 5)
+        return script, link
+    script, link = arun(scenario())
+    assert script.calls == [] and link.registrations == 0 and not link.registered.is_set()
