@@ -161,8 +161,9 @@ class SchedulerClient:
         return await self._heartbeats.beat(scheduler_pb2.HeartbeatRequest(
             node_id=node_id, gpus=list(gpus), processes=list(processes), running=list(running)))
 
-    async def report_worker(self, worker_id: str, state: common_pb2.WorkerState.ValueType, *, node_id: str = "", pid: int = 0,
-                            port: int = 0, exit: common_pb2.ExitInfo | None = None) -> None:
+    async def report_worker(self, worker_id: str, state: common_pb2.WorkerState.ValueType, *,
+                            node_id: str = "", pid: int = 0, port: int = 0,
+                            exit: common_pb2.ExitInfo | None = None) -> None:
         """Report a worker state change (WORKER_RUNNING with port, or EXITED/FAILED with exit)."""
         request = scheduler_pb2.ReportWorkerRequest(worker_id=worker_id, state=state,
                                                     node_id=node_id, pid=pid, port=port)

@@ -4,11 +4,12 @@
 repository root) plays a thousand 8-GPU machines against a real scheduler over the real gRPC
 contract. Each simulated node runs the node agent's own link to the scheduler
 (:class:`~podium.worker.agent.link.SchedulerLink`: register, heartbeat, register again,
-back off) over shared connections; only what a node *is* is simulated:
-it registers with its GPU inventory, heartbeats at the interval the scheduler gives it (GPU memory readings, per-process memory and its
-running workers, as :mod:`podium.worker.agent.service` sends them) and answers the scheduler's ``NodeAgent`` calls: spawning
-a worker gives it a pid and reports it RUNNING on a made-up port, stopping one reports it
-EXITED. Nothing is forked and no GPU is touched, so one machine holds 1,000 nodes.
+back off) over shared connections; only what a node *is* is simulated: it registers with its
+GPU inventory, heartbeats at the interval the scheduler gives it (GPU memory readings,
+per-process memory and its running workers, as :mod:`podium.worker.agent.service` sends
+them) and answers the scheduler's ``NodeAgent`` calls: spawning a worker gives it a pid and
+reports it RUNNING on a made-up port, stopping one reports it EXITED. Nothing is forked and
+no GPU is touched, so one machine holds 1,000 nodes.
 
 All simulated nodes share one ``NodeAgent`` server (one address and port: the scheduler
 dials each node's ``address:agent_port``, and a request names its workers, so the server

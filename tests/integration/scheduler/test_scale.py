@@ -8,7 +8,6 @@ in the scheduler's capacity snapshot and on ``/v1/placement``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 
