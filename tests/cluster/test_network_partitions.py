@@ -138,14 +138,18 @@ def test_a_partition_longer_than_the_lease_fails_calls_on_the_cut_node_only(net)
             pending.result(timeout=120)
     report("partition > lease: pending call on the cut node", time.monotonic() - cut, str(info.value))
     assert node_b in str(info.value) or b.address in str(info.value), info.value
+    cut_pids = [w.pid for w in spread.workers[2:]]
     eventually(lambda: net.node_state(node_b) == "NODE_DEAD", "the cut node marked dead", NODE_LEASE + 30)
+    # Fenced: by the time the scheduler may place the cut node's ranks elsewhere, their
+    # processes there are gone (the agent, unable to renew its lease, killed them).
+    assert not any(alive(pid) for pid in cut_pids), "a cut node's worker outlived its node's lease"
+    report("partition > lease: cut node's workers fenced", time.monotonic() - cut, "before NODE_DEAD")
     # The other node's group never noticed.
     assert local.nap(0) == [0]
     assert local.node() == [net.hosts["a"].address]
-    # Healed, the node rejoins clean: alive, and its old workers are gone.
-    cut_pids = [w.pid for w in spread.workers[2:]]
+    # Healed, the node rejoins clean: alive, with none of its old workers.
     net.lab.heal(b)
     eventually(lambda: net.node_state(node_b) == "NODE_ALIVE", "the healed node to rejoin")
-    eventually(lambda: not any(alive(pid) for pid in cut_pids), "the cut node's old workers to end")
+    assert not any(alive(pid) for pid in cut_pids)
     assert local.nap(0) == [0]
 

@@ -7,6 +7,18 @@ retry with a backoff that doubles up to :data:`MAX_BACKOFF_SECONDS` (and, once r
 to the heartbeat interval: a restarted scheduler must hear from the node well within the node
 lease it restores). It knows no gRPC: it is given the two calls, so a load-test harness can
 drive many of them with simulated nodes over shared connections.
+
+Fencing. A node cut off from the scheduler keeps running; the scheduler declares it dead once
+its lease (``lease_seconds`` of the registration) passes without a heartbeat, and may then
+place its ranks elsewhere. So that no rank ever has two live copies, the link fences the
+node first: when ``lease - margin`` seconds (:func:`fence_margin`) have passed since the
+*sending* of the last heartbeat (or registration) the scheduler answered, it calls
+``fence()``, which kills every worker of the node. The scheduler cannot have heard from the
+node later than that sending, so the fence lands at least ``margin`` before the scheduler's
+lease can run out. A scheduler that is known not to be running (its port refuses the
+connection) restarts every lease when it comes back (``ClusterModel.restore``), so a refusal
+restarts the count: a scheduler restart never fences a node. docs/architecture.md ("Leases
+and fencing") has the timeline.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from podium import errors
@@ -21,7 +34,8 @@ from podium.v1 import scheduler_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SchedulerLink", "MAX_BACKOFF_SECONDS", "DEFAULT_HEARTBEAT_SECONDS", "RETRYABLE"]
+__all__ = ["SchedulerLink", "MAX_BACKOFF_SECONDS", "DEFAULT_HEARTBEAT_SECONDS", "RETRYABLE", "fence_margin",
+           "scheduler_is_down"]
 
 #: Heartbeat interval when the scheduler does not say.
 DEFAULT_HEARTBEAT_SECONDS = 2.0
@@ -33,6 +47,18 @@ FIRST_BACKOFF_SECONDS = 0.1
 RETRYABLE = (errors.UnavailableError, errors.DeadlineExceededError, errors.CancelledError)
 
 
+def fence_margin(lease: float, interval: float) -> float:
+    """How long before its lease could run out a cut-off node fences itself: one heartbeat
+    interval, and at least a fifth of the lease (a slow kill, a loaded machine)."""
+    return max(interval, lease / 5)
+
+
+def scheduler_is_down(error: BaseException) -> bool:
+    """Whether a failed call proves the scheduler is not running: its address answered and
+    refused the connection (a stopped or cut-off scheduler times out instead)."""
+    return isinstance(error, errors.UnavailableError) and "refused" in str(error).lower()
+
+
 class SchedulerLink:
     """One node's registration and heartbeats, until ``stop`` is set.
 
@@ -41,7 +67,8 @@ class SchedulerLink:
     workers the scheduler no longer wants. ``jitter()``, when given, scales each retry delay
     (0.5 + a random fraction: many nodes retrying together do not stay in step);
     ``spread()``, when given, delays the first heartbeat by that fraction of an interval
-    (machines started together do not all beat at one instant).
+    (machines started together do not all beat at one instant). ``fence()``, when given,
+    kills the node's workers (see the module docstring) and returns how many it killed.
     """
 
     def __init__(self, node_id: str, *,
@@ -51,6 +78,7 @@ class SchedulerLink:
                  stop: asyncio.Event | None = None,
                  jitter: Callable[[], float] | None = None,
                  spread: Callable[[], float] | None = None,
+                 fence: Callable[[], int] | None = None,
                  scheduler: str = "") -> None:
         self.node_id = node_id
         self._register = register
@@ -59,7 +87,17 @@ class SchedulerLink:
         self.stop = stop if stop is not None else asyncio.Event()
         self._jitter = jitter
         self._spread = spread
+        self._fence = fence
         self._scheduler = scheduler
+        #: The node lease the scheduler granted at registration (0: not known yet).
+        self.lease = 0.0
+        #: The heartbeat interval the scheduler asked for.
+        self.interval = DEFAULT_HEARTBEAT_SECONDS
+        #: Times the node fenced itself.
+        self.fences = 0
+        # When the last call the scheduler answered was sent (time.monotonic()), or None.
+        self._renewed_at: float | None = None
+        self._renewal = asyncio.Event()
         #: Set whenever a registration succeeds; cleared when the scheduler is lost.
         self.registered = asyncio.Event()
         #: Successful RegisterNode calls so far (a re-registration adds one).
@@ -77,12 +115,58 @@ class SchedulerLink:
 
     async def run(self) -> None:
         """Register and heartbeat until ``stop`` is set (see the class docstring)."""
+        watch = asyncio.get_running_loop().create_task(self._fence_watch()) if self._fence else None
+        try:
+            await self._run()
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+
+    def _renewed(self, sent_at: float) -> None:
+        """The scheduler answered a call sent at ``sent_at``: the lease runs from there."""
+        self._renewed_at = sent_at
+        self._renewal.set()
+
+    def _failed(self, error: BaseException) -> None:
+        if scheduler_is_down(error) and self._renewed_at is not None:
+            self._renewed(time.monotonic())  # it restarts every lease when it is back
+
+    async def _fence_watch(self) -> None:
+        """Fence the node when its lease could run out before a heartbeat gets through."""
+        fence = self._fence
+        if fence is None:
+            return
+        fenced_for: float | None = None  # the renewal the last fence answered
+        while True:
+            renewed, lease = self._renewed_at, self.lease
+            if renewed is None or lease <= 0 or renewed == fenced_for:
+                await self._renewal.wait()
+                self._renewal.clear()
+                continue
+            delay = renewed + lease - fence_margin(lease, self.interval) - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._renewal.wait(), delay)
+                self._renewal.clear()
+                continue
+            fenced_for = renewed
+            self.fences += 1
+            killed = fence()
+            log.error("node %s has not renewed its %g s lease for %.1f s: fenced, killed its %d worker(s) "
+                      "before the scheduler can place their ranks elsewhere", self.node_id, lease,
+                      time.monotonic() - renewed, killed)
+
+    async def _run(self) -> None:
         backoff, outage_logged = FIRST_BACKOFF_SECONDS, False
         max_backoff = MAX_BACKOFF_SECONDS
         while not self.stop.is_set():
+            sent_at = time.monotonic()
             try:
                 response = await self._register()
             except errors.PodiumError as error:
+                self._failed(error)
                 if not outage_logged:
                     # Unreachable is normal (it restarts); a refusal means misconfiguration.
                     level = logging.WARNING if isinstance(error, RETRYABLE) else logging.ERROR
@@ -95,11 +179,13 @@ class SchedulerLink:
                 backoff = min(backoff * 2, max_backoff)
                 continue
             backoff, outage_logged = FIRST_BACKOFF_SECONDS, False
+            self.lease = response.lease_seconds
+            self._renewed(sent_at)
             self.scheduler_id = response.scheduler_id
             first = self.registrations == 0
             self.registrations += 1
             self.registered.set()
-            interval = response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
+            interval = self.interval = response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
             max_backoff = min(MAX_BACKOFF_SECONDS, interval)
             log.info("registered node %s with scheduler %s (heartbeat every %g s)",
                      self.node_id, response.scheduler_id or self._scheduler, interval)
@@ -111,11 +197,14 @@ class SchedulerLink:
         """Heartbeat until the scheduler is lost or wants a new registration."""
         while not await self.sleep(wait):
             wait = interval
+            sent_at = time.monotonic()
             try:
                 response = await self._beat()
             except errors.PodiumError as error:
+                self._failed(error)
                 log.warning("node %s: heartbeat failed, registering again: %s", self.node_id, error)
                 return
+            self._renewed(sent_at)
             self.heartbeats += 1
             if response.reregister:
                 log.info("scheduler asks node %s to register again", self.node_id)

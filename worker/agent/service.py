@@ -172,7 +172,7 @@ class RunningAgent:
         #: Registration and heartbeats with the scheduler (podium.worker.agent.link).
         self.link = SchedulerLink(self.node_id, register=self._register, beat=self._beat,
                                   unwanted=self._stop_unwanted, stop=self._stop,
-                                  scheduler=config.scheduler)
+                                  fence=self.spawner.fence, scheduler=config.scheduler)
         #: Set whenever a registration succeeds; cleared when the scheduler is lost.
         self.registered = self.link.registered
         self._stopped = asyncio.Event()

@@ -432,6 +432,17 @@ class Spawner:
         workers = [self.get(worker_id) for worker_id in worker_ids]
         return await self._stop(workers, grace)
 
+    def fence(self) -> int:
+        """SIGKILL every live worker now, with no grace: the node could not renew its lease
+        and must not keep ranks the scheduler may place elsewhere (see
+        :mod:`podium.worker.agent.link`). Their exits are reported as they are reaped.
+        Returns how many were alive."""
+        alive = [w for w in self.workers() if w.alive]
+        for worker in alive:
+            worker.stop_requested = True
+            self._kill_group(worker, signal.SIGKILL)
+        return len(alive)
+
     async def stop_all(self, grace: float = 0.0) -> int:
         """Stop every live worker and refuse new ones from now on (agent shutdown)."""
         self._closed = True

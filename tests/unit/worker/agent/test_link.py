@@ -124,3 +124,74 @@ def test_a_stopped_link_returns_without_registering(arun):
         return script, link
     script, link = arun(scenario())
     assert script.calls == [] and link.registrations == 0 and not link.registered.is_set()
+
+
+# -- fencing ---------------------------------------------------------------------------------
+
+LEASE, INTERVAL = 0.4, 0.02
+
+
+async def _fenced_after(beat_outcome, register_outcome, run_for: float) -> tuple[SchedulerLink, list[int]]:
+    """Register once (lease LEASE), then every beat and registration meets the given outcome
+    (an exception to raise, or "hang": a call that never returns); one entry per fence."""
+    fenced: list[int] = []
+    registered = [False]
+
+    async def outcome(what):
+        if what == "hang":
+            await asyncio.Event().wait()
+        raise what
+
+    async def register():
+        if not registered[0]:
+            registered[0] = True
+            return scheduler_pb2.RegisterNodeResponse(heartbeat_interval_seconds=INTERVAL, lease_seconds=LEASE)
+        return await outcome(register_outcome)
+
+    async def beat():
+        return await outcome(beat_outcome)
+
+    loop = asyncio.get_running_loop()
+    link = SchedulerLink("n1", register=register, beat=beat, unwanted=lambda ids: None,
+                         fence=lambda: fenced.append(1) or 3)
+    task = loop.create_task(link.run())
+    await asyncio.sleep(run_for)
+    link.stop.set()
+    task.cancel()  # a hanging call does not see the stop
+    await asyncio.gather(task, return_exceptions=True)
+    return link, fenced
+
+
+def test_a_node_cut_off_fences_itself_before_its_lease_can_run_out(arun):
+    # A partition: the heartbeat never returns.
+    link, fenced = arun(_fenced_after("hang", "hang", run_for=3 * LEASE))
+    assert link.fences == 1 and len(fenced) == 1  # once, not again for the same silence
+
+
+def test_timeouts_fence_too(arun):
+    link, fenced = arun(_fenced_after(errors.DeadlineExceededError("heartbeat timed out"),
+                                      errors.DeadlineExceededError("register timed out"), run_for=3 * LEASE))
+    assert link.fences == 1 and len(fenced) == 1
+
+
+def test_a_scheduler_that_refuses_connections_is_down_and_fences_nothing(arun):
+    # SIGKILLed, restarting: it restarts every lease when it is back, so no rank can be
+    # placed twice meanwhile and the node keeps its workers.
+    refused = errors.UnavailableError("scheduler 10.0.0.1:50051 Heartbeat: failed to connect to all addresses; "
+                                      "last error: UNKNOWN: ipv4:10.0.0.1:50051: Connection refused")
+    link, fenced = arun(_fenced_after(refused, refused, run_for=3 * LEASE))
+    assert link.fences == 0 and fenced == []
+
+
+def test_without_a_lease_from_the_scheduler_nothing_fences(arun):
+    async def scenario():
+        fenced = []
+        link = SchedulerLink("n1", register=lambda: asyncio.sleep(0, _registered(INTERVAL)),
+                             beat=lambda: asyncio.Event().wait(), unwanted=lambda ids: None,
+                             fence=lambda: fenced.append(1) or 0)
+        task = asyncio.get_running_loop().create_task(link.run())
+        await asyncio.sleep(3 * LEASE)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return fenced
+    assert arun(scenario()) == []
