@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from podium.errors import InvalidArgumentError, UnimplementedError
+from podium.resources import SYSTEM_ENV_KEYS
 from podium.worker.actorshell import MAX_CONCURRENCY
 
 __all__ = ["Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
@@ -78,6 +79,9 @@ class Options:
     #: With ``node``: fall back to any node when that one cannot hold it (Ray's ``soft``).
     node_soft: bool = False
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: runtime_env variables Podium sets itself in a worker (RANK, MASTER_ADDR...): the
+    #: actor's process sets them just before it builds the class (Ray lets them be given).
+    process_env: dict[str, str] = dataclasses.field(default_factory=dict)
     get_if_exists: bool = False
 
 
@@ -91,10 +95,12 @@ def _amount(key: str, value: Any, bound: float) -> float:
     return float(value)
 
 
-def _text(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value or len(value) > _MAX_NAME or ":" in value:
-        raise InvalidArgumentError(f"{key} must be a non-empty string of at most {_MAX_NAME} characters "
-                                   f"without ':', got {value!r}")
+def _text(key: str, value: Any, colon: bool = False) -> str:
+    # A namespace may not hold ':' (it ends at the first one in "actor:<namespace>:<name>");
+    # a name may (verl names its workers "<prefix><Class>_<pg>:<rank>").
+    if not isinstance(value, str) or not value or len(value) > _MAX_NAME or (":" in value and not colon):
+        raise InvalidArgumentError(f"{key} must be a non-empty string of at most {_MAX_NAME} characters"
+                                   f"{'' if colon else ' without :'}, got {value!r}")
     return value
 
 
@@ -102,6 +108,7 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
     """``Options`` from Ray-style keyword options (on top of ``base``)."""
     opts = dataclasses.replace(base) if base is not None else Options()
     opts.env = dict(opts.env)
+    opts.process_env = dict(opts.process_env)
     for key, value in given.items():
         if key in _UNSUPPORTED:
             if key in ("num_returns", "max_restarts", "max_task_retries", "max_retries") and value in (None, 0, 1) \
@@ -115,7 +122,7 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
         elif key == "num_gpus":
             opts.num_gpus = _amount(key, value, MAX_GPUS)
         elif key == "name" and actor:
-            opts.name = None if value is None else _text(key, value)
+            opts.name = None if value is None else _text(key, value, colon=True)
         elif key == "name":
             continue  # a task's name is only a label in Ray's dashboard
         elif key == "namespace" and actor:
@@ -141,7 +148,10 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
         elif key == "node":
             opts.node = None if value is None else str(value)
         elif key == "runtime_env":
-            opts.env.update(_runtime_env(value))
+            env = _runtime_env(value)
+            own = {k: v for k, v in env.items() if k in SYSTEM_ENV_KEYS and not k.startswith("PODIUM_")}
+            opts.env.update({k: v for k, v in env.items() if k not in own})
+            opts.process_env.update(own)
         else:
             raise InvalidArgumentError(f"unknown {'actor' if actor else 'task'} option {key!r}")
     return opts

@@ -29,6 +29,7 @@ from podium.errors import (AlreadyExistsError, ArgumentMismatchError, Infeasible
                            NotFoundError, SlotFullError, UnimplementedError)
 from podium.worker.actorshell import ActorShell
 from podium.worker.factory import ClassWithInitArgs, by_value
+from podium.worker.processenv import WithProcessEnv
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "get_actor", "kill", "actor_worker_name",
            "start_actor"]
@@ -65,6 +66,14 @@ class ActorMethod:
             f"actor methods are called with '.{self._name}.remote(...)', not '.{self._name}(...)'")
 
 
+class _ActorId(str):
+    """An actor's id as Ray code reads it: ``hex()`` gives the text (here its worker name)."""
+
+    def hex(self) -> str:
+        """The id as text."""
+        return str(self)
+
+
 class ActorHandle:
     """A handle to one actor; copies share it. When the last handle to a non-detached actor
     this controller created is garbage, the actor stops and its resources are freed."""
@@ -79,6 +88,11 @@ class ActorHandle:
     def worker(self) -> Any:
         """The actor's :class:`~podium.controller.group.WorkerHandle` (node, pid, address)."""
         return self._group.workers[0]
+
+    @property
+    def _actor_id(self) -> "_ActorId":
+        """Ray's ``handle._actor_id`` (verl reads ``.hex()``): the actor's cluster-wide worker name."""
+        return _ActorId(self.worker.name)
 
     def __getattr__(self, name: str) -> ActorMethod:
         if name.startswith("_"):
@@ -118,6 +132,16 @@ class ActorClass:
         """Start the actor and build ``Cls(*args, **kwargs)`` in it."""
         return start_actor(self.__ray_actor_class__, self._options, args, kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        # Ray's ActorClass shows the class's own attributes: verl lists the @register methods
+        # of ray.remote(Cls) with dir() and reads class attributes (raw_cls_dict) through it.
+        if name.startswith("__") or name == "_options":
+            raise AttributeError(name)
+        return getattr(self.__dict__["__ray_actor_class__"], name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self.__ray_actor_class__)))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise ArgumentMismatchError(f"actors cannot be instantiated directly: use '{self.__name__}.remote(...)' "
                                     f"instead of '{self.__name__}(...)'")
@@ -132,6 +156,8 @@ def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
         cia = ClassWithInitArgs(cls, *args, **kwargs)
     else:
         cia = ClassWithInitArgs(ActorShell, cls, opts.max_concurrency, args, kwargs)
+    if opts.process_env:  # variables the agent sets itself: the worker sets these before building
+        cia = ClassWithInitArgs(WithProcessEnv, dict(opts.process_env), cia.cls, cia.args, cia.kwargs)
     with by_value(cia, cls):
         return prepare(tuple(cia.construct_payload()))
 

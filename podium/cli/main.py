@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("podium.cli.operator:main_logs", "print (or --follow) a worker's output"),
     "down": ("podium.cli.operator:main_down", "stop the local cluster started by `podium up`"),
     "slurm": ("podium.cli.slurm:main", "inside a Slurm allocation: start a cluster, run a controller, stop all"),
+    "run": ("podium.cli.run:main", "run a program with `import ray` resolving to Podium (verl unmodified)"),
 }
 
 

@@ -236,7 +236,7 @@ def _list_named_actors(all_namespaces: bool = False) -> list:
     namespace = _namespace or _options.DEFAULT_NAMESPACE
     out = []
     for w in state.workers:
-        parts = w.spec.name.split(":")
+        parts = w.spec.name.split(":", 2)  # a name may hold ":"
         if len(parts) == 3 and parts[0] == "actor" and w.state == 2:
             if all_namespaces:
                 out.append({"name": parts[2], "namespace": parts[1]})

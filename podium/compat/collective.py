@@ -1,0 +1,202 @@
+"""Ray's ``ray.util.collective`` on ``torch.distributed``, with the rendezvous through Podium.
+
+``init_collective_group(world_size, rank, backend, group_name)`` in each member process:
+rank 0 opens a ``torch.distributed.TCPStore`` on its node and publishes its address in a
+named Podium actor (``podium-collective:<group_name>``, the way Ray keeps NCCL's unique id in
+a named actor); the other ranks read it there and connect. The group is a process group of
+its own (``ProcessGroupGloo``, or ``ProcessGroupNCCL`` for backend "nccl" where CUDA is
+available; "nccl" falls back to gloo on a machine without CUDA so CPU tests run the same
+code), so several named groups coexist with the program's default ``torch.distributed``
+group. Operations run on the caller's tensors in place and return once done, as Ray's do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+__all__ = [
+    "allgather",
+    "allreduce",
+    "barrier",
+    "broadcast",
+    "create_collective_group",
+    "destroy_collective_group",
+    "get_collective_group_size",
+    "get_rank",
+    "init_collective_group",
+    "is_group_initialized",
+    "recv",
+    "send",
+]
+
+#: group name -> (process group, rank, world size, store, rendezvous actor handle or None)
+_groups: dict[str, tuple[Any, int, int, Any, Any]] = {}
+#: How long ranks wait for each other (Ray's default collective timeout is 30 minutes).
+TIMEOUT_S = 1800.0
+
+
+class Rendezvous:
+    """The named actor that holds a group's store address until every rank has read it."""
+
+    def __init__(self) -> None:
+        self.address: tuple[str, int] | None = None
+
+    def publish(self, host: str, port: int) -> None:
+        """Rank 0's store address."""
+        self.address = (host, port)
+
+    def lookup(self) -> tuple[str, int] | None:
+        """The store address, or None until rank 0 has published it."""
+        return self.address
+
+
+def _actor_name(group_name: str) -> str:
+    return f"podium-collective:{group_name}"
+
+
+def _rendezvous(group_name: str) -> Any:
+    """The group's rendezvous actor: made by the first rank to ask, found by the rest."""
+    import ray  # the stand-in: this module is reached through ray.util.collective
+
+    from podium.errors import AlreadyExistsError
+
+    try:
+        return ray.remote(Rendezvous).options(name=_actor_name(group_name), get_if_exists=True,
+                                              num_cpus=0).remote()
+    except AlreadyExistsError:  # another rank made it between the lookup and the start
+        return ray.get_actor(_actor_name(group_name))
+
+
+def _backend(backend: str) -> str:
+    import torch
+
+    name = str(getattr(backend, "value", backend)).lower()
+    if name not in ("nccl", "gloo"):
+        raise NotImplementedError(f"ray.util.collective backend {backend!r} is not provided by Podium; "
+                                  "on Podium use: 'gloo' (CPU) or 'nccl' (GPU)")
+    return "nccl" if name == "nccl" and torch.cuda.is_available() else "gloo"
+
+
+def init_collective_group(world_size: int, rank: int, backend: str = "nccl", group_name: str = "default") -> None:
+    """Join the collective group ``group_name`` as ``rank`` of ``world_size`` (every rank calls it)."""
+    import ray
+    import torch.distributed as dist
+
+    from podium.errors import AlreadyExistsError, InvalidArgumentError
+
+    if group_name in _groups:
+        raise AlreadyExistsError(f"collective group {group_name!r} is already initialized in this process")
+    if not 0 <= rank < world_size:
+        raise InvalidArgumentError(f"rank {rank} is not in [0, {world_size})")
+    chosen = _backend(backend)
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    actor = _rendezvous(group_name) if world_size > 1 else None
+    if rank == 0:
+        host = ray.util.get_node_ip_address()
+        store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        if actor is not None:
+            ray.get(actor.publish.remote(host, store.port))
+    else:
+        deadline = time.monotonic() + TIMEOUT_S
+        while (address := ray.get(actor.lookup.remote())) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 of collective group {group_name!r} did not publish its address")
+            time.sleep(0.05)
+        store = dist.TCPStore(address[0], address[1], world_size, is_master=False, timeout=timeout)
+    prefixed = dist.PrefixStore(f"podium-collective/{group_name}/", store)
+    if chosen == "nccl":
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    else:
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    _groups[group_name] = (group, rank, world_size, store, actor)
+    barrier(group_name)  # every rank is connected: the rendezvous actor is no longer needed
+    if rank == 0 and actor is not None:
+        ray.kill(actor)
+
+
+def create_collective_group(actors: list, world_size: int, ranks: list[int], backend: str = "nccl",
+                            group_name: str = "default") -> None:
+    """Ray's declarative form (the driver names the actors): not provided."""
+    raise NotImplementedError("ray.util.collective.create_collective_group is not provided by Podium; on Podium "
+                              "use: call init_collective_group(world_size, rank, backend, group_name) in each actor")
+
+
+def _get(group_name: str) -> tuple[Any, int, int, Any, Any]:
+    from podium.errors import NotFoundError
+
+    try:
+        return _groups[group_name]
+    except KeyError:
+        raise NotFoundError(f"collective group {group_name!r} is not initialized in this process "
+                            "(call init_collective_group first)") from None
+
+
+def is_group_initialized(group_name: str = "default") -> bool:
+    """True once this process joined ``group_name``."""
+    return group_name in _groups
+
+
+def get_rank(group_name: str = "default") -> int:
+    """This process's rank in the group (-1 when it is not a member, as Ray)."""
+    return _groups[group_name][1] if group_name in _groups else -1
+
+
+def get_collective_group_size(group_name: str = "default") -> int:
+    """The group's world size (-1 when this process is not a member, as Ray)."""
+    return _groups[group_name][2] if group_name in _groups else -1
+
+
+def destroy_collective_group(group_name: str = "default") -> None:
+    """Leave the group and free its connections."""
+    entry = _groups.pop(group_name, None)
+    if entry is not None:
+        shutdown = getattr(entry[0], "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> None:
+    """Copy ``tensor`` of ``src_rank`` into every rank's ``tensor``."""
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = src_rank
+    _get(group_name)[0].broadcast([tensor], opts).wait()
+
+
+_OPS = {"SUM": "SUM", "PRODUCT": "PRODUCT", "MIN": "MIN", "MAX": "MAX"}
+
+
+def allreduce(tensor: Any, group_name: str = "default", op: Any = "SUM") -> None:
+    """Reduce ``tensor`` over the group (SUM, PRODUCT, MIN, MAX) into every rank's ``tensor``."""
+    import torch.distributed as dist
+
+    name = str(getattr(op, "name", op)).upper()
+    if name not in _OPS:
+        raise NotImplementedError(f"ray.util.collective reduce op {op!r} is not provided by Podium; "
+                                  f"on Podium use: one of {sorted(_OPS)}")
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = getattr(dist.ReduceOp, name)
+    _get(group_name)[0].allreduce([tensor], opts).wait()
+
+
+def allgather(tensor_list: list, tensor: Any, group_name: str = "default") -> None:
+    """Every rank's ``tensor`` into ``tensor_list`` (one tensor per rank)."""
+    _get(group_name)[0].allgather([tensor_list], [tensor]).wait()
+
+
+def barrier(group_name: str = "default") -> None:
+    """Return once every rank of the group reached it."""
+    _get(group_name)[0].barrier().wait()
+
+
+def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
+    """Send ``tensor`` to ``dst_rank``."""
+    _get(group_name)[0].send([tensor], dst_rank, 0).wait()
+
+
+def recv(tensor: Any, src_rank: int, group_name: str = "default") -> None:
+    """Receive into ``tensor`` from ``src_rank``."""
+    _get(group_name)[0].recv([tensor], src_rank, 0).wait()

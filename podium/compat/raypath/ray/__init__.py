@@ -1,0 +1,77 @@
+"""The ``ray`` stand-in: a real package tree whose names forward to :mod:`podium.compat.ray`.
+
+It is importable as ``ray`` only where ``podium/compat/raypath`` comes first on the path:
+under ``podium run -- COMMAND`` (which puts it on ``PYTHONPATH`` for COMMAND and every worker
+Podium starts for it) or after :func:`podium.compat.activate` (for notebooks). Anywhere else
+``import ray`` finds whatever Ray is installed, or nothing. ``ray.__podium__`` is True here.
+
+Names Podium does not provide raise ``NotImplementedError`` naming the Ray API and the Podium
+alternative (module ``__getattr__`` in every package of this tree); nothing is a silent no-op.
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+# In a worker Podium started, the first use of the runtime joins the worker's own cluster
+# (the agent names its scheduler), never an embedded cluster of its own.
+if (_os.environ.get("PODIUM_WORKER_ID") and _os.environ.get("PODIUM_SCHEDULER")
+        and not _os.environ.get("PODIUM_ADDRESS")):
+    _os.environ["PODIUM_ADDRESS"] = _os.environ["PODIUM_SCHEDULER"]
+
+from podium.compat import ray as _compat
+from podium.compat.ray import (
+    ObjectRef,
+    available_resources,
+    cancel,
+    cluster_resources,
+    get,
+    get_actor,
+    get_gpu_ids,
+    get_runtime_context,
+    is_initialized,
+    kill,
+    method,
+    nodes,
+    put,
+    shutdown,
+    wait,
+)
+from podium.compat.standin import init, remote, timeline
+from ray import _private, actor, cloudpickle, exceptions, experimental, util
+
+#: Marks the stand-in (``getattr(ray, "__podium__", False)`` tells it from a real Ray).
+__podium__ = True
+#: Ray's version this stand-in follows (the API verl 0.9.1 uses).
+__version__ = "2.49.0"
+
+__all__ = [
+    "ObjectRef",
+    "_private",
+    "actor",
+    "available_resources",
+    "cancel",
+    "cloudpickle",
+    "cluster_resources",
+    "exceptions",
+    "experimental",
+    "get",
+    "get_actor",
+    "get_gpu_ids",
+    "get_runtime_context",
+    "init",
+    "is_initialized",
+    "kill",
+    "method",
+    "nodes",
+    "put",
+    "remote",
+    "shutdown",
+    "timeline",
+    "util",
+    "wait",
+]
+
+
+def __getattr__(name: str):
+    return _compat.__getattr__(name)

@@ -1,0 +1,51 @@
+"""``ray.util``: placement groups, scheduling strategies, named actors, the node's IP and
+(``import ray.util.collective``) collective communication, on Podium."""
+
+from __future__ import annotations
+
+from podium.compat.ray import _list_named_actors as list_named_actors
+from podium.compat.standin import get_node_ip_address, missing
+from ray.util import placement_group as _placement_group_module  # noqa: F401 - loads the submodule first
+from ray.util import scheduling_strategies
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_placement_group,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+__all__ = [
+    "NodeAffinitySchedulingStrategy",
+    "PlacementGroup",
+    "PlacementGroupSchedulingStrategy",
+    "collective",
+    "get_node_ip_address",
+    "get_placement_group",
+    "list_named_actors",
+    "placement_group",
+    "placement_group_table",
+    "remove_placement_group",
+    "scheduling_strategies",
+]
+
+_ALTERNATIVES = {
+    "queue": "an actor that holds a collections.deque",
+    "ActorPool": "a WorkerGroup (podium.controller.WorkerGroup)",
+    "multiprocessing": "podium.remote tasks",
+    "state": "podium status / the scheduler's /v1 HTTP API",
+    "metrics": "podium's Prometheus endpoint (/metrics on the scheduler)",
+    "inspect_serializability": "cloudpickle.dumps in a test",
+    "accelerators": "ray.get_gpu_ids() / CUDA_VISIBLE_DEVICES",
+}
+
+
+def __getattr__(name: str):
+    if name == "collective":
+        import importlib
+        return importlib.import_module("ray.util.collective")
+    return missing(f"ray.util.{name}", _ALTERNATIVES.get(name, "see the README's table of Ray names"))

@@ -1,0 +1,88 @@
+"""verl Worker subclasses the verl tests drive (importable by the workers: this file is on
+their path, the tests' folder is the working directory)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from tensordict import TensorDict
+from verl import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import (
+    Dispatch,
+    Execute,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+
+
+class Counter(Worker):
+    """One value per rank; every dispatch mode has a method."""
+
+    def __init__(self, start: int = 0) -> None:
+        super().__init__()
+        self.value = start + self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def add(self, x: int) -> int:
+        self.value += x
+        return self.value
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def pair(self, x: int) -> tuple[int, int]:
+        return self.rank, x
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+    def apply(self, fn, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": fn(data.batch["x"])})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def metric(self, data: DataProto) -> dict:
+        return {"rank": self.rank, "sum": int(data.batch["x"].sum())}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_mesh(self) -> None:
+        # two ranks per data-parallel group; only the first of each returns its result
+        self._register_dispatch_collect_info("half", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("half"))
+    def by_mesh(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": data.batch["x"] + 100 * self.rank})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": data.batch["x"] * 2, "rank": torch.full_like(data.batch["x"], self.rank)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def square(self, xs: list) -> list:
+        return [x * x for x in xs]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def only_zero(self) -> int:
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def later(self, x: int) -> int:
+        return x + self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def env(self, key: str) -> str | None:
+        return os.environ.get(key)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ray_module(self) -> bool:
+        import ray
+        return bool(getattr(ray, "__podium__", False))
+
+
+class Doubler(Worker):
+    """A second role, for colocated workers."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def twice(self, x: int) -> int:
+        return 2 * x
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def plus_one(self, data: DataProto) -> DataProto:
+        return DataProto(batch=TensorDict({"x": data.batch["x"] + 1}, batch_size=data.batch.batch_size))
