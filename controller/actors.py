@@ -95,7 +95,9 @@ class ActorHandle:
         return _ActorId(self.worker.name)
 
     def __getattr__(self, name: str) -> ActorMethod:
-        if name.startswith("_"):
+        # As Ray: any method, private ones too (verl calls worker._query_dispatch_info);
+        # only dunder probes (copy, pickle, inspect) and the handle's own fields are refused.
+        if name.startswith("__") or name in ("_group", "_class_name", "_actor_name", "_namespace"):
             raise AttributeError(name)
         return ActorMethod(self, name)
 

@@ -64,9 +64,16 @@ def _rendezvous(group_name: str) -> Any:
 
     try:
         return ray.remote(Rendezvous).options(name=_actor_name(group_name), get_if_exists=True,
-                                              num_cpus=0).remote()
-    except AlreadyExistsError:  # another rank made it between the lookup and the start
-        return ray.get_actor(_actor_name(group_name))
+                                              num_cpus=0.01).remote()
+    except AlreadyExistsError:  # another rank is starting it: wait until it runs
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                return ray.get_actor(_actor_name(group_name))
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def _backend(backend: str) -> str:

@@ -43,10 +43,10 @@ class Counter(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join_mesh(self) -> None:
-        # two ranks per data-parallel group; only the first of each returns its result
-        self._register_dispatch_collect_info("half", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+        # one data-parallel group of every rank; only rank 0 returns its result
+        self._register_dispatch_collect_info("one", dp_rank=0, is_collect=self.rank == 0)
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("half"))
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("one"))
     def by_mesh(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"x": data.batch["x"] + 100 * self.rank})
 
@@ -86,3 +86,26 @@ class Doubler(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def plus_one(self, data: DataProto) -> DataProto:
         return DataProto(batch=TensorDict({"x": data.batch["x"] + 1}, batch_size=data.batch.batch_size))
+
+
+class Peer(Worker):
+    """A member of a ray.util.collective group (gloo on CPU)."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def collective(self, group_name: str) -> dict:
+        import ray.util.collective as collective
+
+        collective.init_collective_group(self.world_size, self.rank, "nccl", group_name)
+        assert collective.is_group_initialized(group_name)
+        value = torch.full((4,), float(self.rank + 1))
+        collective.broadcast(value, src_rank=1, group_name=group_name)
+        total = torch.tensor([float(self.rank + 1)])
+        collective.allreduce(total, group_name=group_name)
+        gathered = [torch.zeros(1) for _ in range(self.world_size)]
+        collective.allgather(gathered, torch.tensor([float(self.rank)]), group_name=group_name)
+        collective.barrier(group_name)
+        out = {"broadcast": value.tolist(), "sum": total.item(), "gathered": [t.item() for t in gathered],
+               "rank": collective.get_rank(group_name), "size": collective.get_collective_group_size(group_name)}
+        collective.destroy_collective_group(group_name)
+        out["after"] = collective.is_group_initialized(group_name)
+        return out

@@ -1,0 +1,86 @@
+"""verl 0.9.1's own single-controller classes, unmodified, on Podium (Ray mode).
+
+Each scenario is a script run in its own process under ``podium run`` (or with
+``podium.compat.activate()``), the way a verl user runs a trainer: ``import ray`` there and
+in every worker is Podium's stand-in. The scenarios assert what they check and print
+``SCENARIO OK`` last. Needs the verl wheel: ``tools/install-verl.sh`` makes .venv-verl.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+HAVE_VERL = importlib.util.find_spec("verl") is not None
+pytestmark = [pytest.mark.verl,
+              pytest.mark.skipif(not HAVE_VERL, reason="verl is not installed (tools/install-verl.sh makes "
+                                                       ".venv-verl with the verl 0.9.1 wheel)"),
+              pytest.mark.timeout(240)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The workers import the scenarios' worker classes (verl_workers) from this folder.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
+    env.pop("PODIUM_ADDRESS", None)
+    return env
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, cwd=HERE, env=_env(), capture_output=True, text=True, timeout=220)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "SCENARIO OK" in done.stdout, output[-4000:]
+    return output
+
+
+def podium_run(script: str) -> str:
+    """Run ``podium run --num-cpus 16 --num-gpus 4 -- python SCRIPT`` (fake GPUs on a CPU machine)."""
+    return _run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "16", "--num-gpus", "4", "--",
+                 sys.executable, script])
+
+
+def test_every_dispatch_mode_on_verls_ray_worker_group():
+    podium_run("scenario_dispatch.py")
+
+
+def test_colocated_and_fused_workers_spawn_per_role_groups():
+    podium_run("scenario_colocated.py")
+
+
+def test_a_remote_task_attaches_to_detached_workers_by_name():
+    podium_run("scenario_detached.py")
+
+
+def test_ray_util_collective_between_verl_workers():
+    podium_run("scenario_collective.py")
+
+
+def test_programmatic_activation_runs_verl_in_a_notebook_style_process():
+    code = ("import podium.compat\n"
+            "podium.compat.activate(num_cpus=8, num_gpus=2)\n"
+            "import ray\n"
+            "assert ray.__podium__\n"
+            "from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup\n"
+            "from verl_workers import Counter\n"
+            "ray.init()\n"
+            "assert ray.cluster_resources()['GPU'] == 2, ray.cluster_resources()\n"
+            "wg = RayWorkerGroup(RayResourcePool([1], max_colocate_count=1),\n"
+            "                    RayClassWithInitArgs(cls=ray.remote(Counter), start=3))\n"
+            "assert wg.add(1) == [4] and wg.ray_module() == [True]\n"
+            "ray.shutdown()\n"
+            "print('SCENARIO OK')\n")
+    _run([sys.executable, "-c", code])
+
+
+def test_outside_podium_run_import_ray_is_not_the_stand_in():
+    code = ("import importlib.util\n"
+            "spec = importlib.util.find_spec('ray')\n"
+            "assert spec is None or 'raypath' not in (spec.origin or ''), spec\n"
+            "print('SCENARIO OK')\n")
+    _run([sys.executable, "-c", code])
