@@ -1,0 +1,150 @@
+"""The ``ray`` stand-in (podium/compat/raypath/ray) forwards every usage form verl 0.9.1 has to
+Podium, raises NotImplementedError (naming the Podium alternative) for the rest, and is
+``ray`` only where ``podium run`` / ``podium.compat.activate`` put it on the path.
+
+These need no verl and start no cluster: the forms are resolved in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from podium.compat.activation import RAYPATH, activated_env
+from podium.controller.actoroptions import parse_options
+from podium.controller.actors import ActorClass
+
+#: The 16 forms of issue 29 and the rest of what verl 0.9.1 imports from ray, as verl writes them.
+FORMS = """
+import ray
+assert ray.__podium__ and ray.__file__.startswith(RAYPATH), ray.__file__
+from ray.actor import ActorHandle, ActorClass
+assert ray.actor.ActorHandle is ActorHandle and ray.actor.ActorClass is ActorClass
+assert callable(ray.util.get_node_ip_address)
+import ray.util.collective as collective
+for name in ("init_collective_group", "broadcast", "barrier", "destroy_collective_group", "is_group_initialized"):
+    assert callable(getattr(collective, name)), name
+assert collective.is_group_initialized("nothing") is False
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util import placement_group_table, list_named_actors
+assert ray.util.placement_group is placement_group and callable(placement_group_table)
+from ray.experimental.state.api import get_actor
+assert callable(get_actor)
+assert callable(ray._private.state.state.placement_group_table)
+assert callable(ray._private.state.available_resources_per_node)
+from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+assert isinstance(RAY_JOB_CONFIG_JSON_ENV_VAR, str)
+assert ray.cloudpickle.loads(ray.cloudpickle.dumps(lambda x: x + 1))(1) == 2
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+assert ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy is PlacementGroupSchedulingStrategy
+for name in ("init", "get", "put", "wait", "remote", "get_actor", "kill", "cancel", "nodes", "get_gpu_ids",
+             "get_runtime_context", "is_initialized", "shutdown", "available_resources", "cluster_resources"):
+    assert callable(getattr(ray, name)), name
+assert ray.ObjectRef and ray.exceptions.RayActorError and ray.exceptions.GetTimeoutError
+try:
+    ray.timeline(filename="/tmp/t.json")
+except NotImplementedError as exc:
+    assert "ray.timeline" in str(exc) and "podium status" in str(exc), exc
+else:
+    raise AssertionError("ray.timeline returned")
+for where, name in ((ray, "data"), (ray.util, "queue"), (ray.actor, "exit_actor"), (collective, "reduce"),
+                    (ray.experimental, "tqdm_ray"), (ray._private, "worker")):
+    try:
+        getattr(where, name)
+    except NotImplementedError as exc:
+        assert name in str(exc) and "on Podium use" in str(exc), exc
+    else:
+        raise AssertionError(f"{where.__name__}.{name} resolved")
+try:
+    collective.create_collective_group([], 2, [0, 1])
+except NotImplementedError as exc:
+    assert "init_collective_group" in str(exc)
+print("FORMS OK")
+"""
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_every_verl_usage_form_resolves_under_the_stand_in():
+    env = activated_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    done = _python(f"RAYPATH = {RAYPATH!r}\n" + FORMS, env)
+    assert done.returncode == 0 and "FORMS OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_without_activation_import_ray_is_never_the_stand_in():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = _python("import importlib.util, sys\n"
+                   "spec = importlib.util.find_spec('ray')\n"
+                   "print('none' if spec is None else spec.origin)\n", env)
+    assert done.returncode == 0, done.stderr
+    assert "raypath" not in done.stdout
+
+
+def test_activate_puts_the_stand_in_first_in_the_process_and_for_its_workers():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = _python("import os, podium.compat\n"
+                   "podium.compat.activate(address='127.0.0.1:7', num_cpus=3, num_gpus=1)\n"
+                   "import ray\n"
+                   "print(ray.__podium__, os.environ['PYTHONPATH'].split(os.pathsep)[0] == podium.compat.activation.RAYPATH,"
+                   " os.environ['PODIUM_ADDRESS'], os.environ['PODIUM_RAY_NUM_CPUS'], os.environ['PODIUM_RAY_NUM_GPUS'])\n",
+                   env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True", "127.0.0.1:7", "3", "1"]
+
+
+def test_activated_env_keeps_the_rest_of_pythonpath_once():
+    out = activated_env({"PYTHONPATH": os.pathsep.join(["/a", RAYPATH, "/b"])})
+    assert out["PYTHONPATH"].split(os.pathsep) == [RAYPATH, "/a", "/b"]
+    assert "PODIUM_ADDRESS" not in out
+
+
+def test_podium_run_passes_the_exit_status_and_the_stand_in_to_the_command():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--", sys.executable, "-c",
+                           "import sys, ray; sys.exit(3 if ray.__podium__ else 1)"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+
+
+def test_podium_run_without_a_command_is_a_usage_error():
+    done = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "give the command to run after --" in done.stderr
+
+
+def test_runtime_env_variables_podium_sets_itself_go_to_the_actors_process():
+    opts = parse_options({"runtime_env": {"env_vars": {"RANK": "3", "MASTER_PORT": "29500", "MY_FLAG": "1"}}},
+                         actor=True)
+    assert opts.env == {"MY_FLAG": "1"}
+    assert opts.process_env == {"RANK": "3", "MASTER_PORT": "29500"}
+    with pytest.raises(Exception, match="PODIUM_TOKEN"):
+        from podium.resources import check_user_env
+        check_user_env(parse_options({"runtime_env": {"env_vars": {"PODIUM_TOKEN": "x"}}}, actor=True).env)
+
+
+def test_actor_names_may_hold_colons_but_namespaces_may_not():
+    assert parse_options({"name": "pfxWorker_0:1"}, actor=True).name == "pfxWorker_0:1"
+    with pytest.raises(ValueError, match="namespace"):
+        parse_options({"namespace": "a:b"}, actor=True)
+
+
+class _Registered:
+    """A class with a class attribute and a method, as verl's workers have."""
+
+    raw_cls_dict = {"role": int}
+
+    def work(self) -> int:
+        return 1
+
+
+def test_an_actor_class_shows_its_class_attributes_as_rays_does():
+    actor_class = ActorClass(_Registered)
+    assert "work" in dir(actor_class) and actor_class.work is _Registered.work
+    assert actor_class.raw_cls_dict == {"role": int}
+    with pytest.raises(AttributeError):
+        actor_class.__wrapped_nothing__  # noqa: B018 - dunders are not forwarded
