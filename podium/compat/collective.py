@@ -16,6 +16,8 @@ import datetime
 import time
 from typing import Any
 
+from podium.errors import UnimplementedError
+
 __all__ = [
     "allgather",
     "allreduce",
@@ -81,7 +83,7 @@ def _backend(backend: str) -> str:
 
     name = str(getattr(backend, "value", backend)).lower()
     if name not in ("nccl", "gloo"):
-        raise NotImplementedError(f"ray.util.collective backend {backend!r} is not provided by Podium; "
+        raise UnimplementedError(f"ray.util.collective backend {backend!r} is not provided by Podium; "
                                   "on Podium use: 'gloo' (CPU) or 'nccl' (GPU)")
     return "nccl" if name == "nccl" and torch.cuda.is_available() else "gloo"
 
@@ -91,7 +93,11 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
     import ray
     import torch.distributed as dist
 
-    from podium.errors import AlreadyExistsError, InvalidArgumentError
+    from podium.errors import (
+        AlreadyExistsError,
+        DeadlineExceededError,
+        InvalidArgumentError,
+    )
 
     if group_name in _groups:
         raise AlreadyExistsError(f"collective group {group_name!r} is already initialized in this process")
@@ -99,7 +105,7 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
         raise InvalidArgumentError(f"rank {rank} is not in [0, {world_size})")
     chosen = _backend(backend)
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    actor = _rendezvous(group_name) if world_size > 1 else None
+    actor: Any = _rendezvous(group_name) if world_size > 1 else None
     if rank == 0:
         host = ray.util.get_node_ip_address()
         store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
@@ -109,7 +115,9 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
         deadline = time.monotonic() + TIMEOUT_S
         while (address := ray.get(actor.lookup.remote())) is None:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"rank 0 of collective group {group_name!r} did not publish its address")
+                raise DeadlineExceededError(f"rank 0 of collective group {group_name!r} did not publish its "
+                                            f"address within {TIMEOUT_S:g} s: did every rank call "
+                                            "init_collective_group?")
             time.sleep(0.05)
         store = dist.TCPStore(address[0], address[1], world_size, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore(f"podium-collective/{group_name}/", store)
@@ -126,7 +134,7 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
 def create_collective_group(actors: list, world_size: int, ranks: list[int], backend: str = "nccl",
                             group_name: str = "default") -> None:
     """Ray's declarative form (the driver names the actors): not provided."""
-    raise NotImplementedError("ray.util.collective.create_collective_group is not provided by Podium; on Podium "
+    raise UnimplementedError("ray.util.collective.create_collective_group is not provided by Podium; on Podium "
                               "use: call init_collective_group(world_size, rank, backend, group_name) in each actor")
 
 
@@ -182,7 +190,7 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = "SUM") -> None
 
     name = str(getattr(op, "name", op)).upper()
     if name not in _OPS:
-        raise NotImplementedError(f"ray.util.collective reduce op {op!r} is not provided by Podium; "
+        raise UnimplementedError(f"ray.util.collective reduce op {op!r} is not provided by Podium; "
                                   f"on Podium use: one of {sorted(_OPS)}")
     opts = dist.AllreduceOptions()
     opts.reduceOp = getattr(dist.ReduceOp, name)

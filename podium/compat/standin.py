@@ -18,6 +18,7 @@ from podium.controller.actoroptions import (
     parse_options,
 )
 from podium.controller.tasks import RemoteFunction
+from podium.errors import UnimplementedError
 
 __all__ = [
     "actor_state",
@@ -38,7 +39,7 @@ def missing(ray_name: str, alternative: str) -> NoReturn:
     """Raise the stand-in's error for a Ray name Podium does not provide."""
     if ray_name.rsplit(".", 1)[-1].startswith("__"):
         raise AttributeError(ray_name)  # dunder probes (copy, pickle, inspect) are not Ray API
-    raise NotImplementedError(f"{ray_name} is not provided by Podium's ray stand-in; on Podium use: {alternative}")
+    raise UnimplementedError(f"{ray_name} is not provided by Podium's ray stand-in; on Podium use: {alternative}")
 
 
 def init(address: str | None = None, **kwargs: Any) -> Any:
@@ -93,7 +94,7 @@ def _wrap_made(made: Any) -> Any:
 
 def timeline(filename: str | None = None) -> NoReturn:
     """``ray.timeline``: not yet on Podium (the observability issue adds a trace)."""
-    raise NotImplementedError("ray.timeline is not provided by Podium yet; on Podium use: the scheduler's "
+    raise UnimplementedError("ray.timeline is not provided by Podium yet; on Podium use: the scheduler's "
                               "dashboard and `podium status` (per-worker state), `podium logs` (output)")
 
 

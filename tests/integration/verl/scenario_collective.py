@@ -3,8 +3,11 @@
 rendezvous goes through a named Podium actor."""
 
 import ray
-
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+)
 from verl_workers import Peer
 
 ray.init()

@@ -4,10 +4,13 @@ gives a group per role; create_colocated_worker_cls_fused + spawn (spawn_fused) 
 
 import ray
 import torch
-
 from verl import DataProto
-from verl.single_controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager,
-                                        create_colocated_worker_cls)
+from verl.single_controller.ray import (
+                                        RayClassWithInitArgs,
+                                        RayWorkerGroup,
+                                        ResourcePoolManager,
+                                        create_colocated_worker_cls,
+)
 from verl.single_controller.ray.base import create_colocated_worker_cls_fused
 from verl_workers import Counter, Doubler
 

@@ -3,8 +3,11 @@ worker_names (RayWorkerGroup.from_detached, ray.get_actor in a task worker) and 
 the driver then kills the detached workers (they outlive ray.shutdown otherwise)."""
 
 import ray
-
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+)
 from verl_workers import Counter
 
 ray.init()
@@ -17,7 +20,6 @@ assert names == ["detachedActorClass_0:0", "detachedActorClass_0:1"], names
 @ray.remote
 def attach_and_call(worker_names):
     import ray as task_ray
-
     from verl.single_controller.ray import RayClassWithInitArgs as Cia
     from verl.single_controller.ray import RayWorkerGroup as Group
     from verl_workers import Counter as Cls

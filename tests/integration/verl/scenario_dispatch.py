@@ -4,10 +4,13 @@ ray._private.state / state-api reads verl's RayResourcePool and aliveness check 
 
 import ray
 import torch
-
 from verl import DataProto
 from verl.protocol import DataProtoConfig
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+)
 from verl.utils.ray_utils import parallel_put
 from verl_workers import Counter
 
@@ -42,9 +45,9 @@ refs = parallel_put([torch.arange(3), {"a": 1}, "text"], max_workers=2)
 assert [type(v).__name__ for v in ray.get(refs)] == ["Tensor", "dict", "str"]
 
 # what RayResourcePool and the aliveness check read
-from ray._private.state import available_resources_per_node, state  # noqa: E402
-from ray.experimental.state.api import get_actor  # noqa: E402
-from ray.util import placement_group_table  # noqa: E402
+from ray._private.state import available_resources_per_node, state
+from ray.experimental.state.api import get_actor
+from ray.util import placement_group_table
 
 pg = pool.pgs[0]
 table = state.placement_group_table(pg.id)

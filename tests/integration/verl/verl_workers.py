@@ -93,7 +93,7 @@ class Peer(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def collective(self, group_name: str) -> dict:
-        import ray.util.collective as collective
+        from ray.util import collective
 
         collective.init_collective_group(self.world_size, self.rank, "nccl", group_name)
         assert collective.is_group_initialized(group_name)
