@@ -131,6 +131,11 @@ def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int],
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["PODIUM_FORKED_AT"] = repr(time.time())
+        # The helper read PYTHONPATH when it started; a worker's own (its spec's env, e.g. the
+        # `ray` stand-in of `podium run`) must still come first on its path, as after an exec.
+        for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+            if entry and entry not in sys.path:
+                sys.path.insert(0, entry)
         sys.argv = list(request.get("argv") or ["podium.worker.host"])
         numpy = sys.modules.get("numpy")
         if numpy is not None:

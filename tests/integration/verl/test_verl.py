@@ -32,17 +32,19 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, cwd=HERE, env=_env(), check=False, capture_output=True, text=True, timeout=220)
+def _run(argv: list[str], **extra_env: str) -> str:
+    done = subprocess.run(argv, cwd=HERE, env={**_env(), **extra_env}, check=False, capture_output=True,
+                          text=True, timeout=220)
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "SCENARIO OK" in done.stdout, output[-4000:]
     return output
 
 
-def podium_run(script: str) -> str:
-    """Run ``podium run --num-cpus 16 --num-gpus 4 -- python SCRIPT`` (fake GPUs on a CPU machine)."""
-    return _run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "16", "--num-gpus", "4", "--",
-                 sys.executable, script])
+def podium_run(script: str, *options: str, **extra_env: str) -> str:
+    """Run ``podium run OPTIONS -- python SCRIPT``; by default on an embedded cluster of 16 CPUs
+    and 4 (fake) GPUs."""
+    options = options or ("--num-cpus", "16", "--num-gpus", "4")
+    return _run([sys.executable, "-m", "podium.cli", "run", *options, "--", sys.executable, script], **extra_env)
 
 
 def test_every_dispatch_mode_on_verls_ray_worker_group():
@@ -55,6 +57,15 @@ def test_colocated_and_fused_workers_spawn_per_role_groups():
 
 def test_a_remote_task_attaches_to_detached_workers_by_name():
     podium_run("scenario_detached.py")
+
+
+def test_on_a_cluster_started_elsewhere_the_workers_import_the_stand_in_too(tmp_path):
+    # The node agents were started outside `podium run`: the stand-in reaches their workers
+    # (and the task that attaches by name) through the workers' environment only.
+    from tests.support.clusters import two_node_processes
+
+    with two_node_processes(tmp_path, gpus_per_node=4, cpus=16) as cluster:
+        podium_run("scenario_detached.py", "--address", cluster.address, PODIUM_TOKEN=cluster.token)
 
 
 def test_ray_util_collective_between_verl_workers():
