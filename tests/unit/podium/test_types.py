@@ -30,7 +30,7 @@ CHECKED = [
     "podium/scheduler", "podium/worker/agent",
     "podium/worker/colocate.py", "podium/worker/decorator.py", "podium/worker/channel.py",
     "podium/worker/base.py", "podium/worker/actorshell.py", "podium/worker/factory.py",
-    "podium/worker/gpufilter.py", "podium/worker/gpus.py",
+    "podium/worker/gpufilter.py", "podium/worker/gpus.py", "podium/worker/processenv.py",
 ]
 
 
