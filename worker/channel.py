@@ -18,11 +18,11 @@ from podium.auth import TlsConfig
 from podium.refs import ObjectRef
 from podium.transport import chunks, shm
 from podium.transport.payload import shares_shm
+from podium.transport.shm import DEFAULT_SHM_THRESHOLD_BYTES as _DEFAULT_SHM_THRESHOLD
 from podium.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = ["WorkerChannel", "MAX_REPLY_BYTES"]
 
-_DEFAULT_SHM_THRESHOLD = 1 << 20
 #: The largest reply a client assembles (a bound against a misbehaving peer).
 MAX_REPLY_BYTES = 1 << 40
 

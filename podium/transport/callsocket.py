@@ -53,8 +53,9 @@ from typing import Any, Callable
 import grpc
 
 from podium import errors
-from podium.transport.chunks import CHUNK_SIZE
 from podium.memorypool import MIN_POOLED_BYTES, POOL
+from podium.transport.chunks import CHUNK_SIZE
+from podium.transport.frames import BULK_FLAG, FRAME_LENGTH
 
 __all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "BulkFrame", "FrameConnection", "serve",
            "connect"]
@@ -69,9 +70,9 @@ MAX_FRAME_BYTES = CHUNK_SIZE + (1 << 20)
 #: one write of a few kilobytes beats a second section).
 BULK_MIN_BYTES = 64 << 10
 
-_LEN = struct.Struct("<I")
+_LEN = FRAME_LENGTH
 _BULK = struct.Struct("<IQ")
-_BULK_FLAG = 0x80000000
+_BULK_FLAG = BULK_FLAG
 # The read buffer of frames (bulk bytes bypass it): this much at first, grown to fit a frame.
 _READ_BUFFER = 256 << 10
 _SCRATCH = 1 << 20

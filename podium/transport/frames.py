@@ -10,10 +10,17 @@ followed by the serialized rest (header, data, last), and the rest is made once 
 
 from __future__ import annotations
 
+import struct
+
 from podium.v1 import worker_pb2
 
 __all__ = ["call_frame_tail", "frame_with_call_id", "encode_varint", "is_whole_call", "MAX_TAILS",
-           "TAIL_MAX_BYTES"]
+           "TAIL_MAX_BYTES", "FRAME_LENGTH", "BULK_FLAG"]
+
+#: The raw call socket's frame prefix: a u32 length, little-endian (``podium.transport.callsocket``).
+FRAME_LENGTH = struct.Struct("<I")
+#: Set in a frame's length when the frame is a bulk one (its payload follows the message raw).
+BULK_FLAG = 0x80000000
 
 #: Tails a payload keeps (a payload goes out with few distinct headers).
 MAX_TAILS = 16

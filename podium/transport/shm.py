@@ -26,9 +26,13 @@ from collections.abc import Iterable, Iterator
 
 from podium.errors import DataLossError, InvalidArgumentError, PayloadTooLargeError
 
-__all__ = ["PREFIX", "SHM_DIR", "domain", "write_segments", "new_file", "read_segment", "remove_segment",
+__all__ = ["PREFIX", "SHM_DIR", "DEFAULT_SHM_THRESHOLD_BYTES", "domain", "write_segments", "new_file", "read_segment", "remove_segment",
            "cleanup_stale", "remove_segments_of"]
 
+#: Payloads at least this large go through shared memory between processes on one host
+#: (both ways; ``PODIUM_SHM_THRESHOLD_BYTES`` overrides it in the clients and the workers);
+#: smaller ones are cheaper inline.
+DEFAULT_SHM_THRESHOLD_BYTES = 1 << 20
 #: Every segment name starts with this, followed by "<creator pid>-<uuid hex>".
 PREFIX = "podium-"
 #: Where segments live.

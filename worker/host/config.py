@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from podium import errors
+from podium.transport.shm import DEFAULT_SHM_THRESHOLD_BYTES
 from podium.worker.host.heldstore import default_budget
 
 __all__ = ["HostConfig", "RAY_CALL", "FETCH_CALL", "DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SHM_THRESHOLD_BYTES",
@@ -14,9 +15,6 @@ __all__ = ["HostConfig", "RAY_CALL", "FETCH_CALL", "DEFAULT_MAX_PAYLOAD_BYTES", 
 
 #: Largest call payload a worker accepts unless PODIUM_MAX_PAYLOAD_BYTES says otherwise.
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 30
-#: Results at least this large go through shared memory when the caller asks for it
-#: (PODIUM_SHM_THRESHOLD_BYTES); smaller ones are cheaper inline.
-DEFAULT_SHM_THRESHOLD_BYTES = 1 << 20
 #: Held results up to this size also travel inline with their ref (Ray inlines objects
 #: below 100 KiB the same way); PODIUM_INLINE_RESULT_BYTES, 0 turns it off.
 DEFAULT_INLINE_RESULT_BYTES = 64 << 10

@@ -28,12 +28,11 @@ import collections
 import logging
 import os
 import select
-import struct
 import time
 from typing import TYPE_CHECKING, Any
 
 from podium import errors
-from podium.transport.frames import is_whole_call
+from podium.transport.frames import BULK_FLAG, FRAME_LENGTH, is_whole_call
 from podium.v1 import worker_pb2
 from podium.worker.host.results import Outcome
 
@@ -46,8 +45,8 @@ __all__ = ["DirectReader"]
 
 log = logging.getLogger("podium.worker.host")
 
-_LEN = struct.Struct("<I")
-_BULK_FLAG = 0x80000000
+_LEN = FRAME_LENGTH
+_BULK_FLAG = BULK_FLAG
 _CANCEL = worker_pb2.CANCEL
 # Frames are read into a buffer of this size, with at least _ROOM free for each read: a
 # frame larger than the difference goes to the loop (its payload is large anyway).
