@@ -1,7 +1,9 @@
 """The wire between a controller and a worker: call frames, payload chunks, shared memory.
 
 - :mod:`podium.transport.callsocket`: CallFrame/ReplyFrame messages on a plain TCP socket
-  (the default call connection) and the framing both ends read and write.
+  (the default call connection) and the framing both ends read and write, with its parts:
+  :mod:`~podium.transport.framewriter` (the sending side), :mod:`~podium.transport.threadloan`
+  (what the execution thread borrows), :mod:`~podium.transport.bulkframes` (bulk payloads).
 - :mod:`podium.transport.frames`: call frames encoded once per payload (bursts).
 - :mod:`podium.transport.chunks`: payloads split into chunks on gRPC streams, assembled
   within a per-connection budget.

@@ -35,7 +35,11 @@ the connection.
 :class:`FrameConnection` is an ``asyncio.BufferedProtocol`` used by both sides: the server hands
 each accepted connection to the worker host's ``CallStream`` as its ``context``
 (``await read()`` / ``await write(frame)``, EOF is ``grpc.aio.EOF``), the client takes
-frames through a callback as they arrive (no reader task, no queue).
+frames through a callback as they arrive (no reader task, no queue). It reads and parses
+frames itself and is composed of two parts with their own state: its sending side
+(:class:`~podium.transport.framewriter.FrameWriter`) and what another thread may borrow of it
+(:class:`~podium.transport.threadloan.ThreadLoan`); bulk payloads arrive as
+:mod:`podium.transport.bulkframes`.
 """
 
 from __future__ import annotations
@@ -44,18 +48,17 @@ import asyncio
 import collections
 import hmac
 import logging
-import os
-import socket
 import struct
-import threading
 from typing import Any, Callable
 
 import grpc
 
 from podium import errors
-from podium.memorypool import MIN_POOLED_BYTES, POOL
+from podium.transport.bulkframes import BulkFrame, IncomingBulk
 from podium.transport.chunks import CHUNK_SIZE
 from podium.transport.frames import BULK_FLAG, FRAME_LENGTH
+from podium.transport.framewriter import FrameWriter
+from podium.transport.threadloan import ThreadLoan
 
 __all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "BulkFrame", "FrameConnection", "serve",
            "connect"]
@@ -75,96 +78,14 @@ _BULK = struct.Struct("<IQ")
 _BULK_FLAG = BULK_FLAG
 # The read buffer of frames (bulk bytes bypass it): this much at first, grown to fit a frame.
 _READ_BUFFER = 256 << 10
-_SCRATCH = 1 << 20
-# Under TLS a bulk payload is written in slices of this size: uvloop encrypts each write
-# whole before sending any of it, so one 128 MiB write runs at ~300 MB/s where 1 MiB
-# slices reach ~850 MB/s (encryption and sending overlap).
-_TLS_SLICE = 1 << 20
 # The send buffer's high-water mark (asyncio's default); the low one is 0 (connection_made).
 _HIGH_WATER = 64 << 10
-# How often a bulk write lent with ``on_sent`` is checked for having left, when the last
-# bytes (below the high-water mark) sit in the event loop's buffer.
-_SENT_POLL_SECONDS = 0.0005
 _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
-# Frames smaller than this wait for the end of the loop turn to leave together,
-# at most this many at a time.
-_COALESCE_MAX = 65536
-_COALESCE_FRAMES = 16
 # Stop reading from the socket while this many parsed frames wait for the server side.
 _MAX_QUEUED_FRAMES = 64
 #: A connection that has not completed its handshake by then is closed (server side).
 HANDSHAKE_SECONDS = 10.0
-
-
-class BulkFrame:
-    """A bulk frame as it arrives: the ``message`` (its ``data`` empty) and the payload.
-
-    ``data`` is a writable view of the payload in a reused mapping (it goes back to the
-    pool when every value decoded from it is gone), or None with ``error`` set when the
-    payload was refused (larger than this side's limit).
-    """
-
-    __slots__ = ("message", "data", "error")
-
-    def __init__(self, message: Any, data: memoryview | None, error: errors.PodiumError | None = None) -> None:
-        self.message = message
-        self.data = data
-        self.error = error
-
-
-class _Bulk:
-    """The payload of a bulk frame while its bytes arrive."""
-
-    __slots__ = ("message", "size", "received", "buffer", "view", "error")
-
-    def __init__(self, message: Any, size: int, max_size: int) -> None:
-        self.message = message
-        self.size = size
-        self.received = 0
-        self.error: errors.PodiumError | None = None
-        self.buffer: Any = None  # a pooled mapping, for a payload of MIN_POOLED_BYTES or more
-        if size > max_size:  # refused before any memory is taken for it
-            self.error = errors.PayloadTooLargeError(
-                f"payload of {size} bytes exceeds the maximum of {max_size} bytes",
-                details={"size": str(size), "max_size": str(max_size)})
-            self.view = memoryview(bytearray(min(size, _SCRATCH)))
-        elif size < MIN_POOLED_BYTES:  # small: malloc reuses its heap, a mapping is 1 MiB at least
-            self.view = memoryview(bytearray(size))
-        else:
-            self.buffer = POOL.take(size)
-            self.view = memoryview(self.buffer)
-
-    def target(self) -> memoryview:
-        """Where the next bytes go (never past the payload's end)."""
-        left = self.size - self.received
-        if self.error is not None:
-            return self.view[:min(left, len(self.view))]
-        return self.view[self.received:self.size]
-
-    def add(self, nbytes: int) -> None:
-        self.received += nbytes
-
-    def fill(self, data: memoryview) -> None:
-        """Copy bytes that arrived in the frame buffer (after the message) into place."""
-        if self.error is None:
-            self.view[self.received:self.received + len(data)] = data
-        self.received += len(data)
-
-    def finish(self) -> BulkFrame:
-        if self.error is not None:
-            return BulkFrame(self.message, None, self.error)
-        if self.buffer is None:
-            return BulkFrame(self.message, self.view)
-        self.view.release()
-        return BulkFrame(self.message, POOL.lease(self.buffer, self.size))
-
-    def abandon(self) -> None:
-        """The connection ended mid-payload: the mapping goes back, nothing leaks."""
-        if self.buffer is not None:
-            self.view.release()
-            POOL.give_back(self.buffer)
-            self.buffer = None
 
 
 class FrameConnection(asyncio.BufferedProtocol):
@@ -192,7 +113,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         # may still hold a view of it), replaced by a larger one when a frame needs it.
         self._buffer = bytearray(_READ_BUFFER)
         self._start = self._end = 0
-        self._bulk: _Bulk | None = None
+        self._bulk: IncomingBulk | None = None
         self._encrypted = False
         self._handshaken = False
         # Set by connection_made, before any other method can run.
@@ -205,47 +126,38 @@ class FrameConnection(asyncio.BufferedProtocol):
         #: every frame behind one still queued, go to :meth:`read` in arrival order.
         self.take_now: Callable[[Any], bool] | None = None
         #: Server side: ``on_idle()`` runs when the reader is about to wait with nothing
-        #: queued, the moment :meth:`lend_reads` can be offered.
+        #: queued, the moment :meth:`ThreadLoan.lend_reads` can be offered.
         self.on_idle: Callable[[], None] | None = None
-        # While another thread reads the socket (lend_reads): its recall(), else None.
-        self._lent: Callable[[], None] | None = None
-        self._drained: asyncio.Future | None = None
-        self._paused_writing = False
         self._paused_reading = False
-        self._pending: list[bytes] = []
-        self._flush_scheduled = False
-        # write_from_thread: a second descriptor of the socket (server side, plain TCP) that
-        # another thread sends on; the lock orders its sends with the loop's writes, and
-        # _tail holds what such a send left unsent, which goes before anything else.
-        self._direct: socket.socket | None = None
-        self._write_lock = threading.Lock()
-        self._tail: memoryview | None = None
-        # Under TLS a bulk payload is written by a task as the socket drains (see
-        # write_bulk); what is written meanwhile waits here, in order, behind it.
-        self._outbox: collections.deque = collections.deque()
-        self._sender: asyncio.Task | None = None
-        self._close_when_sent = False
-        # Called once everything written so far has left this process (see write_bulk's
-        # ``on_sent``), or the connection ended.
-        self._on_empty: list[Callable[[], None]] = []
         self._closed = False
         self._eof = False  # the peer closed its side (server)
         self.lost_error: BaseException | None = None
+        loop = asyncio.get_running_loop()
+        #: What another thread may borrow of this connection: its read side and small
+        #: writes (server side, plain TCP; podium.transport.threadloan).
+        self.loan = ThreadLoan(self, loop)
+        #: The sending side (podium.transport.framewriter); its methods are this connection's.
+        self.writer = writer = FrameWriter(self.loan, self._abort)
+        self.write_nowait = writer.write_nowait
+        self.write_serialized_nowait = writer.write_serialized_nowait
+        self.write_bulk = writer.write_bulk
+        self.drain = writer.drain
+        self.write = writer.write
         #: Resolves when the handshake is done (True) or failed (exception).
-        self._loop = asyncio.get_running_loop()
-        self.ready: asyncio.Future = self._loop.create_future()
+        self.ready: asyncio.Future = loop.create_future()
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
         self._encrypted = transport.get_extra_info("sslcontext") is not None
+        self.writer.attach(transport, self._encrypted)
         if not self._encrypted:
             # resume_writing then means "nothing left in this process" (see write_bulk's on_sent).
             transport.set_write_buffer_limits(high=_HIGH_WATER, low=0)  # type: ignore[attr-defined]
             sock = transport.get_extra_info("socket")
-            if self._server and sock is not None:  # for write_from_thread
-                self._direct = socket.socket(fileno=os.dup(sock.fileno()))
+            if self._server and sock is not None:  # another thread may read and write it
+                self.loan.attach(transport, sock)
         if self._server:  # a peer that never says hello must not hold a socket forever
             asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
         else:
@@ -298,7 +210,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._paused_reading:
                 self._paused_reading = True
                 self._transport.pause_reading()
-        elif self.on_idle is not None and self._lent is None and self._waiter is not None \
+        elif self.on_idle is not None and self.loan.recall is None and self._waiter is not None \
                 and not self._waiter.done():  # take_now took every frame: the reader still waits
             self.on_idle()
 
@@ -323,7 +235,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             if size < 0:
                 self._deliver(message)
                 continue
-            bulk = _Bulk(message, size, self._max_bulk)
+            bulk = IncomingBulk(message, size, self._max_bulk)
             take = min(size, end - pos)
             if take:
                 bulk.fill(memoryview(buffer)[pos:pos + take])
@@ -388,13 +300,11 @@ class FrameConnection(asyncio.BufferedProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._lent is not None:  # the borrower's descriptor keeps the socket open until it lets go
-            self._lent()
-        with self._write_lock:
-            self._closed = True
-            if self._direct is not None:  # the socket ends with its last descriptor
-                self._direct.close()
-                self._direct = None
+        loan = self.loan
+        loan.end()
+        with loan.lock:
+            self._closed = self.writer.closed = True
+            loan.close_locked()
         if self._bulk is not None:  # cut mid-payload: its buffer goes back
             self._bulk.abandon()
             self._bulk = None
@@ -407,9 +317,7 @@ class FrameConnection(asyncio.BufferedProtocol):
                 f"raw call connection closed during the handshake: {exc or 'EOF'}"))
             self.ready.exception()  # retrieved by whoever awaits; never "never retrieved"
         self._wake()
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        self._sent_all()  # nothing more will be read from lent memory
+        self.writer.end()  # nothing more will be read from lent memory
         if self._on_lost is not None:
             on_lost, self._on_lost = self._on_lost, None
             on_lost(self.lost_error)
@@ -426,25 +334,10 @@ class FrameConnection(asyncio.BufferedProtocol):
         return True
 
     def pause_writing(self) -> None:
-        self._paused_writing = True
+        self.writer.pause()
 
     def resume_writing(self) -> None:
-        self._paused_writing = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        if self._on_empty and not self._encrypted:
-            self._check_sent()
-
-    def _check_sent(self) -> None:
-        if self._closed or not self._transport.get_write_buffer_size():
-            self._sent_all()
-        elif not self._paused_writing:  # a remainder below the high-water mark: no resume_writing
-            asyncio.get_running_loop().call_later(_SENT_POLL_SECONDS, self._check_sent)
-
-    def _sent_all(self) -> None:
-        callbacks, self._on_empty = self._on_empty, []
-        for callback in callbacks:
-            callback()
+        self.writer.resume()
 
     # ---------------------------------------------------------------- use
 
@@ -468,32 +361,20 @@ class FrameConnection(asyncio.BufferedProtocol):
             self.lost_error = exc
             self._transport.abort()
 
-    def lend_reads(self, recall: Callable[[], None]) -> socket.socket | None:
-        """Let another thread read the socket (server side, plain TCP, on the loop).
+    def holds_input(self) -> bool:
+        """True while input is in hand here (bytes, frames, a bulk payload), the handshake is
+        not done, or the peer is done (see :meth:`ThreadLoan.lend_reads`)."""
+        return bool(self._closed or self._eof or not self._handshaken or self._bulk is not None
+                    or self._end > self._start or self._frames or self._paused_reading)
 
-        Returns a descriptor of the socket that the borrower reads from and closes, or None
-        when the read side cannot go now: the connection is not a handshaken plain-TCP server
-        one, or bytes, frames or a bulk payload are still in hand here. The loop reads
-        nothing until :meth:`take_back`; ``recall()`` asks for it back (it runs when the
-        connection ends). Writing is not lent: the borrower answers with
-        :meth:`write_from_thread`.
-        """
-        if (self._direct is None or self._closed or self._eof or self._lent is not None or not self._handshaken
-                or self._bulk is not None or self._end > self._start or self._frames or self._paused_reading
-                or self._transport.is_closing()):
-            return None
-        sock = socket.socket(fileno=os.dup(self._direct.fileno()))
-        self._lent = recall
-        self._transport.pause_reading()
-        return sock
+    def holds_output(self) -> bool:
+        """True while something written on the loop has not left this process (or the
+        connection ends): a thread's write must not pass it (see ThreadLoan.write_from_thread)."""
+        return self.writer.holds_output()
 
-    def take_back(self, frames: Any = (), data: bytes = b"") -> None:
-        """The borrower of :meth:`lend_reads` lets go (on the loop): ``frames`` it parsed but
-        did not handle, then ``data``, the bytes it read after them, are taken as if this
-        side had just read them, and reading resumes."""
-        if self._closed or self._transport.is_closing():
-            self._lent = None
-            return
+    def take_lent_input(self, frames: Any, data: bytes) -> None:
+        """The read side comes back (``ThreadLoan.take_back``, on the loop): ``frames``, then
+        ``data``, are taken as if just read; then the loan ends and reading resumes."""
         if frames:
             self._frames.extend(frames)
             self._wake()
@@ -505,178 +386,22 @@ class FrameConnection(asyncio.BufferedProtocol):
             target[:count] = view[:count]
             view = view[count:]
             self.buffer_updated(count)
-        self._lent = None
+        self.loan.recall = None
         if not self._paused_reading and not self._transport.is_closing():  # (else read() resumes it)
             self._transport.resume_reading()
-
-    def write_nowait(self, message: Any) -> None:
-        """Queue ``message`` on the socket (never blocks; see :meth:`drain`).
-
-        Small frames written in one loop turn leave in one send (a burst of calls or
-        replies costs one system call and one wake-up of the peer, not one per frame).
-        """
-        self.write_serialized_nowait(message.SerializeToString())
-
-    def write_serialized_nowait(self, data: bytes) -> None:
-        """:meth:`write_nowait` of a message already serialized to ``data``."""
-        if self._closed:
-            raise errors.UnavailableError("the raw call connection is closed")
-        if len(data) >= _COALESCE_MAX:
-            self._flush()
-            self._write(_LEN.pack(len(data)), data)
-            return
-        self._pending.append(_LEN.pack(len(data)) + data)
-        if len(self._pending) >= _COALESCE_FRAMES:
-            self._flush()  # a long burst: let the peer start on the first frames meanwhile
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def write_bulk(self, message: bytes, segments: Any, nbytes: int,
-                   on_sent: Callable[[], None] | None = None) -> None:
-        """Queue a bulk frame: the serialized ``message``, then the payload ``segments``
-        (``nbytes`` in all) as they lie in memory. Never blocks (see :meth:`drain`); the
-        event loop keeps a reference to each segment until it is sent.
-
-        ``on_sent()`` runs on the loop once nothing in this process reads the segments'
-        memory any more: their bytes are in the kernel's socket buffer (under TLS: the
-        ciphertext was made), or the connection ended. Until then a change to that memory
-        would change what the peer receives."""
-        if self._closed:
-            raise errors.UnavailableError("the raw call connection is closed")
-        self._flush()
-        head = _BULK.pack(_BULK_FLAG | len(message), nbytes) + message
-        if not self._encrypted:
-            self._write(head, *[segment for segment in segments if segment.nbytes])
-            if on_sent is not None:
-                self._on_empty.append(on_sent)
-                self._check_sent()
-            return
-        # uvloop encrypts each write at once and keeps the ciphertext until the socket takes
-        # it, and a long backlog makes every further write slower: 1 GiB written in one go
-        # took 15 s (512 MiB 3.8 s), and the event loop was blocked meanwhile, so the peer's
-        # liveness pings went unanswered. So a task writes it in slices as the socket drains.
-        self._outbox.append((head, segments, on_sent))
-        if self._sender is None:
-            self._sender = asyncio.get_running_loop().create_task(self._send_outbox())
-
-    def _write(self, *parts: Any) -> None:
-        """Write ``parts`` in order, with nothing from write_from_thread between them."""
-        if self._sender is not None:
-            self._outbox.extend(parts)  # behind a bulk payload still being written
-            return
-        with self._write_lock:
-            if self._tail is not None:
-                self._write_tail_locked()
-            for data in parts:
-                self._transport.write(data)
-
-    def write_from_thread(self, message: bytes) -> bool:
-        """Send a small serialized message from a thread other than the loop's, without
-        waking the loop (server side, plain TCP). It goes only when nothing is queued ahead
-        of it; then it is sent, or its unsent rest is queued for the loop to write before
-        anything else (True). False: nothing was written; write it on the loop instead."""
-        data = _LEN.pack(len(message)) + message
-        with self._write_lock:
-            direct = self._direct
-            if (direct is None or self._closed or self._pending or self._tail is not None
-                    or self._sender is not None or self._transport.is_closing()
-                    or self._transport.get_write_buffer_size()):
-                return False
-            try:
-                sent = direct.send(data, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            except OSError:  # the loop's own write meets the same error and ends the connection
-                return False
-            if sent < len(data):
-                self._tail = memoryview(data)[sent:]
-                self._loop.call_soon_threadsafe(self._write_tail)
-        return True
-
-    def _write_tail(self) -> None:
-        with self._write_lock:
-            if self._tail is not None and not self._closed:
-                self._write_tail_locked()
-
-    def _write_tail_locked(self) -> None:
-        tail, self._tail = self._tail, None
-        self._transport.write(tail)
-
-    async def _send_outbox(self) -> None:
-        transport = self._transport
-        on_sent = None
-        try:
-            while self._outbox and not self._closed:
-                item = self._outbox.popleft()
-                if type(item) is not tuple:
-                    transport.write(item)
-                    continue
-                head, segments, on_sent = item
-                transport.write(head)
-                for segment in segments:
-                    view = memoryview(segment).cast("B") if segment.nbytes else segment
-                    for at in range(0, view.nbytes, _TLS_SLICE):
-                        if self._paused_writing:
-                            await self.drain()
-                        if self._closed:
-                            return
-                        transport.write(view[at:at + _TLS_SLICE])
-                # TLS encrypts each write at once: the plaintext is not read any more.
-                on_sent, done = None, on_sent
-                if done is not None:
-                    done()
-        finally:
-            self._sender = None
-            if on_sent is not None and not self._closed:  # failed mid-payload: the stream cannot go on
-                self._abort(errors.DataLossError("a bulk write stopped in the middle of its payload"))
-            if self._closed or on_sent is not None:
-                lent = [on_sent] + [item[2] for item in self._outbox if type(item) is tuple]
-                self._outbox.clear()
-                for done in lent:
-                    if done is not None:
-                        done()
-            elif self._close_when_sent:
-                transport.close()
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        pending = self._pending
-        if not pending or self._closed:
-            pending.clear()
-            return
-        self._write(pending[0] if len(pending) == 1 else b"".join(pending))
-        pending.clear()
 
     @property
     def must_drain(self) -> bool:
         """True while the socket's send buffer is above its high-water mark (or, under TLS,
         a bulk payload is still being written)."""
-        return (self._paused_writing or self._sender is not None) and not self._closed
-
-    async def drain(self) -> None:
-        """Wait until the send buffer is below its high-water mark and no bulk payload is
-        still being written (or the connection ended)."""
-        sender = self._sender
-        if sender is not None and sender is not asyncio.current_task():
-            await asyncio.shield(sender)
-        while self._paused_writing and not self._closed:
-            if self._drained is None or self._drained.done():
-                self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
-
-    async def write(self, message: Any) -> None:
-        """Send ``message``, waiting for room when the peer reads slowly (server ``context``)."""
-        self.write_nowait(message)
-        if self._paused_writing:
-            await self.drain()
+        return self.writer.must_drain
 
     async def read(self) -> Any:
         """The next incoming frame, or ``grpc.aio.EOF`` once the connection ended (server ``context``)."""
         while not self._frames:
             if self._closed or self._eof:
                 return grpc.aio.EOF
-            if self.on_idle is not None and self._lent is None:
+            if self.on_idle is not None and self.loan.recall is None:
                 self.on_idle()
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
@@ -689,11 +414,7 @@ class FrameConnection(asyncio.BufferedProtocol):
     def close(self) -> None:
         """Close the socket (buffered frames are still sent)."""
         if self._transport is not None and not self._closed:
-            self._flush()
-            if self._sender is not None:
-                self._close_when_sent = True  # the sender closes it after the last slice
-                return
-            self._transport.close()
+            self.writer.close()
 
 
 async def serve(address: str, token: str, parse: Callable[[bytes], Any],

@@ -178,12 +178,12 @@ class CallStream:
 
     def send_from_thread(self, call_id: int, outcome: Any) -> bool:
         """Send the reply of a small ``outcome`` that carries its bytes from the execution
-        thread (True if it went; see ``FrameConnection.write_from_thread``)."""
+        thread (True if it went; see ``ThreadLoan.write_from_thread``)."""
         # (A lent reply is a bulk one: it goes from the loop.)
         if type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
                 or self.conn.takes_bulk(outcome.nbytes):
             return False
-        return self.conn.carrier.write_from_thread(frame_with_call_id(call_id, outcome.reply_tail()))
+        return self.conn.carrier.loan.write_from_thread(frame_with_call_id(call_id, outcome.reply_tail()))
 
     def _lend_reads(self) -> None:
         """The raw socket's ``on_idle``: with nothing of this stream in hand, the execution
@@ -197,7 +197,7 @@ class CallStream:
         reader = self._reader
         if reader is None:
             reader = self._reader = DirectReader(self, asyncio.get_running_loop())
-        sock = self.conn.carrier.lend_reads(reader.recall)
+        sock = self.conn.carrier.loan.lend_reads(reader.recall)
         if sock is not None:
             reader.start(sock)
             thread.lend(reader)
@@ -208,7 +208,7 @@ class CallStream:
         payload, already decoded (see try_fast)."""
         if decoded is not None:
             self._declined.append((frames[0], decoded))
-        self.conn.carrier.take_back(frames, data)
+        self.conn.carrier.loan.take_back(frames, data)
 
     def direct_done(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool,
                     result: Any) -> None:

@@ -5,7 +5,7 @@ the frame and hands the call over, then the execution thread runs it and replies
 128 workers on 2 cores every wake-up lands on caches that the other processes have just
 used, and the hand-over costs more than the call. So while a raw-socket call stream has
 nothing in hand (no call in flight, no bytes or frames held), its loop lends the socket's
-read side to the execution thread (``FrameConnection.lend_reads``): between jobs the
+read side to the execution thread (``ThreadLoan.lend_reads``): between jobs the
 thread waits in ``poll()`` on the socket and on its own wake-up pipe, and runs each fast
 call (:meth:`HostRuntime.fast_call` says which) as it reads it, in order, replying from
 the thread. One thread wakes per call; the loop sleeps.
@@ -15,7 +15,7 @@ reader's buffer (before the thread runs the next call it reads what arrived mean
 as the loop would drop a queued job. The first frame of any other kind (a bulk or
 multi-frame payload, a call the general path must run, bookkeeping, bytes that do not
 parse) ends the loan: it and everything read after it go back to the loop
-(``FrameConnection.take_back``), which takes them as if it had read them itself. So does
+(``ThreadLoan.take_back``), which takes them as if it had read them itself. So does
 the end of the stream, and the loop recalls the loan when the connection ends. Replies
 that cannot leave from this thread (an error, a bulk or shared-memory reply, a busy
 socket) are written by the loop (:meth:`CallStream.direct_done`).

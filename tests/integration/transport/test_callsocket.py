@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from podium import errors
-from podium.transport import callsocket
+from podium.transport import callsocket, framewriter
 from podium.worker.client import WorkerClient
 from podium.worker.host.process import start_host
 
@@ -193,13 +193,13 @@ def test_large_payloads_under_tls_are_written_as_the_socket_drains_and_stay_in_o
 
     tls = make_tls(str(tmp_path / "certs"))
     senders = []
-    send_outbox = callsocket.FrameConnection._send_outbox
+    send_outbox = framewriter.FrameWriter._send_outbox
 
     def counted(self):
         senders.append(self)
         return send_outbox(self)
 
-    monkeypatch.setattr(callsocket.FrameConnection, "_send_outbox", counted)
+    monkeypatch.setattr(framewriter.FrameWriter, "_send_outbox", counted)
 
     async def scenario():
         async with host_and_client(token, tls=tls) as (host, client):

@@ -1,4 +1,4 @@
-"""Replies sent by the execution thread itself (FrameConnection.write_from_thread) and fast
+"""Replies sent by the execution thread itself (ThreadLoan.write_from_thread) and fast
 calls started as their frame arrives (FrameConnection.take_now).
 
 A no-op call used to wake a worker's event loop twice: once for the call's frame, once for
@@ -127,7 +127,7 @@ def test_replies_go_from_the_loop_under_tls(token, arun, tmp_path):
             assert await client.call("same", (7,)) == 7
             assert host.runtime.stats_now()["thread_replies"] == 0  # uvloop encrypts: the loop writes
             connection = next(iter(host.runtime.raw_connections))
-            assert connection.write_from_thread(b"x") is False
+            assert connection.loan.write_from_thread(b"x") is False
         finally:
             await client.close()
             await host.stop(grace=0.2)
@@ -169,10 +169,10 @@ def test_what_the_socket_did_not_take_goes_first_and_in_order(token, arun):
             # loop's next write comes before the rest's callback could run.)
             client._transport.pause_reading()
             conn._transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-            assert conn.write_from_thread(_reply(1, 3 << 20)) is True
+            assert conn.loan.write_from_thread(_reply(1, 3 << 20)) is True
             # Nothing may pass the rest: another such write is refused, and a loop write
             # (large, so written at once) goes out behind it.
-            assert conn.write_from_thread(_reply(2, 10)) is False
+            assert conn.loan.write_from_thread(_reply(2, 10)) is False
             conn.write_serialized_nowait(_reply(3, 100 << 10))
             assert conn._transport.get_write_buffer_size() > (3 << 20) // 2  # the rest, then 3
             client._transport.resume_reading()
@@ -181,7 +181,7 @@ def test_what_the_socket_did_not_take_goes_first_and_in_order(token, arun):
             assert got[0].data == bytes([1]) * (3 << 20)
             # Once nothing is queued, a write from another thread goes straight out again.
             await _until(lambda: not conn._transport.get_write_buffer_size())
-            assert await asyncio.to_thread(conn.write_from_thread, _reply(4, 10)) is True
+            assert await asyncio.to_thread(conn.loan.write_from_thread, _reply(4, 10)) is True
             await _until(lambda: len(got) == 3)
             assert got[2].call_id == 4
         finally:
@@ -195,11 +195,11 @@ def test_closing_the_connection_reaches_the_peer_and_ends_thread_writes(token, a
     async def scenario():
         server, conn, client, got, lost = await _pair(token)
         try:
-            assert await asyncio.to_thread(conn.write_from_thread, _reply(1, 10)) is True
+            assert await asyncio.to_thread(conn.loan.write_from_thread, _reply(1, 10)) is True
             conn.close()  # the second descriptor must not keep the socket open
             await asyncio.wait_for(lost, 10)
             assert [f.call_id for f in got] == [1]
-            assert conn.write_from_thread(_reply(2, 10)) is False
+            assert conn.loan.write_from_thread(_reply(2, 10)) is False
         finally:
             client.close()
             server.close()
