@@ -9,7 +9,8 @@ single reader task hands every reply frame to the future of its call id, so
 calls overlap freely. When the stream or channel breaks, every pending call
 fails at once with UnavailableError naming the rank and address; a call past
 its timeout fails with DeadlineExceededError naming the method and rank (and
-the worker is told to drop it if it has not started).
+the worker is told to drop it if it has not started). The reply frames are read by a
+:class:`~podium.worker.replydecoder.ReplyDecoder`.
 
 Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
 when the worker sees this process's /dev/shm (``shm_domain``, learnt from Describe
@@ -31,14 +32,14 @@ import grpc
 from podium import codec, errors, rpc
 from podium.auth import TlsConfig
 from podium.refs import ObjectRef
-from podium.transport import chunks, frames, shm, shmstage
-from podium.transport.callsocket import BulkFrame
+from podium.transport import frames, shm, shmstage
 from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, prepare, shares_shm
 from podium.v1 import worker_pb2
 from podium.worker.channel import MAX_REPLY_BYTES, WorkerChannel
 from podium.worker.host.config import FETCH_CALL
 from podium.worker.pendingcalls import PendingCall, PendingCalls
+from podium.worker.replydecoder import FailedReply, InPlaceReply, ReplyDecoder, ShmReply
 
 __all__ = ["WorkerClient", "Payload", "prepare"]
 
@@ -60,6 +61,8 @@ class WorkerClient(WorkerChannel):
         #: The call connection (raw socket or the stream above), made by start().
         self._conn: CallConnection | None = None
         self._pending = PendingCalls(self._expire)
+        #: Reads the reply frames (podium.worker.replydecoder); knows the connection once made.
+        self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
 
     @property
@@ -110,7 +113,7 @@ class WorkerClient(WorkerChannel):
             tls = self._tls
             try:
                 carrier = await callsocket.connect(
-                    host, info.call_port, self._token, worker_pb2.ReplyFrame.FromString, self._on_frame,
+                    host, info.call_port, self._token, worker_pb2.ReplyFrame.FromString, self._replies.on_frame,
                     self._on_raw_lost, timeout=timeout, max_bulk=MAX_REPLY_BYTES,
                     ssl_context=tls.ssl_context(server=False) if tls is not None else None,
                     server_hostname=(tls.server_name or host.strip("[]")) if tls is not None else None)
@@ -121,7 +124,8 @@ class WorkerClient(WorkerChannel):
                 log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
         if carrier is None:
             carrier = self._stream = self._stub.Calls(metadata=self._metadata)
-        self._conn = CallConnection(carrier, worker_pb2.CallFrame, shared_memory=bool(self.same_host))
+        self._conn = self._replies.conn = CallConnection(carrier, worker_pb2.CallFrame,
+                                                         shared_memory=bool(self.same_host))
         if self._stream is not None:
             self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         return info
@@ -149,7 +153,7 @@ class WorkerClient(WorkerChannel):
                 pass
         if self._channel is not None:
             await self._channel.close()
-        self._channel = self._stub = self._stream = self._reader = self._conn = None
+        self._channel = self._stub = self._stream = self._reader = self._conn = self._replies.conn = None
 
     # ---------------------------------------------------------------- reader
 
@@ -157,7 +161,7 @@ class WorkerClient(WorkerChannel):
         assert self._conn is not None
         try:
             async for frame in self._conn.frames():
-                self._on_frame(frame)
+                self._replies.on_frame(frame)
             raise errors.UnavailableError(f"{self._who()} ended the call stream", rank=self.rank)
         except asyncio.CancelledError:
             raise
@@ -189,81 +193,9 @@ class WorkerClient(WorkerChannel):
             self._drop_segment(p)
             p.resolve(None, exc)
 
-    def _on_frame(self, frame: worker_pb2.ReplyFrame | BulkFrame) -> None:
-        if type(frame) is BulkFrame:
-            self._on_bulk(frame)
-            return
-        conn = self._conn
-        assert conn is not None  # frames arrive only on a started client
-        conn.on_bookkeeping(frame)
-        p = self._pending.get(frame.call_id)
-        if p is None:  # a call that already timed out or was cancelled (or call id 0)
-            if frame.HasField("header") and frame.header.shm_name:
-                h = frame.header
-                conn.discard_segment(h.shm_name, h.shm_pooled, h.payload_size)
-            return
-        if frame.HasField("header"):
-            header = frame.header
-            if not header.ok:
-                self._finish(frame.call_id, p, exc=rpc.error_from_info(header.error))
-                return
-            if header.HasField("ref"):
-                r = header.ref
-                self._finish(frame.call_id, p, ObjectRef(r.object_id, r.worker_id, r.owner_address,
-                                                         r.owner_rank, r.size_bytes, r.rows,
-                                                         r.inline_value or None))
-                return
-            if header.shm_name:
-                self._finish(frame.call_id, p, self._with_refs(header, _ShmReply.of(header)))
-                return
-            if frame.last:
-                self._finish(frame.call_id, p, self._with_refs(header, frame.data))
-                return
-            try:
-                p.assembler = chunks.Assembler(header.payload_size, MAX_REPLY_BYTES)
-            except errors.PodiumError as exc:
-                self._finish(frame.call_id, p, exc=exc)
-                return
-        if p.assembler is None:
-            self._finish(frame.call_id, p, exc=errors.DataLossError(
-                f"reply data for call {frame.call_id} without a header from {self._who()}"))
-            return
-        try:
-            p.assembler.add(frame.data)
-            if frame.last:
-                self._finish(frame.call_id, p, p.assembler.result())
-        except errors.PodiumError as exc:
-            self._finish(frame.call_id, p, exc=exc)
-
-    def _on_bulk(self, bulk: BulkFrame) -> None:
-        # A whole reply payload, already in its final buffer (raw socket only).
-        frame = bulk.message
-        p = self._pending.get(frame.call_id)
-        if p is None:  # timed out or cancelled meanwhile: the buffer goes back with `bulk`
-            return
-        if bulk.error is not None:
-            self._finish(frame.call_id, p, exc=bulk.error)
-        elif not (frame.HasField("header") and frame.header.ok):
-            self._finish(frame.call_id, p, exc=errors.DataLossError(
-                f"a bulk reply for call {frame.call_id} without a success header from {self._who()}"))
-        else:
-            self.stats["bulk_received"] += 1
-            self._finish(frame.call_id, p, self._with_refs(frame.header, bulk.data))
-
-    def _with_refs(self, header: worker_pb2.ReplyHeader, reply: Any) -> Any:
-        # A reply that left buffers in this call's argument segment: view them now, while the
-        # call still pins the segment (the views then keep it from reuse).
-        if not header.refs_segment:
-            return reply
-        assert self._conn is not None
-        try:
-            return _InPlaceReply(reply, self._conn.reply_views(header.refs_segment, header.refs))
-        except errors.PodiumError as exc:
-            return _FailedReply(exc)
-
     def _finish(self, call_id: int, p: PendingCall, value: Any = None, exc: BaseException | None = None) -> None:
         del self._pending[call_id]
-        if type(value) is _FailedReply:
+        if type(value) is FailedReply:
             value, exc = None, value.error
         # A pooled argument comes back in shm_released instead; its pin ends here (a reply
         # written in place into it holds views of it by now).
@@ -276,14 +208,14 @@ class WorkerClient(WorkerChannel):
                 shmstage.STAGE.unpin(p.staged)
                 p.staged = ""
         if p.done():
-            if type(value) is _InPlaceReply:
+            if type(value) is InPlaceReply:
                 value = value.reply
-            if isinstance(value, _ShmReply) and self._conn is not None:
+            if isinstance(value, ShmReply) and self._conn is not None:
                 self._conn.discard_segment(value.name, value.pooled, value.nbytes)
             return
         if exc is None and p.decode:
             try:
-                value = self._decode_reply(value)
+                value = self._replies.decode(value)
             except Exception as error:  # noqa: BLE001 - a reply that does not decode fails its call
                 exc = error
         p.resolve(value, exc)
@@ -381,21 +313,7 @@ class WorkerClient(WorkerChannel):
                 self._drop_segment(p)
                 self._loop.create_task(self._send_cancel(call_id))
             raise
-        return self._decode_reply(reply) if decode else reply
-
-    def _decode_reply(self, reply: Any) -> Any:
-        if isinstance(reply, ObjectRef):
-            return reply
-        external = None
-        if type(reply) is _InPlaceReply:
-            self.stats["in_place_received"] += 1
-            reply, external = reply.reply, reply.views
-        if isinstance(reply, _ShmReply):
-            self.stats["shm_received"] += 1
-            assert self._conn is not None
-            return codec.decode(self._conn.read_segment(reply.name, reply.pooled, reply.nbytes, MAX_REPLY_BYTES),
-                                external)
-        return codec.decode(reply, external)
+        return self._replies.decode(reply) if decode else reply
 
     # ---------------------------------------------------------------- shared memory
 
@@ -522,8 +440,8 @@ class WorkerClient(WorkerChannel):
             return await super().fetch(ref, rows, timeout=timeout)
         payload = Payload(codec.encode(((ref.object_id, rows), {})), reusable=False)
         reply = await self._roundtrip(_CALL, FETCH_CALL, payload, False, timeout, decode=False)
-        self.last_fetch_bytes = reply.nbytes if isinstance(reply, _ShmReply) else len(reply)
-        return self._decode_reply(reply)
+        self.last_fetch_bytes = reply.nbytes if isinstance(reply, ShmReply) else len(reply)
+        return self._replies.decode(reply)
 
     async def call_encoded(self, method: str, payload: Payload | codec.Encoded, *,
                            hold: bool = False, timeout: float | None = None) -> Any:
@@ -531,36 +449,3 @@ class WorkerClient(WorkerChannel):
         if not isinstance(payload, Payload):
             payload = Payload(payload, reusable=False)
         return await self._roundtrip(_CALL, method, payload, hold, timeout)
-
-
-class _InPlaceReply:
-    """A reply whose large buffers the worker left in the call's argument segment: the rest
-    of the payload (bytes, bulk data or a _ShmReply) and views of those buffers, by index."""
-
-    __slots__ = ("reply", "views")
-
-    def __init__(self, reply: Any, views: dict[int, memoryview]) -> None:
-        self.reply = reply
-        self.views = views
-
-
-class _FailedReply:
-    """A reply whose references could not be resolved: the call fails with ``error``."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: errors.PodiumError) -> None:
-        self.error = error
-
-
-class _ShmReply:
-    __slots__ = ("name", "pooled", "nbytes")
-
-    def __init__(self, name: str, pooled: bool = False, nbytes: int = 0) -> None:
-        self.name = name
-        self.pooled = pooled
-        self.nbytes = nbytes
-
-    @classmethod
-    def of(cls, header: worker_pb2.ReplyHeader) -> "_ShmReply":
-        return cls(header.shm_name, header.shm_pooled, header.payload_size)
