@@ -2,11 +2,12 @@
 
 Serves both the gRPC ``Calls`` stream and the raw call socket (``podium.transport.callsocket``)
 through one :class:`~podium.transport.connection.CallConnection`, the same connection layer the
-controller's client uses. A one-frame call of a synchronous
-method takes the fast path (:meth:`HostRuntime.start_fast`); everything else is
-assembled here and run by :meth:`HostRuntime.run_call` / ``run_construct`` as a task.
-While the stream has nothing in hand, the execution thread reads the raw socket and runs
-fast calls itself (:mod:`podium.worker.host.directcalls`).
+controller's client uses. A one-frame call that the host's admission
+(:meth:`~podium.worker.host.admission.CallAdmission.admit`) lets run at once goes straight
+to the execution thread (:meth:`CallStream.try_fast`); everything else is assembled here and
+run by :meth:`HostRuntime.run_call` / ``run_construct`` as a task. While the stream has
+nothing in hand, the execution thread reads the raw socket and runs such calls itself
+(:mod:`podium.worker.host.directcalls`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import asyncio
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any
-
+from typing import Any
 
 from podium import errors, rpc
 from podium.transport import chunks
@@ -25,40 +25,16 @@ from podium.transport.connection import CallConnection
 from podium.transport.frames import frame_with_call_id, is_whole_call
 from podium.transport.chunks import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
+from podium.worker.host.activecall import ActiveCall
 from podium.worker.host.directcalls import DirectReader
-from podium.worker.host.execthread import Job
 from podium.worker.host.results import Outcome
+from podium.worker.host.runtime import HostRuntime
 
-if TYPE_CHECKING:
-    from podium.worker.host.runtime import HostRuntime
-
-__all__ = ["CallStream", "ActiveCall"]
+__all__ = ["ActiveCall", "CallStream"]
 
 log = logging.getLogger("podium.worker.host")
 
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
-
-
-class ActiveCall:
-    """A call that has started in this worker: its header, gates, job or task, deadline."""
-
-    __slots__ = ("call_id", "header", "stream", "gates", "job", "cancelled", "deadline", "task", "started",
-                 "answered")
-
-    def __init__(self, call_id: int, header: worker_pb2.CallHeader, stream: "CallStream",
-                 gates: tuple[asyncio.Future, asyncio.Future]) -> None:
-        self.call_id = call_id
-        self.header = header
-        self.stream = stream
-        self.gates = gates
-        self.job: Job | None = None
-        self.cancelled = False
-        self.deadline = time.monotonic() + header.timeout_seconds if header.timeout_seconds > 0 else 0.0
-        self.task: asyncio.Task | None = None
-        #: monotonic() when a fast-path call started (start_fast), for the stats.
-        self.started = 0.0
-        #: monotonic() when the execution thread sent its reply itself (0.0: not so).
-        self.answered = 0.0
 
 
 class _Incoming:
@@ -72,7 +48,7 @@ class _Incoming:
 class CallStream:
     """One client's Calls stream: assembles CallFrames, runs calls, writes replies."""
 
-    def __init__(self, host: HostRuntime, context) -> None:
+    def __init__(self, host: HostRuntime, context: Any) -> None:
         self.host = host
         self.context = context
         self.incoming: dict[int, _Incoming] = {}
@@ -146,8 +122,10 @@ class CallStream:
         await self.conn.write(frame)
 
     def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
-        """Start a one-frame CALL through :meth:`HostRuntime.start_fast` when it can
-        take it: True if started; otherwise the decoded payload or None, for on_frame."""
+        """Hand a one-frame CALL to the execution thread right now when the host's admission
+        lets it run at once: no task, gate or future per call; the outcome is written from
+        the execution thread or the loop (:meth:`_fast_done`). True if started; otherwise
+        the decoded payload or None, for on_frame (which also reports every error)."""
         host = self.host
         host.exec_thread.settle()  # calls answered from the execution thread leave `active`
         call_id = frame.call_id
@@ -155,7 +133,22 @@ class CallStream:
         if (not self.conn.writes_nowait or not is_whole_call(frame, host.config.max_payload_bytes)
                 or call_id in self.active or call_id in self.incoming or self.conn.must_drain):
             return None
-        return host.start_fast(self, call_id, frame.header, frame.data)
+        header = frame.header
+        fn, value = host.admission.admit(header, frame.data)
+        if fn is None:
+            return value
+        active = ActiveCall(call_id, header, self, None)
+        stats = host.stats
+        stats["bytes_in"] += header.payload_size
+        stats["calls"] += 1
+        stats["calls_in_flight"] += 1
+        active.started = time.monotonic()
+        self.active[call_id] = active
+        args, kwargs = value
+        active.job = host.exec_thread.submit_reporting(
+            host.invoke_sync, (fn, args, kwargs, header, self.conn), self.fast_done, active,
+            self.reply_from_thread)
+        return True
 
     def _take_now(self, frame: Any) -> bool:
         """The raw socket's ``take_now``: start a fast call as its frame arrives (see try_fast)."""
@@ -191,8 +184,7 @@ class CallStream:
         host = self.host
         thread = host.exec_thread
         # (Calls of this stream still queued on the thread run before it reads: in order.)
-        if (self.incoming or self._declined or thread.has_reader or host.construct_state != "done"
-                or not host.gate.done()):
+        if self.incoming or self._declined or thread.has_reader or not host.admission.in_order_now():
             return
         reader = self._reader
         if reader is None:
@@ -412,10 +404,11 @@ class CallStream:
         """Start a fully received CALL or CONSTRUCT as a task."""
         host = self.host
         host.stats["bytes_in"] += header.payload_size
-        active = ActiveCall(call_id, header, self, host.reserve_gate())
+        gates = host.admission.reserve_gate()
+        active = ActiveCall(call_id, header, self, gates)
         if header.kind == _CONSTRUCT:
             if host.construct_state in ("pending", "done"):
-                host.open_gate(*active.gates)
+                host.admission.open_gate(*gates)
                 self.spawn(active, self.send_error(call_id, errors.FailedPreconditionError(
                     "this worker already has an object (CONSTRUCT runs once)")))
                 return

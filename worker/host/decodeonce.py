@@ -1,8 +1,8 @@
 """A payload decoded once, even when it fails: the fast path's failure, kept for the slow path.
 
 Decoding an argument unpickles it, and unpickling runs code (``__reduce__``, ``__setstate__``).
-When the fast path (:meth:`HostRuntime.start_fast`) failed to decode a payload, the slow
-path used to decode it again to report the error, so that code ran twice (issue #14).
+When admission (:meth:`~podium.worker.host.admission.CallAdmission.admit`) failed to decode a
+payload, the slow path used to decode it again to report the error, so that code ran twice (issue #14).
 Now the fast path hands its failure over as a :class:`DecodeFailed`, and the slow path
 reports that very error without decoding again.
 """

@@ -7,7 +7,8 @@ used, and the hand-over costs more than the call. So while a raw-socket call str
 nothing in hand (no call in flight, no bytes or frames held), its loop lends the socket's
 read side to the execution thread (``ThreadLoan.lend_reads``): between jobs the
 thread waits in ``poll()`` on the socket and on its own wake-up pipe, and runs each fast
-call (:meth:`HostRuntime.fast_call` says which) as it reads it, in order, replying from
+call that the host's admission lets run at once
+(:meth:`~podium.worker.host.admission.CallAdmission.admit`, the same rules as the loop's) as it reads it, in order, replying from
 the thread. One thread wakes per call; the loop sleeps.
 
 A CANCEL read here drops the call it names if that call is still waiting in this
@@ -28,20 +29,18 @@ import collections
 import logging
 import os
 import select
+import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from podium import errors
 from podium.transport.frames import BULK_FLAG, FRAME_LENGTH, is_whole_call
 from podium.v1 import worker_pb2
+from podium.transport.connection import CallConnection
 from podium.worker.host.results import Outcome
+from podium.worker.host.runtime import HostRuntime
 
-if TYPE_CHECKING:
-    import socket
-
-    from podium.worker.host.callstream import CallStream
-
-__all__ = ["DirectReader"]
+__all__ = ["DirectReader", "DirectStream"]
 
 log = logging.getLogger("podium.worker.host")
 
@@ -58,14 +57,38 @@ _POLL_MS = 1000
 _FOR_LOOP = object()
 
 
+class DirectStream(Protocol):
+    """What a :class:`DirectReader` needs of the call stream whose socket it reads (a
+    ``CallStream``): its host and connection, and the loop-side ends of a loan."""
+
+    @property
+    def host(self) -> HostRuntime:
+        """The worker host the calls run in."""
+
+    @property
+    def conn(self) -> CallConnection:
+        """The stream's call connection."""
+
+    def send_from_thread(self, call_id: int, outcome: Any) -> bool:
+        """Send a small reply from the execution thread (True if it went)."""
+
+    def take_back(self, frames: list, decoded: Any, data: bytes) -> None:
+        """The socket comes back to the loop with what was read and not run (on the loop)."""
+
+    def direct_done(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool,
+                    result: Any) -> None:
+        """Answer, on the loop, a call run here whose reply did not go from the thread."""
+
+
 class DirectReader:
     """One raw call socket's read side, lent to the execution thread (see the module
     docstring); a stream keeps one for all its loans. :meth:`start` and :meth:`recall` run
     on the loop, the rest on the thread."""
 
-    def __init__(self, stream: CallStream, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, stream: DirectStream, loop: asyncio.AbstractEventLoop) -> None:
         self.stream = stream
         self._host = stream.host
+        self._admission = stream.host.admission
         self._thread = stream.host.exec_thread
         self._loop = loop
         self._sock: socket.socket | None = None
@@ -216,7 +239,7 @@ class DirectReader:
             if frame is _FOR_LOOP or self.recalled or self.stream.conn.must_drain:
                 self.let_go()
                 return
-            fn, value = self._host.fast_call(frame.header, frame.data)
+            fn, value = self._admission.admit(frame.header, frame.data)
             if fn is None:
                 self.let_go(value)
                 return

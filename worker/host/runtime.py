@@ -19,7 +19,8 @@ from podium.transport import chunks, shm
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
-from podium.worker.host.callstream import ActiveCall, CallStream
+from podium.worker.host.activecall import ActiveCall, CallOrigin
+from podium.worker.host.admission import CallAdmission
 from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
 from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
@@ -39,7 +40,7 @@ class HostRuntime:
 
     It knows no gRPC: :class:`~podium.worker.host.servicer.WorkerServicer` is the thin service
     over it, and :class:`~podium.worker.host.callstream.CallStream` feeds it the calls of one
-    connection.
+    connection, each admitted by :attr:`admission` (:mod:`podium.worker.host.admission`).
     """
 
     def __init__(self, config: HostConfig) -> None:
@@ -81,12 +82,8 @@ class HostRuntime:
         self.construct_state = "none"  # none | pending | done | failed
         self._construct_done: asyncio.Future = self._loop.create_future()
         self._construct_error = ""
-        # Each CALL/CONSTRUCT takes a gate future at arrival and completes it once
-        # it has been handed to the execution thread (or resolved otherwise), after
-        # its predecessor's: sync calls thus reach the thread in arrival order even
-        # when an earlier one waits for its arguments to be fetched.
-        self.gate: asyncio.Future = self._loop.create_future()
-        self.gate.set_result(None)
+        #: When a call may start, in which order, and what can still stop it.
+        self.admission = CallAdmission(self, self._loop)
         self._method_info: dict[str, tuple[bool, bool]] = {}
         self._hostname = socket.gethostname()
         self._shm_domain = shm.domain()
@@ -103,7 +100,23 @@ class HostRuntime:
             exc.rank = self.config.rank
         return exc
 
-    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: CallStream) -> Any:
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this host runs on."""
+        return self._loop
+
+    def hold_value(self, value: Any) -> worker_pb2.ObjectRefInfo:
+        """Hold a snapshot of ``value`` in this host's store (``podium.put`` in a worker, the
+        controller's object server) and return its ref's description."""
+        ref = self.package(value, worker_pb2.CallHeader(hold_result=True)).ref
+        assert ref is not None  # a held result always has one
+        return ref
+
+    def release_held(self, object_ids: list[str]) -> int:
+        """Release held values (on the loop); how many there were."""
+        return self.held.release(object_ids)
+
+    def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: CallOrigin) -> Any:
         if header.shm_name:
             payload = stream.conn.read_segment(header.shm_name, header.shm_pooled, header.payload_size,
                                                self.config.max_payload_bytes)
@@ -114,7 +127,7 @@ class HostRuntime:
                                                                self.config.max_payload_bytes))
         return codec.decode(payload)
 
-    def _lookup(self, name: str) -> tuple[Any, bool, bool]:
+    def lookup(self, name: str) -> tuple[Any, bool, bool]:
         """(bound method, is_async, materialize_futures) or UnknownMethodError."""
         obj = self._obj
         if name == RAY_CALL:
@@ -261,25 +274,11 @@ class HostRuntime:
 
     # ---------------------------------------------------------------- calls
 
-    def reserve_gate(self) -> tuple[asyncio.Future, asyncio.Future]:
-        """(predecessor's gate, this call's gate); see ``__init__``."""
-        prev, mine = self.gate, self._loop.create_future()
-        self.gate = mine
-        return prev, mine
-
-    @staticmethod
-    def open_gate(prev: asyncio.Future, mine: asyncio.Future) -> None:
-        """Complete ``mine`` once ``prev`` is complete (never before it)."""
-        if mine.done():
-            return
-        if prev.done():
-            mine.set_result(None)
-        else:
-            prev.add_done_callback(lambda _: mine.done() or mine.set_result(None))
-
     async def run_construct(self, active: ActiveCall, payload: Any) -> None:
         """CONSTRUCT: decode (cls_ref, args, kwargs) and build the object on the execution thread."""
+        assert active.gates is not None  # the general path's calls have gates
         prev, mine = active.gates
+        admission = self.admission
         try:
             try:
                 value = self._decode_payload(active.header, payload, active.stream)
@@ -290,12 +289,11 @@ class HostRuntime:
                 cls_ref, args, kwargs = value
                 if not prev.done():
                     await prev
-                if active.cancelled:
-                    raise errors.CancelledError("construct cancelled before it started")
+                admission.check_start(active, "construct")
                 job = self.exec_thread.submit(self._construct_sync, cls_ref, tuple(args), dict(kwargs))
                 active.job = job
             finally:
-                self.open_gate(prev, mine)
+                admission.open_gate(prev, mine)
             await job.future
         except BaseException as exc:
             self.construct_state = "failed"
@@ -307,61 +305,6 @@ class HostRuntime:
         self._construct_done.set_result(True)
         log.info("constructed %s (rank %d)", self._class_name, self.config.rank)
         await active.stream.send_outcome(active.call_id, Outcome(segments=codec.encode(None).to_segments()))
-
-    def fast_call(self, header: worker_pb2.CallHeader, data: bytes) -> tuple[Any, Any]:
-        """``(fn, (args, kwargs))`` when a one-frame CALL can run on the execution thread at
-        once; else ``(None, x)``, ``x`` being what :meth:`run_call` takes instead (the
-        decoded payload, a DecodeFailed, or None).
-
-        The common call needs none of :meth:`run_call`'s waiting: the object is built, no
-        earlier call waits for its arguments (the gate is open), no argument is a ref to
-        fetch. Safe on the execution thread (it reads the loop's state, changes none).
-        """
-        if self.construct_state != "done" or not self.gate.done():
-            return None, None
-        try:
-            value = codec.decode(data)
-        except Exception as exc:  # noqa: BLE001 - run_call reports it (decoding again would run
-            return None, DecodeFailed(exc)  # the payload's unpickling code twice: decodeonce.py)
-        if type(value) is not tuple or len(value) != 2:
-            if value is None:  # None would read as "not decoded" and be decoded again
-                return None, DecodeFailed(errors.InvalidArgumentError(
-                    "a CALL payload must decode to (args, kwargs), got NoneType"))
-            return None, value
-        args, kwargs = value
-        try:
-            fn, is_async, materialize = self._lookup(header.method)
-        except Exception:  # noqa: BLE001 - run_call looks up again and reports it
-            return None, value
-        if is_async or (materialize and (any(map(refs.is_ref, args))
-                                         or any(map(refs.is_ref, kwargs.values())))):
-            return None, value
-        return fn, value
-
-    def start_fast(self, stream: CallStream, call_id: int, header: worker_pb2.CallHeader,
-                   data: bytes) -> Any:
-        """Hand a one-frame CALL of a sync method to the execution thread right now
-        (:meth:`fast_call` says when): no task, gate or future per call; the outcome is
-        written from the execution thread or the loop (``stream.fast_done``). Returns True
-        if started, else what :meth:`run_call` takes, which also reports every error.
-        """
-        fn, value = self.fast_call(header, data)
-        if fn is None:
-            return value
-        active = ActiveCall(call_id, header, stream, None)
-        if active.deadline and time.monotonic() > active.deadline:
-            return value
-        stats = self.stats
-        stats["bytes_in"] += header.payload_size
-        stats["calls"] += 1
-        stats["calls_in_flight"] += 1
-        active.started = time.monotonic()
-        stream.active[call_id] = active
-        args, kwargs = value
-        active.job = self.exec_thread.submit_reporting(
-            self.invoke_sync, (fn, args, kwargs, header, stream.conn), stream.fast_done, active,
-            stream.reply_from_thread)
-        return True
 
     def precondition_for_call(self) -> None:
         """FailedPreconditionError unless a constructor ran or is queued."""
@@ -376,7 +319,9 @@ class HostRuntime:
     async def run_call(self, active: ActiveCall, payload: Any, decoded: Any = None) -> None:
         """CALL: decode (unless ``decoded`` is the value already), look up, materialize refs,
         run (thread or loop), package, reply."""
+        assert active.gates is not None  # the general path's calls have gates
         prev, mine = active.gates
+        admission = self.admission
         header = active.header
         job = None
         try:
@@ -391,26 +336,22 @@ class HostRuntime:
             if self.construct_state == "pending":
                 await self._construct_done
             self.precondition_for_call()
-            fn, is_async, materialize = self._lookup(header.method)
+            fn, is_async, materialize = self.lookup(header.method)
             if materialize and (any(map(refs.is_ref, args)) or any(map(refs.is_ref, kwargs.values()))):
                 args, kwargs = await self._materialize(active, args, kwargs)
             if is_async:
-                self.open_gate(prev, mine)
+                admission.open_gate(prev, mine)
             else:
                 if not prev.done():
                     await prev
-                if active.cancelled:
-                    raise errors.CancelledError(f"call {header.method!r} cancelled before it started")
-                if active.deadline and time.monotonic() > active.deadline:
-                    raise errors.DeadlineExceededError(
-                        f"call {header.method!r} reached its deadline before it started")
+                admission.check_start(active, f"call {header.method!r}")
                 job = self.exec_thread.submit(self.invoke_sync, fn, args, kwargs, header, active.stream.conn)
                 active.job = job
                 # Only the job holds the arguments now: the execution thread drops them after
                 # the call, so a result computed in place can be told from a kept argument.
                 value = args = kwargs = decoded = payload = None
         finally:
-            self.open_gate(prev, mine)
+            admission.open_gate(prev, mine)
         self.stats["calls"] += 1
         if job is not None:
             outcome = await job.future
