@@ -11,6 +11,10 @@ gets an :class:`OwnedRef`, an :class:`~podium.refs.ObjectRef` that releases the 
 it is garbage collected (copies pickled into call arguments are plain ObjectRefs: the
 owner's ref stays alive until every call it was passed to has finished).
 
+This module sits below :mod:`podium.controller.runtime` (whose session owns an
+:class:`ObjectServer`); the runtime tells it, when imported, how ``put`` reaches the session
+(:func:`serve_puts_from`), so neither imports the other both ways.
+
 The object server binds ``PODIUM_CONTROLLER_HOST`` when set, else the address this host uses
 to reach the scheduler (127.0.0.1 for an embedded cluster), on a free port.
 """
@@ -24,12 +28,13 @@ import os
 import socket
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from podium.errors import FailedPreconditionError, InvalidArgumentError
 from podium.refs import DataProtoFuture, ObjectRef
 
-__all__ = ["OwnedRef", "ObjectServer", "put", "controller_host", "owned_refs_in"]
+__all__ = ["OwnedRef", "ObjectServer", "put", "controller_host", "owned_refs_in", "serve_puts_from"]
 
 
 class OwnedRef(ObjectRef):
@@ -42,9 +47,9 @@ class _LocalReleaser:
     """Releases values of dropped OwnedRefs on the owning loop (a finalizer may run in any
     thread, at any allocation: it only queues, the loop releases)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, held: Any) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, release: Callable[[list[str]], int]) -> None:
         self._loop = loop
-        self._held = held
+        self._release = release
         self._queued: collections.deque = collections.deque()
         #: How many values were released (tests and stats read it).
         self.released = 0
@@ -59,7 +64,7 @@ class _LocalReleaser:
         while self._queued:
             ids.append(self._queued.popleft())
         if ids:
-            self.released += self._held.release(ids)
+            self.released += self._release(ids)
 
 
 def _owned(info: Any, releaser: _LocalReleaser) -> OwnedRef:
@@ -71,14 +76,11 @@ def _owned(info: Any, releaser: _LocalReleaser) -> OwnedRef:
 
 def _hold(host: Any, releaser: _LocalReleaser, value: Any) -> OwnedRef:
     """Encode ``value`` and hold a snapshot of it in ``host``'s store (a HostRuntime)."""
-    from podium.v1 import worker_pb2
-
     if isinstance(value, (ObjectRef, DataProtoFuture)) or type(value).__name__ in (
             "PendingRef", "PendingDataProtoFuture"):
         raise InvalidArgumentError(f"put() takes a value, not a ref ({type(value).__name__}): pass the "
                                    "ref itself where the value is needed")
-    outcome = host.package(value, worker_pb2.CallHeader(hold_result=True))
-    return _owned(outcome.ref, releaser)
+    return _owned(host.hold_value(value), releaser)
 
 
 def controller_host(scheduler_address: str, embedded: bool) -> str:
@@ -150,7 +152,7 @@ class ObjectServer:
         runtime.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         await rpc.start_server(server, health)
         self._server = server
-        self.releaser = _LocalReleaser(asyncio.get_running_loop(), runtime.held)
+        self.releaser = _LocalReleaser(runtime.loop, runtime.release_held)
         self.runtime = runtime
 
     def put(self, value: Any) -> OwnedRef:
@@ -176,19 +178,40 @@ class ObjectServer:
 _worker_releasers: dict[int, _LocalReleaser] = {}
 
 
+class _SessionHook:
+    """How put() reaches the controller's session (see :func:`serve_puts_from`)."""
+
+    def __init__(self) -> None:
+        self.initialized: Callable[[], bool] = lambda: False
+        self.get: Callable[[], Any] | None = None
+
+
+_session = _SessionHook()
+
+
+def serve_puts_from(initialized: Callable[[], bool], get: Callable[[], Any]) -> None:
+    """Called by :mod:`podium.controller.runtime` when it is imported: ``initialized()`` says
+    whether this process has a session, ``get()`` returns it (starting one, as Ray's first use
+    does), whose ``objects`` is its :class:`ObjectServer`."""
+    _session.initialized = initialized
+    _session.get = get
+
+
 def put(value: Any) -> OwnedRef:
     """Hold ``value`` where this runs (``ray.put``): in the controller, or in the worker
     whose method calls it. Returns its ref, usable wherever a result ref is."""
-    from podium.controller import runtime as _runtime
     from podium.worker.host.process import current_host
 
     host = current_host()
-    if host is not None and not _runtime.is_initialized():
+    if host is not None and not _session.initialized():
         releaser = _worker_releasers.get(id(host))
         if releaser is None:
-            releaser = _worker_releasers[id(host)] = _LocalReleaser(host._loop, host.held)
+            releaser = _worker_releasers[id(host)] = _LocalReleaser(host.loop, host.release_held)
         return _hold(host, releaser, value)
-    rt = _runtime.get_runtime()
+    if _session.get is None:  # (podium.controller imports the runtime: not seen in practice)
+        raise FailedPreconditionError("podium.put() outside a worker needs the controller's session: "
+                                      "import podium.controller and call podium.init()")
+    rt = _session.get()
     if rt._closed:
         raise FailedPreconditionError("the podium runtime is shut down; call init()")
     return rt.objects.put(value)

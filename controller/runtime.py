@@ -31,7 +31,7 @@ from podium.controller import gcfreeze
 from podium.controller.deathwatch import DeathWatch
 from podium.controller.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
                                         _stop_process)
-from podium.controller.objects import ObjectServer
+from podium.controller.objects import ObjectServer, serve_puts_from
 from podium.controller.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError
 
@@ -438,3 +438,5 @@ def get_runtime(auto_init: bool = True) -> Runtime:
         return init()
     return _runtime
 
+
+serve_puts_from(is_initialized, get_runtime)  # podium.put reaches the session without importing it
