@@ -123,7 +123,9 @@ class WorkerClient(WorkerChannel):
                 # Unreachable raw port (a firewall between nodes): the gRPC stream works too.
                 log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
         if carrier is None:
-            carrier = self._stream = self._stub.Calls(metadata=self._metadata)
+            stub = self._stub
+            assert stub is not None  # made by connect() above
+            carrier = self._stream = stub.Calls(metadata=self._metadata)
         self._conn = self._replies.conn = CallConnection(carrier, worker_pb2.CallFrame,
                                                          shared_memory=bool(self.same_host))
         if self._stream is not None:
@@ -229,7 +231,7 @@ class WorkerClient(WorkerChannel):
             f"call {p.method!r} to {self._who()} did not answer within {p.timeout} s",
             rank=self.rank, details={"method": p.method}))
         # Tell the worker to drop it if it has not started (best effort).
-        self._loop.create_task(self._send_cancel(call_id))
+        self._on_loop().create_task(self._send_cancel(call_id))
 
     async def _send_cancel(self, call_id: int) -> None:
         try:
@@ -240,18 +242,25 @@ class WorkerClient(WorkerChannel):
 
     # ---------------------------------------------------------------- calls
 
+    def _on_loop(self) -> asyncio.AbstractEventLoop:
+        """The client's loop (set by connect(), which start() runs first)."""
+        loop = self._loop
+        if loop is None:
+            raise errors.FailedPreconditionError(f"client of {self._who()} is not started")
+        return loop
+
     async def _write(self, frame: worker_pb2.CallFrame) -> None:
         assert self._conn is not None
         await self._conn.write(frame)
 
-    async def _roundtrip(self, kind: int, method: str, payload: Payload, hold: bool,
+    async def _roundtrip(self, kind: worker_pb2.CallKind.ValueType, method: str, payload: Payload, hold: bool,
                          timeout: float | None, decode: bool = True) -> Any:
         if self._broken is not None:
             raise self._broken
         conn = self._conn
         if conn is None:
             raise errors.FailedPreconditionError(f"client of {self._who()} is not started")
-        future = self._loop.create_future()
+        future = self._on_loop().create_future()
         p = PendingCall(future, method)
         call_id = self._pending.add(p, timeout)
         same_host = self.same_host is True
@@ -259,11 +268,12 @@ class WorkerClient(WorkerChannel):
                                        hold_result=hold, timeout_seconds=timeout or 0.0,
                                        reply_in_shm=same_host)
         try:
-            staged = payload.staged if same_host and conn.segments is not None else None
-            if staged is not None:
+            segments = conn.segments
+            staged = payload.staged if same_host and segments is not None else None
+            if staged is not None and segments is not None:
                 # Its large buffers are in the group call's staged segment: only the rest goes
                 # here, with references (the worker maps the segment itself).
-                shmstage.STAGE.sent(staged.name, conn.segments)
+                shmstage.STAGE.sent(staged.name, segments)
                 p.staged = staged.name
                 header.refs_segment = staged.name
                 header.refs.extend(staged.refs)
@@ -311,7 +321,7 @@ class WorkerClient(WorkerChannel):
         except asyncio.CancelledError:
             if self._pending.pop(call_id, None) is not None:
                 self._drop_segment(p)
-                self._loop.create_task(self._send_cancel(call_id))
+                self._on_loop().create_task(self._send_cancel(call_id))
             raise
         return self._replies.decode(reply) if decode else reply
 
@@ -344,8 +354,8 @@ class WorkerClient(WorkerChannel):
         else runs :meth:`call_encoded` as a task. Must be called on the client's loop.
         """
         if not self._fast_path_for(payload):
-            return self._loop.create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
-        future = self._loop.create_future()
+            return self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
+        future = self._on_loop().create_future()
         self._send_one_frame(PendingCall(future, method), method, payload, hold, timeout)
         return future
 
@@ -359,7 +369,7 @@ class WorkerClient(WorkerChannel):
         of ``blocking=False`` calls needs. Must be called on the client's loop.
         """
         if not self._fast_path_for(payload):
-            task = self._loop.create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
+            task = self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
 
             def settle(t: asyncio.Task) -> None:
                 if t.cancelled():

@@ -106,8 +106,13 @@ class CallAdmission:
             return
         if prev.done():
             mine.set_result(None)
-        else:
-            prev.add_done_callback(lambda _: mine.done() or mine.set_result(None))
+            return
+
+        def follow(_: asyncio.Future) -> None:
+            if not mine.done():
+                mine.set_result(None)
+
+        prev.add_done_callback(follow)
 
     @staticmethod
     def check_start(active: ActiveCall, what: str) -> None:

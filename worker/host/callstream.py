@@ -355,21 +355,22 @@ class CallStream:
             if not frame.last:
                 self.incoming[call_id] = incoming
         else:
-            incoming = self.incoming.get(call_id)
-            if incoming is None:
+            known = self.incoming.get(call_id)
+            if known is None:
                 await self.send_error(call_id, errors.DataLossError(
                     f"data frame for call {call_id}, which has no header on this stream"))
                 return
             if frame.last:
                 del self.incoming[call_id]
-            if incoming.assembler is None:  # the rest of a refused call
+            if known.assembler is None:  # the rest of a refused call
                 return
+            incoming, assembler = known, known.assembler
         try:
-            incoming.assembler.add(frame.data)
+            assembler.add(frame.data)
             if frame.last:
-                payload = incoming.assembler.result()
+                payload = assembler.result()
         except errors.PodiumError as exc:
-            incoming.assembler.close()
+            assembler.close()
             if not frame.last:
                 incoming.assembler = None
             await self.send_error(call_id, exc)

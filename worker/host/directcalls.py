@@ -164,8 +164,11 @@ class DirectReader:
             self._start, self._end = 0, pending
         if self._eof or len(buffer) - self._end < _ROOM:
             return True  # (no room: the bytes held begin a frame for the loop, which reads the rest)
+        sock = self._sock
+        if sock is None:  # (handed back already)
+            return False
         try:
-            count = self._sock.recv_into(memoryview(buffer)[self._end:])
+            count = sock.recv_into(memoryview(buffer)[self._end:])
         except (BlockingIOError, InterruptedError):
             return True
         except OSError:
@@ -254,6 +257,7 @@ class DirectReader:
         started = time.monotonic()
         counts["calls_in_flight"] += 1
         args, kwargs = value
+        result: Any
         try:
             # (No argument lies in a shared segment here: the thread takes no shm or staged
             # call, so no reply by reference into one depends on the arguments being gone.)

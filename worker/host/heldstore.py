@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from podium.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
@@ -21,7 +22,7 @@ from podium.errors import InvalidArgumentError, NotFoundError, ResourceExhausted
 __all__ = ["HeldObject", "HeldStore", "default_budget"]
 
 
-def default_budget(env: dict[str, str] | None = None) -> int:
+def default_budget(env: Mapping[str, str] | None = None) -> int:
     """The hold budget in bytes: ``PODIUM_HOLD_BUDGET_BYTES`` or 25% of physical RAM."""
     env = os.environ if env is None else env
     text = env.get("PODIUM_HOLD_BUDGET_BYTES")

@@ -172,8 +172,13 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
         def on_connection(conn: Any) -> None:
             runtime.raw_connections.add(conn)
             task = asyncio.get_running_loop().create_task(CallStream(runtime, conn).run())
-            task.add_done_callback(lambda t: (conn.close(), runtime.raw_connections.discard(conn),
-                                              t.cancelled() or t.exception()))
+            def ended(t: asyncio.Task) -> None:
+                conn.close()
+                runtime.raw_connections.discard(conn)
+                if not t.cancelled():
+                    t.exception()  # retrieved: a failed stream is not "never retrieved"
+
+            task.add_done_callback(ended)
 
         call_server, runtime.call_port = await callsocket.serve(
             address, token, worker_pb2.CallFrame.FromString, on_connection,

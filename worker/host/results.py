@@ -38,7 +38,7 @@ class Outcome:
     shm_name: str = ""
     #: shm_name is a segment of the stream's pool (podium.transport.shmpool), not a one-shot one.
     shm_pooled: bool = False
-    segments: list | None = None
+    segments: list = dataclasses.field(default_factory=list)
     nbytes: int = 0
     #: Buffers left in the caller's segment ``refs_segment``: flat (index, offset, length).
     refs_segment: str = ""

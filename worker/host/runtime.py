@@ -237,7 +237,9 @@ class HostRuntime:
                          header: worker_pb2.CallHeader, conn: CallConnection) -> Outcome:
         # See package(): references if nothing here views the argument any more, else a copy.
         name = header.refs_segment or header.shm_name
-        cache = conn.segments.cache
+        segments = conn.segments
+        assert segments is not None  # package() found the argument in them
+        cache = segments.cache
         if cache.leased(name):  # the method kept (a view of) its argument: send a copy
             buffers = list(rest.buffers)
             for index, (offset, length) in found.items():
@@ -294,6 +296,7 @@ class HostRuntime:
                 active.job = job
             finally:
                 admission.open_gate(prev, mine)
+            assert job.future is not None  # submit() gives every job one
             await job.future
         except BaseException as exc:
             self.construct_state = "failed"
@@ -354,6 +357,7 @@ class HostRuntime:
             admission.open_gate(prev, mine)
         self.stats["calls"] += 1
         if job is not None:
+            assert job.future is not None  # submit() gives every job one
             outcome = await job.future
         else:
             try:
@@ -427,7 +431,7 @@ class HostRuntime:
 
     async def _fetch_call(self, object_id: str, rows: tuple[int, int] | None = None) -> Any:
         """FETCH_CALL: a held result (or rows of it) for a peer, as a call's reply."""
-        value, encoded = self.fetch_value(object_id, tuple(rows) if rows is not None else None)
+        value, encoded = self.fetch_value(object_id, (rows[0], rows[1]) if rows is not None else None)
         self.stats["fetches_served"] += 1
         self.stats["bytes_served"] += encoded.nbytes
         return value

@@ -1,7 +1,7 @@
 """mypy passes over the packages whose types the rest of the system leans on: the root
 package ``podium/`` (errors, codec, DataProto, transport, CLI, the Ray compatibility module),
-the controller SDK, the pure scheduling core and the worker package's
-root modules. Their settings are ``[tool.mypy]`` in pyproject.toml.
+the controller SDK, the pure scheduling core, the worker package's
+root modules, its host and its client. Their settings are ``[tool.mypy]`` in pyproject.toml.
 
 The four package folders install under one import root by a ``package-dir`` map that mypy
 cannot follow, so the check runs over a tree of symbolic links laid out as the installed
@@ -31,6 +31,8 @@ CHECKED = [
     "podium/worker/colocate.py", "podium/worker/decorator.py", "podium/worker/channel.py",
     "podium/worker/base.py", "podium/worker/actorshell.py", "podium/worker/factory.py",
     "podium/worker/gpufilter.py", "podium/worker/gpus.py", "podium/worker/processenv.py",
+    "podium/worker/host", "podium/worker/client.py", "podium/worker/pendingcalls.py",
+    "podium/worker/replydecoder.py",
 ]
 
 
