@@ -123,9 +123,7 @@ class WorkerClient(WorkerChannel):
                 # Unreachable raw port (a firewall between nodes): the gRPC stream works too.
                 log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
         if carrier is None:
-            stub = self._stub
-            assert stub is not None  # made by connect() above
-            carrier = self._stream = stub.Calls(metadata=self._metadata)
+            carrier = self._stream = self._connected_stub().Calls(metadata=self._metadata)
         self._conn = self._replies.conn = CallConnection(carrier, worker_pb2.CallFrame,
                                                          shared_memory=bool(self.same_host))
         if self._stream is not None:
