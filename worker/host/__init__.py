@@ -5,6 +5,9 @@
 - :mod:`~podium.worker.host.runtime`: the hosted object, its calls and held results (no gRPC).
 - :mod:`~podium.worker.host.servicer`: the thin ``podium.v1.Worker`` gRPC service over it.
 - :mod:`~podium.worker.host.callstream`: one client's call connection (socket or gRPC stream).
+- :mod:`~podium.worker.host.admission`: the one way a call gets in (when it may start, its
+  order, what can still stop it); :mod:`~podium.worker.host.activecall`: a call once started.
+- :mod:`~podium.worker.host.directcalls`: the execution thread reading the raw socket itself.
 - :mod:`~podium.worker.host.execthread`: the thread that runs user methods in call order.
 - :mod:`~podium.worker.host.heldstore`: results held for ``blocking=False`` callers.
 - :mod:`~podium.worker.host.config` and :mod:`~podium.worker.host.results`: the host's
