@@ -353,7 +353,9 @@ class WorkerClient(WorkerChannel):
         """
         if not self._fast_path_for(payload):
             return self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
-        future = self._on_loop().create_future()
+        loop = self._loop
+        assert loop is not None  # started: _fast_path_for saw its connection
+        future = loop.create_future()
         self._send_one_frame(PendingCall(future, method), method, payload, hold, timeout)
         return future
 

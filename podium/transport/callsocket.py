@@ -143,6 +143,9 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.write_bulk = writer.write_bulk
         self.drain = writer.drain
         self.write = writer.write
+        #: True while something written on the loop has not left this process (or the
+        #: connection ends): a thread's write must not pass it (ThreadLoan.write_from_thread).
+        self.holds_output = writer.holds_output
         #: Resolves when the handshake is done (True) or failed (exception).
         self.ready: asyncio.Future = loop.create_future()
 
@@ -366,11 +369,6 @@ class FrameConnection(asyncio.BufferedProtocol):
         not done, or the peer is done (see :meth:`ThreadLoan.lend_reads`)."""
         return bool(self._closed or self._eof or not self._handshaken or self._bulk is not None
                     or self._end > self._start or self._frames or self._paused_reading)
-
-    def holds_output(self) -> bool:
-        """True while something written on the loop has not left this process (or the
-        connection ends): a thread's write must not pass it (see ThreadLoan.write_from_thread)."""
-        return self.writer.holds_output()
 
     def take_lent_input(self, frames: Any, data: bytes) -> None:
         """The read side comes back (``ThreadLoan.take_back``, on the loop): ``frames``, then
