@@ -1,5 +1,10 @@
-"""Nothing imports upward: each layer is imported in a fresh interpreter, and no module of a
-higher layer (or of a sibling on the same level) may have been loaded by it.
+"""Nothing imports upward, checked twice:
+
+* each layer is imported in a fresh interpreter, and no module of a higher layer (or of a
+  sibling on the same level) may have been loaded by it;
+* every import statement of every product module, including those inside functions and
+  under ``if TYPE_CHECKING:`` (which the first check cannot see), is read from the source
+  and held against the same table, and the module graph they make has no cycle.
 
 The layers, lowest first (``docs/architecture.md`` explains them):
 
@@ -17,15 +22,19 @@ The layers, lowest first (``docs/architecture.md`` explains them):
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 
+from tests.support.waiting import REPO
+
 CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto", "podium.auth",
         "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat",
-        "podium.spans"]
+        "podium.spans", "podium.limits", "podium.private"]
 WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs"]
 TOP = ["podium.cli", "podium.rollout", "podium.compat"]
 #: the scheduler's own modules (all but its client, which the node agent uses)
@@ -78,3 +87,149 @@ def test_layer_imports_nothing_above_it(layer):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"layer {layer!r} imports upward:\n{done.stderr[-2000:]}"
+
+
+# -- the same table, read from the source ---------------------------------------------------
+
+#: import root -> source folder (pyproject.toml's package-dir)
+SOURCE_ROOTS = {"podium": REPO / "podium", "podium.scheduler": REPO / "scheduler",
+                "podium.worker": REPO / "worker", "podium.controller": REPO / "controller"}
+#: what a service may take from the scheduler package: the package itself and its client
+SCHEDULER_FOR_WORKERS = {"podium.scheduler", "podium.scheduler.client"}
+
+
+def product_modules() -> dict[str, tuple[pathlib.Path, bool]]:
+    """Every product module: dotted name -> (source file, is a package)."""
+    found = {}
+    for dotted, root in SOURCE_ROOTS.items():
+        for path in root.rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts.pop()
+            found[".".join([dotted, *parts])] = (path, is_package)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the product modules its source imports, at any depth of the file."""
+    modules = product_modules()
+
+    def owner(name: str) -> str | None:
+        # ``from a.b import c``: c is a module when a.b.c is one, else a name in a.b.
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, (path, is_package) in modules.items():
+        package = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                found = owner(target)
+                if found and found != name:
+                    graph[name].add(found)
+    return graph
+
+
+def layer_of(module: str) -> str | None:
+    """The layer whose member is the longest prefix of ``module`` (None: the root facade)."""
+    best, length = None, -1
+    for layer, (members, _) in LAYERS.items():
+        for member in members:
+            if (module == member or module.startswith(member + ".")) and len(member) > length:
+                best, length = layer, len(member)
+    if best is None and any(module == t or module.startswith(t + ".") for t in TOP):
+        return "top"
+    return best
+
+
+def upward(module: str, target: str) -> bool:
+    """Whether ``module`` importing ``target`` breaks the table."""
+    layer = layer_of(module)
+    if layer in (None, "top") or target == "podium":
+        return False
+    if layer == "worker" and target.startswith("podium.scheduler"):
+        return target not in SCHEDULER_FOR_WORKERS
+    forbidden = LAYERS[layer][1]
+    return any(target == f or target.startswith(f + ".") for f in forbidden)
+
+
+def test_every_module_has_a_layer():
+    loose = sorted(m for m in product_modules() if m != "podium" and layer_of(m) is None)
+    assert not loose, f"modules in no layer of the table: {loose}"
+
+
+def test_no_import_goes_upward_even_inside_functions():
+    bad = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets if upward(m, t))
+    assert not bad, "imports against the layer table (lazy and type-only ones included):\n" + "\n".join(bad)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    # The check below passes on an empty answer, so the finder is shown to find one.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_cycle_at_any_level():
+    found = cycles(import_graph())
+    assert not found, "import cycles (lazy and type-only imports included):\n" + "\n".join(map(str, found))
+
+
+def test_upward_knows_an_upward_import():
+    # As above: the table check is shown to refuse what it must.
+    assert upward("podium.rowcat", "podium.transport.shmstage")
+    assert upward("podium.worker.agent.service", "podium.scheduler.service")
+    assert not upward("podium.worker.agent.service", "podium.scheduler.client")
+    assert not upward("podium.controller.objects", "podium.worker.host.runtime")
