@@ -433,10 +433,8 @@ class Spawner:
         return await self._stop(workers, grace)
 
     def fence(self) -> int:
-        """SIGKILL every live worker now, with no grace: the node could not renew its lease
-        and must not keep ranks the scheduler may place elsewhere (see
-        :mod:`podium.worker.agent.link`). Their exits are reported as they are reaped.
-        Returns how many were alive."""
+        """SIGKILL every live worker now, with no grace (the node could not renew its lease:
+        :mod:`podium.worker.agent.link`); how many were alive. Exits are reported as reaped."""
         alive = [w for w in self.workers() if w.alive]
         for worker in alive:
             worker.stop_requested = True

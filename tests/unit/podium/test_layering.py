@@ -38,9 +38,9 @@ CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto",
 WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs"]
 TOP = ["podium.cli", "podium.rollout", "podium.compat"]
 #: the scheduler's own modules (all but its client, which the node agent uses)
-SCHEDULER_INSIDE = ["podium.scheduler.core", "podium.scheduler.dashboard", "podium.scheduler.http",
-                    "podium.scheduler.server", "podium.scheduler.service", "podium.scheduler.state",
-                    "podium.scheduler.store"]
+SCHEDULER_INSIDE = sorted(
+    f"podium.scheduler.{p.stem}" for p in (REPO / "scheduler").glob("*.py") if p.stem not in ("__init__", "client")
+) + ["podium.scheduler.core"]
 
 #: layer name -> (packages/modules in it, prefixes it must never load)
 LAYERS = {
@@ -233,3 +233,13 @@ def test_upward_knows_an_upward_import():
     assert upward("podium.worker.agent.service", "podium.scheduler.service")
     assert not upward("podium.worker.agent.service", "podium.scheduler.client")
     assert not upward("podium.controller.objects", "podium.worker.host.runtime")
+
+
+#: The most lines a product module may have (generated code aside).
+MAX_LINES = 500
+
+
+def test_no_product_module_over_500_lines():
+    long = sorted(f"{name} ({n} lines)" for name, (path, _) in product_modules().items()
+                  if not name.startswith("podium.v1.") and (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"modules over {MAX_LINES} lines: split them by responsibility: {long}"
