@@ -243,3 +243,21 @@ def test_no_product_module_over_500_lines():
     long = sorted(f"{name} ({n} lines)" for name, (path, _) in product_modules().items()
                   if not name.startswith("podium.v1.") and (n := len(path.read_text().splitlines())) > MAX_LINES)
     assert not long, f"modules over {MAX_LINES} lines: split them by responsibility: {long}"
+
+
+#: The scheduler's state: it knows no gRPC and no clock (docs/architecture.md, section 5).
+SCHEDULER_STATE = ["state", "nodes", "groups", "workers", "sessions", "tables", "records", "workerspecs"]
+
+
+def test_the_scheduler_state_knows_no_grpc_and_no_clock():
+    graph = import_graph()
+    bad = []
+    for stem in SCHEDULER_STATE:
+        module = f"podium.scheduler.{stem}"
+        tree = ast.parse((REPO / "scheduler" / f"{stem}.py").read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        bad += [f"{module} imports {m}" for m in sorted(names & {"grpc", "time", "asyncio", "datetime"})]
+        bad += [f"{module} imports {t}" for t in sorted(graph.get(module, ()))
+                if t in ("podium.rpc", "podium.scheduler.service", "podium.scheduler.client")]
+    assert not bad, bad
