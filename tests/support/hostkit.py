@@ -45,6 +45,11 @@ class Echo:
             self.ran.append(name)
         return name
 
+    def sleep_marked(self, seconds: float, name: str, marker: str):
+        """``sleep``, touching ``marker`` first: a test waits for the file, not a guess."""
+        open(marker, "w").close()
+        return self.sleep(seconds, name)
+
     def fail(self, message: str):
         raise KeyError(message)
 

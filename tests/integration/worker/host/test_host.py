@@ -14,6 +14,7 @@ from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.client import prepare
 
 from tests.support.hostkit import Echo, hosted
+from tests.support.waiting import eventually_async
 
 
 def test_construct_call_and_describe(token, arun):
@@ -166,11 +167,12 @@ def test_large_replies_interleave_and_are_demultiplexed(token, arun):
     arun(scenario())
 
 
-def test_timeout_names_method_and_rank_and_cancels_unstarted_call(token, arun):
+def test_timeout_names_method_and_rank_and_cancels_unstarted_call(token, arun, tmp_path):
     async def scenario():
         async with hosted(token) as (_, client):
-            blocker = asyncio.ensure_future(client.call("sleep", (2.0, "blocker")))
-            await asyncio.sleep(0.2)
+            marker = tmp_path / "blocker-started"
+            blocker = asyncio.ensure_future(client.call("sleep_marked", (2.0, "blocker", str(marker))))
+            await eventually_async(marker.exists, "the blocker to start")
             with pytest.raises(errors.DeadlineExceededError) as caught:
                 await client.call("sleep", (0, "late"), timeout=0.3)
             assert "'sleep'" in str(caught.value) and "rank 2" in str(caught.value)
