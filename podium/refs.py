@@ -25,8 +25,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from podium.errors import (FailedPreconditionError, NotFoundError, ObjectLostError, OutOfRangeError,
-                           UnavailableError)
+from podium.errors import (ArgumentMismatchError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                           ObjectLostError, OutOfRangeError, UnavailableError)
 
 __all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver",
            "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value", "lost_error"]
@@ -104,20 +104,20 @@ class DataProtoFuture:
     def __init__(self, refs: Sequence[ObjectRef], start: int = 0, stop: int | None = None) -> None:
         refs = tuple(refs)
         if not refs:
-            raise ValueError("a DataProtoFuture needs at least one ObjectRef")
+            raise InvalidArgumentError("a DataProtoFuture needs at least one ObjectRef")
         for ref in refs:
             if not isinstance(ref, ObjectRef):
-                raise TypeError(f"DataProtoFuture takes ObjectRefs, got {type(ref).__name__}")
+                raise ArgumentMismatchError(f"DataProtoFuture takes ObjectRefs, got {type(ref).__name__}")
         known = all(ref.rows >= 0 for ref in refs)
         total = sum(ref.rows for ref in refs) if known else None
         if stop is None:
             stop = total if total is not None else -1
         if (start, stop) != (0, -1):
             if total is None:
-                raise ValueError("a row range needs refs whose row counts are known "
+                raise InvalidArgumentError("a row range needs refs whose row counts are known "
                                  f"(rows: {[ref.rows for ref in refs]})")
             if not 0 <= start <= stop <= total:
-                raise ValueError(f"row range [{start}, {stop}) is outside the {total} rows of the refs")
+                raise InvalidArgumentError(f"row range [{start}, {stop}) is outside the {total} rows of the refs")
         self.refs = refs
         self.start = start
         self.stop = stop
@@ -140,7 +140,7 @@ class DataProtoFuture:
 
     def __len__(self) -> int:
         if not self.rows_known:
-            raise TypeError("the length of this DataProtoFuture is unknown (its refs do not "
+            raise ArgumentMismatchError("the length of this DataProtoFuture is unknown (its refs do not "
                             "report row counts)")
         return self.stop - self.start
 
@@ -148,14 +148,14 @@ class DataProtoFuture:
         """Rows ``[start, stop)`` of this future, still unfetched."""
         n = len(self)
         if not 0 <= start <= stop <= n:
-            raise ValueError(f"row range [{start}, {stop}) is outside the {n} rows of this future")
+            raise InvalidArgumentError(f"row range [{start}, {stop}) is outside the {n} rows of this future")
         return DataProtoFuture(self.refs, self.start + start, self.start + stop)
 
     def chunk(self, chunks: int) -> list["DataProtoFuture"]:
         """Split into ``chunks`` equal row ranges (``chunks`` must divide the rows)."""
         n = len(self)
         if chunks <= 0 or n % chunks:
-            raise ValueError(f"cannot split a DataProtoFuture of {n} rows into {chunks} equal "
+            raise InvalidArgumentError(f"cannot split a DataProtoFuture of {n} rows into {chunks} equal "
                              f"chunks: {chunks} must divide {n}")
         size = n // chunks
         return [self.slice(i * size, (i + 1) * size) for i in range(chunks)]
@@ -223,7 +223,7 @@ def concat_values(values: list[Any]) -> Any:
         import torch
 
         return torch.cat(values, dim=0)
-    raise TypeError(f"cannot concatenate values of type {type(first).__name__} "
+    raise ArgumentMismatchError(f"cannot concatenate values of type {type(first).__name__} "
                     "(a DataProtoFuture covers DataProto or TensorDict values)")
 
 

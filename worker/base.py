@@ -27,6 +27,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from podium.errors import InvalidArgumentAssertion, InvalidArgumentError
 from podium.worker.decorator import Dispatch, Execute, register
 
 __all__ = ["DistRankInfo", "DistGlobalInfo", "WorkerHelper", "Worker"]
@@ -199,7 +200,7 @@ class Worker(WorkerHelper):
             val = os.environ.pop("HIP_VISIBLE_DEVICES")
             if cuda_val:
                 if val != cuda_val:
-                    raise AssertionError(
+                    raise InvalidArgumentAssertion(
                         f"Please use the same HIP_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, "
                         f"inconsistent values found: {val} and {cuda_val}.")
             else:
@@ -207,7 +208,7 @@ class Worker(WorkerHelper):
                 os.environ["CUDA_VISIBLE_DEVICES"] = val
         if rocr_val:
             if cuda_val:
-                raise ValueError("Please don't set ROCR_VISIBLE_DEVICES when HIP/CUDA_VISIBLE_DEVICES is set.")
+                raise InvalidArgumentError("Please don't set ROCR_VISIBLE_DEVICES when HIP/CUDA_VISIBLE_DEVICES is set.")
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.pop("ROCR_VISIBLE_DEVICES")
 
     def _configure_with_store(self, store: dict[str, Any]) -> None:
@@ -270,7 +271,7 @@ class Worker(WorkerHelper):
         """
         dispatch, collect = self._mesh_tables()
         if mesh_name in dispatch or mesh_name in collect:
-            raise ValueError(f"mesh_name {mesh_name} has been registered")
+            raise InvalidArgumentError(f"mesh_name {mesh_name} has been registered")
         dispatch[mesh_name] = dp_rank
         collect[mesh_name] = is_collect
 
@@ -279,7 +280,7 @@ class Worker(WorkerHelper):
         """This rank's DP rank in ``mesh_name`` (AssertionError if unknown)."""
         dispatch, _ = self._mesh_tables()
         if mesh_name not in dispatch:  # explicit: must hold under python -O too
-            raise AssertionError(f"{mesh_name} is not registered in {type(self).__name__}")
+            raise InvalidArgumentAssertion(f"{mesh_name} is not registered in {type(self).__name__}")
         return dispatch[mesh_name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -291,7 +292,7 @@ class Worker(WorkerHelper):
         """Unregistered twin of ``_query_collect_info`` (AssertionError if unknown)."""
         _, collect = self._mesh_tables()
         if mesh_name not in collect:
-            raise AssertionError(f"{mesh_name} is not registered in {type(self).__name__}")
+            raise InvalidArgumentAssertion(f"{mesh_name} is not registered in {type(self).__name__}")
         return collect[mesh_name]
 
     def get_dispatch_collect(self) -> dict[str, dict]:
@@ -308,7 +309,7 @@ class Worker(WorkerHelper):
         """
         dispatch, collect = self._mesh_tables()
         if mesh_name in dispatch or mesh_name in collect:
-            raise AssertionError(f"{mesh_name} is already registered in dispatch/collect info")
+            raise InvalidArgumentAssertion(f"{mesh_name} is already registered in dispatch/collect info")
         for dp_rank in dispatch_dp_rank.values():
             dispatch[mesh_name] = dp_rank
         for is_collect in collect_dp_rank.values():

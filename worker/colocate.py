@@ -33,7 +33,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from podium.errors import InvalidArgumentError
+from podium.errors import InvalidArgumentAssertion, InvalidArgumentError
 from podium.worker.base import Worker
 from podium.worker.decorator import MAGIC_ATTR, PODIUM_ATTR, Dispatch, get_registration
 from podium.worker.factory import ClassWithInitArgs, _unwrap
@@ -208,7 +208,7 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type:
             raise InvalidArgumentError(f"fused method name {method_name!r} is not "
                                        f"'<role>{FUSED_METHOD_SEPARATOR}<method>'")
         if role not in self.fused_worker_dict:
-            raise AssertionError(f"calling {role}'s {name}, but {role} not in fused_worker_dict")
+            raise InvalidArgumentAssertion(f"calling {role}'s {name}, but {role} not in fused_worker_dict")
         return getattr(self.fused_worker_dict[role], name)
 
     def _fuw_execute(self: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:

@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 
 from podium.auth import resolve_token
-from podium.errors import DeadlineExceededError, FailedPreconditionError, UnavailableError
+from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 
 __all__ = ["DEFAULT_DIR", "LocalCluster", "ProcessRecord", "up", "down", "load", "node_address"]
 
@@ -44,7 +44,7 @@ STATE_FILE = "cluster.json"
 def node_address(index: int) -> str:
     """Loopback address of local node ``index`` (0 -> 127.0.0.2; the scheduler has .1)."""
     if not 0 <= index < 250:
-        raise ValueError(f"a local cluster has at most 250 nodes, asked for node {index}")
+        raise InvalidArgumentError(f"a local cluster has at most 250 nodes, asked for node {index}")
     return f"127.0.0.{index + 2}"
 
 
@@ -152,7 +152,7 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
     FailedPreconditionError if a cluster recorded in ``directory`` still runs.
     """
     if nodes < 1:
-        raise ValueError(f"--nodes must be >= 1, got {nodes}")
+        raise InvalidArgumentError(f"--nodes must be >= 1, got {nodes}")
     root = pathlib.Path(directory).expanduser().resolve()
     existing = load(root)
     if existing is not None:
