@@ -13,6 +13,7 @@ from podium.controller.futures import PendingRef
 from podium.refs import ObjectRef, inline_value
 from podium.worker.client import WorkerClient, prepare
 from podium.worker.host.process import start_host
+from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,6 +35,7 @@ class Counter:
         raise ValueError("boom")
 
     def nap(self, seconds):
+        self.napping = True  # the test reads it through host.runtime.hosted
         time.sleep(seconds)
         return seconds
 
@@ -133,7 +135,7 @@ def test_closing_the_client_fails_unsettled_sinks(token, arun):
             failed = asyncio.get_running_loop().create_future()
             client.submit_into("nap", prepare(((2.0,), {})), PendingRef(0, "nap"),
                                lambda s, e: failed.set_result(e), hold=True, timeout=60)
-            await asyncio.sleep(0.1)
+            await eventually_async(lambda: getattr(host.runtime.hosted, "napping", False), "the nap to start")
             await client.close()
             assert isinstance(await asyncio.wait_for(failed, 10), errors.UnavailableError)
         finally:

@@ -19,6 +19,7 @@ from podium import errors
 from podium.transport import callsocket, framewriter
 from podium.worker.client import WorkerClient
 from podium.worker.host.process import start_host
+from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,6 +39,7 @@ class Calc:
     def nap(self, seconds):
         import time
 
+        self.napping = True  # the test reads it through host.runtime.hosted
         time.sleep(seconds)
         return seconds
 
@@ -171,7 +173,7 @@ def test_worker_gone_fails_pending_calls(token, arun):
     async def scenario():
         async with host_and_client(token) as (host, client):
             pending = asyncio.ensure_future(client.call("nap", (5.0,)))
-            await asyncio.sleep(0.2)
+            await eventually_async(lambda: getattr(host.runtime.hosted, "napping", False), "the nap to start")
             for conn in list(host.runtime.raw_connections):  # the worker side drops it
                 conn.close()
             with pytest.raises(errors.UnavailableError):

@@ -77,11 +77,12 @@ def test_worker_killed_before_it_maps_the_argument(crash_cluster, tmp_path):
         blocker = wg.block_loop(60, str(marker))
         eventually(marker.exists, "the blocking call to reach the worker's loop")
         payload = torch.ones(16 << 20, dtype=torch.float32)  # 64 MiB: far above the threshold
+        sent = worker.client.stats["shm_sent"]
         pending = wg.take(payload)
-        # Wait until the whole argument is in its segment, then give the frame naming it
-        # time to go out: the worker's loop is blocked, so nobody will map it.
+        # Wait until the whole argument is in its segment and the frame naming it is written
+        # (the client counts it as it writes): the worker's loop is blocked, so nobody maps it.
         eventually(lambda: max(sizes_of(segments_of(os.getpid())), default=0) >= payload.nbytes, "the argument to reach shared memory", 30)
-        time.sleep(0.5)
+        eventually(lambda: worker.client.stats["shm_sent"] > sent, "the frame naming the segment to be written")
         assert segments_of(os.getpid())
         os.kill(worker.pid, signal.SIGKILL)
         with pytest.raises(PodiumError) as caught:

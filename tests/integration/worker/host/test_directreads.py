@@ -34,6 +34,7 @@ class Journal:
 
     def __init__(self):
         self.log = []
+        self.napping = False  # the test reads it through host.runtime.hosted
 
     def note(self, x):
         self.log.append(x)
@@ -52,7 +53,9 @@ class Journal:
         raise ValueError(f"boom {x}")
 
     def nap(self, seconds):
+        self.napping = True
         time.sleep(seconds)
+        self.napping = False
 
     def journal(self):
         return list(self.log)
@@ -212,7 +215,8 @@ def test_a_cancel_drops_a_call_waiting_behind_the_one_running(token, arun):
             # loop, which ignores it, and the socket is lent again.
             with pytest.raises(errors.DeadlineExceededError):
                 await client.submit("nap", prepare(((0.5,), {})), timeout=0.1)
-            await asyncio.sleep(0.6)
+            await _until(lambda: not host.runtime.hosted.napping and host.runtime.exec_thread.has_reader,
+                         "the nap to end and the socket to be lent again")
             before = host.runtime.stats_now()["direct_calls"]
             assert await client.call("note", ("last",)) == 3
             assert await client.call("note", ("last",)) == 4
@@ -280,7 +284,7 @@ def test_stopping_the_host_closes_a_lent_socket(token, arun):
             assert await client.call("note", (1,)) == 1
             await _until(lambda: host.runtime.exec_thread.has_reader, "the socket to be lent")
             pending = client.submit("nap", prepare(((0.3,), {})))
-            await asyncio.sleep(0.05)
+            await _until(lambda: host.runtime.hosted.napping, "the nap to start")
             await host.stop(grace=0.2)
             stopped = True
             with pytest.raises(errors.PodiumError):

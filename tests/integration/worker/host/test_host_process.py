@@ -16,6 +16,7 @@ from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.client import WorkerClient
 
 from tests.support.processes import spawn_worker
+from tests.support.waiting import eventually_async
 
 
 @pytest.fixture
@@ -42,7 +43,9 @@ class Counter:
     def env(self, name: str) -> str:
         return os.environ.get(name, "")
 
-    def sleep(self, seconds: float) -> str:
+    def sleep(self, seconds: float, marker: str = "") -> str:
+        if marker:  # the test waits for this file: the call is running in the worker
+            open(marker, "w").close()
         time.sleep(seconds)
         return "slept"
 
@@ -114,13 +117,14 @@ def test_wrong_token_fails_the_call_stream(worker, token, arun):
     arun(scenario())
 
 
-def test_killed_mid_call_fails_pending_calls_fast(worker, token, arun):
+def test_killed_mid_call_fails_pending_calls_fast(worker, token, arun, tmp_path):
     async def scenario():
         client = WorkerClient(worker.address, token, rank=0)
         await client.start()
         await client.construct((Counter, (0,), {}))
-        pending = [asyncio.ensure_future(client.call("sleep", (60,))) for _ in range(3)]
-        await asyncio.sleep(0.3)
+        marker = tmp_path / "running"
+        pending = [asyncio.ensure_future(client.call("sleep", (60, str(marker)))) for _ in range(3)]
+        await eventually_async(marker.exists, "the first call to run in the worker")
         os.kill(worker.proc.pid, signal.SIGKILL)
         for call in pending:
             with pytest.raises(errors.UnavailableError) as caught:
@@ -133,7 +137,7 @@ def test_killed_mid_call_fails_pending_calls_fast(worker, token, arun):
 
 
 @pytest.mark.parametrize("how", ["rpc", "sigterm", "sigterm-while-busy"])
-def test_shutdown_exits_zero(worker, token, arun, how):
+def test_shutdown_exits_zero(worker, token, arun, how, tmp_path):
     async def scenario():
         client = WorkerClient(worker.address, token, rank=0)
         await client.start()
@@ -144,8 +148,9 @@ def test_shutdown_exits_zero(worker, token, arun, how):
             worker.proc.send_signal(signal.SIGTERM)
         else:
             # A method that would run for a minute does not keep the process alive.
-            busy = asyncio.ensure_future(client.call("sleep", (60,)))
-            await asyncio.sleep(0.3)
+            marker = tmp_path / "busy"
+            busy = asyncio.ensure_future(client.call("sleep", (60, str(marker))))
+            await eventually_async(marker.exists, "the call to run in the worker")
             worker.proc.send_signal(signal.SIGTERM)
             with pytest.raises(errors.UnavailableError):
                 await asyncio.wait_for(busy, 30)
