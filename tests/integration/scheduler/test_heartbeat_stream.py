@@ -16,6 +16,7 @@ from podium.limits import MAX_REPEATED
 from podium.scheduler.client import HeartbeatStream, SchedulerClient
 from podium.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.scheduler_fakes import Cluster, node_info
+from tests.support.waiting import eventually_async
 
 
 def _heartbeats_counted(text: str) -> float:
@@ -55,8 +56,7 @@ def test_a_bad_beat_fails_with_its_error_and_the_next_opens_a_new_stream(token, 
             with pytest.raises(errors.InvalidArgumentError, match="processes"):
                 await c.client.heartbeat("n1", processes=too_many)
             assert not (await c.client.heartbeat("n1")).reregister
-            await asyncio.sleep(0.1)
-            assert len(c.running.service.streams) == 1  # the failed one is gone
+            await eventually_async(lambda: len(c.running.service.streams) == 1, "the failed stream to be gone")
     arun(scenario())
 
 
