@@ -73,3 +73,24 @@ def test_elapsed_assert_finder_finds_one():
 def test_no_test_asserts_a_time():
     bad = [f"{p.relative_to(ROOT)}:{line}" for p in tracked("tests/*.py") for line in elapsed_asserts(p.read_text())]
     assert not bad, "tests assert how long something took:\n" + "\n".join(bad)
+
+
+def test_every_module_the_docs_name_exists():
+    # `podium.x.y` in the README and docs/ names a module, or a name in one, that exists.
+    import importlib
+
+    missing = []
+    for doc in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]:
+        for name in sorted(set(re.findall(r"`(podium(?:\.\w+)+)`", (ROOT / doc).read_text()))):
+            parts = name.split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr, None)
+                if obj is None:
+                    missing.append(f"{doc}: {name}")
+                break
+    assert not missing, missing
