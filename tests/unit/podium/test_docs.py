@@ -94,3 +94,41 @@ def test_every_module_the_docs_name_exists():
                     missing.append(f"{doc}: {name}")
                 break
     assert not missing, missing
+
+
+def _product_class_members() -> dict[str, set[str]]:
+    """Class name -> the names its body and its methods' ``self.x`` define, over the product."""
+    members: dict[str, set[str]] = {}
+    for folder in ("podium", "controller", "worker", "scheduler"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                names = members.setdefault(node.name, set())
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Assign):
+                        names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names.add(item.target.id)
+                names |= {a.attr for a in ast.walk(node) if isinstance(a, ast.Attribute)
+                          and isinstance(a.value, ast.Name) and a.value.id == "self"}
+    return members
+
+
+def test_every_method_the_docs_name_exists():
+    # `Class.method` in the README and docs/ names a member of a product class of that name
+    # (or of a facade's, for members made at run time such as Dispatch's and Execute's).
+    import importlib
+
+    members = _product_class_members()
+    facades = [importlib.import_module(m) for m in ("podium", "podium.controller", "podium.worker")]
+    missing = []
+    for doc in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]:
+        for cls, attr in sorted(set(re.findall(r"`([A-Z]\w+)\.(\w+)`", (ROOT / doc).read_text()))):
+            if cls not in members or attr in members[cls]:
+                continue  # not a product class (a wire message, a Ray name), or found
+            if not any(hasattr(getattr(f, cls, None), attr) for f in facades):
+                missing.append(f"{doc}: {cls}.{attr}")
+    assert not missing, missing
