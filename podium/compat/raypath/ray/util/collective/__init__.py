@@ -3,36 +3,11 @@ on GPU), with the rendezvous through Podium (see :mod:`podium.compat.collective`
 
 from __future__ import annotations
 
-from podium.compat.collective import (
-    allgather,
-    allreduce,
-    barrier,
-    broadcast,
-    create_collective_group,
-    destroy_collective_group,
-    get_collective_group_size,
-    get_rank,
-    init_collective_group,
-    is_group_initialized,
-    recv,
-    send,
-)
+from podium.compat import collective as _collective
+from podium.compat.collective import *  # noqa: F403 - the whole API, under Ray's names
 from podium.compat.standin import missing
 
-__all__ = [
-    "allgather",
-    "allreduce",
-    "barrier",
-    "broadcast",
-    "create_collective_group",
-    "destroy_collective_group",
-    "get_collective_group_size",
-    "get_rank",
-    "init_collective_group",
-    "is_group_initialized",
-    "recv",
-    "send",
-]
+__all__ = list(_collective.__all__)
 
 
 def __getattr__(name: str):
