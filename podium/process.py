@@ -40,3 +40,28 @@ def die_with_parent_argv(argv: Sequence[str], sig: int = signal.SIGKILL) -> list
     if not SUPPORTED:
         return list(argv)
     return [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), str(int(sig)), *argv]
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22),
+    or None when there is no such process. A pid and its start time name one process: a pid
+    the kernel reused belongs to a process that started later."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        return int(fields[19])  # field 22 overall; fields[0] is field 3 (the state)
+    except (IndexError, ValueError):
+        return None
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie, ended but not yet reaped by
+    its parent, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False

@@ -1,7 +1,9 @@
 """A node agent killed with SIGKILL, and a whole node frozen (issue 7, item 3).
 
-Killed: its workers die with it (the kernel's parent-death signal); the scheduler marks the
-node dead once its lease (3 s here) runs out and reports the node's workers EXITED; the
+Killed and not started again: its fork server keeps the workers for a restarted agent to
+re-adopt (``test_agent_restart.py``) until the node's fence deadline, then kills them, before
+the scheduler marks the node dead once its lease (3 s here) runs out and reports the node's
+workers EXITED; the
 controller's next call on them raises WorkerDiedError naming the node; /v1/placement shows
 the node dead, and new placement groups land on the live node only.
 
@@ -59,7 +61,15 @@ def test_killed_agent_node_dead_workers_reported_dead_no_new_placement(scheduler
 
         killed = time.monotonic()
         assert victim.signal(signal.SIGKILL) == -signal.SIGKILL
-        wait_for(lambda: not alive(pids[2]) and not alive(pids[3]), "the dead node's workers to end")
+        def fenced() -> bool:
+            # The node's state first: workers seen running *after* the scheduler declared the
+            # node dead would be ranks that could live twice once placed elsewhere.
+            dead = fc.node_state(victim.node_id) == "NODE_DEAD"
+            running = alive(pids[2]) or alive(pids[3])
+            assert not (dead and running), "the node was declared dead while its workers still ran"
+            return not running
+
+        wait_for(fenced, "the dead node's workers to be fenced", timeout=NODE_LEASE + 30)
 
         # The controller: the next call on the group names the first dead rank and its node.
         with pytest.raises(WorkerDiedError) as info:

@@ -4,26 +4,33 @@ Starting a worker with ``python -m podium.worker.host`` costs an interpreter sta
 the imports of gRPC, Podium and (in every training worker) torch: about a second of CPU
 each, paid N times, one after another, on a machine whose cores the new workers share.
 So the agent starts ONE helper process at its own start-up,
-``python -m podium.worker.agent.forkserver --fd N``, which imports all of that once and then
-forks a worker per request:
+``python -m podium.worker.agent.forkhelper --fd N`` (:mod:`podium.worker.agent.forkhelper`),
+which imports all of that once and then forks a worker per request:
 
 * The helper is single-threaded and never starts gRPC, an event loop or CUDA; it only
   imports (torch's import starts no CUDA). ``fork()`` from it is therefore safe, and every
   child starts its own gRPC server and event loop from scratch.
 * Each child, before running anything else: makes its own session and process group
   (``setsid``, so the agent's ``killpg`` reaches its tree), sets ``PR_SET_PDEATHSIG``
-  (SIGKILL when the helper dies; the helper has the same on the agent), puts the request's
-  log files on fd 1 and 2 and /dev/null on fd 0, replaces its whole environment with the
-  worker environment the agent computed (``CUDA_VISIBLE_DEVICES`` included: nothing has
-  touched CUDA yet), changes directory, reseeds numpy's global RNG (siblings would share
-  it) and runs ``podium.worker.host.process.main(["--ready-fd", W])``: the same ready-fd contract
-  as an exec'd worker, so the agent's readiness and reaping code is unchanged.
+  (SIGKILL when the helper dies), puts the request's log files on fd 1 and 2 and /dev/null
+  on fd 0, replaces its whole environment with the worker environment the agent computed
+  (``CUDA_VISIBLE_DEVICES`` included: nothing has touched CUDA yet), changes directory,
+  reseeds numpy's global RNG (siblings would share it) and runs
+  ``podium.worker.host.process.main(["--ready-fd", W])``: the same ready-fd contract as an
+  exec'd worker, so the agent's readiness and reaping code is unchanged.
 * The helper is the workers' parent, so it reaps them (SIGCHLD, ``waitpid``) and reports
   each pid's exit code, Popen style (``-N`` for signal N), to the agent.
+* With a ``listen`` path (the agent's log folder), the helper outlives a SIGKILLed agent
+  until the node's fence deadline and hands its workers to the next agent that connects
+  there: :meth:`ForkServer.start` connects to a living helper before it starts a new one,
+  and :attr:`ForkServer.adoptable` lists what it got (see the helper's module).
 
-Protocol on a ``SOCK_SEQPACKET`` socket pair (one JSON object per message):
+Protocol on a ``SOCK_SEQPACKET`` socket (one JSON object per message):
 agent -> helper ``{"id", "env", "cwd", "argv"}`` with fds (ready pipe write end,
-stdout file, stderr file) attached; helper -> agent ``{"ready": true}`` once its imports
+stdout file, stderr file) attached, ``{"record": pid, "meta"}`` (what to re-adopt a
+running worker by), ``{"fence_at": t}`` (after each lease renewal) and ``{"stop": true}``
+(an orderly shutdown); helper -> agent ``{"child": {"pid", "start", "meta"[, "code"]}}``
+per worker it holds (to an adopting agent only), then ``{"ready": true}`` once its imports
 are done, ``{"id", "pid"}`` or ``{"id", "error"}`` per request, ``{"exit": pid, "code"}``
 per reaped child. If the helper dies, its children die with it and the agent reports them
 ended (SIGKILL) and starts workers the exec way from then on.
@@ -34,35 +41,27 @@ The agent side is :class:`ForkServer`; :class:`ForkedProcess` stands in for the
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import os
-import selectors
 import signal
 import socket
+import struct
 import sys
-import time
-import traceback
 from typing import TYPE_CHECKING, Callable
 
-if TYPE_CHECKING:  # the helper imports subprocess only when it starts (start())
+from podium.worker.agent.forkhelper import MAX_MESSAGE, PRELOAD
+
+if TYPE_CHECKING:  # the agent imports subprocess only when it starts a helper (start())
     import subprocess
 
-__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "main"]
+__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "LISTEN_NAME"]
 
-#: Modules the helper imports before it forks anything (missing ones are skipped).
-PRELOAD = ("podium.worker.host.process", "podium.worker.base", "podium.dataproto", "uvloop", "numpy",
-           "torch", "tensordict",
-           # What every worker imported after the fork: the constructor's class resolver and
-           # the IDNA codec (Python's socket code encodes host names with it). ~4 ms each,
-           # so ~0.5 s of CPU for 128 workers on one node.
-           "podium.worker.factory", "encodings.idna")
-
-_PR_SET_PDEATHSIG = 1
-_MAX_MESSAGE = 1 << 20
+#: The socket a helper listens on for a restarted agent, in the agent's log folder.
+LISTEN_NAME = "forkserver.sock"
+#: Longest Unix socket path the kernel binds (``sun_path`` less its terminating NUL).
+_MAX_SOCKET_PATH = 107
 
 #: Send buffer of the agent's end of the socket pair. A group's spawns are requested back
 #: to back and each request carries a whole worker environment (a few KiB); with the
@@ -81,154 +80,6 @@ def enabled(env: dict | os._Environ | None = None) -> bool:
     env = os.environ if env is None else env
     return (sys.platform.startswith("linux") and hasattr(socket, "send_fds")
             and env.get("PODIUM_FORKSERVER", "1") != "0")
-
-
-# --------------------------------------------------------------------------- helper side
-
-
-def _send(sock: socket.socket, message: dict) -> None:
-    with contextlib.suppress(OSError):  # the agent is gone: nothing to tell
-        sock.send(json.dumps(message).encode())
-
-
-def _preload() -> list[str]:
-    loaded = []
-    for name in PRELOAD:
-        try:
-            __import__(name)
-            loaded.append(name)
-        except Exception:  # noqa: BLE001 - an optional module missing or broken: workers import it themselves
-            pass
-    return loaded
-
-
-def _child(request: dict, fds: list[int], sock: socket.socket, close: list[int], parent: int) -> None:
-    """Runs in the forked child; never returns."""
-    code = 1
-    try:
-        os.setsid()
-        import ctypes
-
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the helper died in between
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        ready_fd, out_fd, err_fd = fds
-        sock.close()
-        for fd in close:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        for fd in (devnull, out_fd, err_fd):
-            if fd > 2:
-                os.close(fd)
-        os.chdir(request.get("cwd") or "/")
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.environ["PODIUM_FORKED_AT"] = repr(time.time())
-        # The helper read PYTHONPATH when it started; a worker's own (its spec's env, e.g. the
-        # `ray` stand-in of `podium run`) must still come first on its path, as after an exec.
-        for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
-            if entry and entry not in sys.path:
-                sys.path.insert(0, entry)
-        sys.argv = list(request.get("argv") or ["podium.worker.host"])
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            numpy.random.seed()  # from fresh entropy: siblings would share the helper's state
-        torch = sys.modules.get("torch")
-        if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-            # OpenMP read OMP_NUM_THREADS when the helper imported torch, not now.
-            torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-        from podium.worker.host import process as host_process
-
-        code = host_process.main(["--ready-fd", str(ready_fd)])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - the worker's own crash: its stderr says why
-        traceback.print_exc()
-        code = 1
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code if isinstance(code, int) else 1)
-
-
-def _reap(sock: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def serve(fd: int) -> int:
-    """The helper's main loop (see the module docstring)."""
-    sock = socket.socket(fileno=fd)
-    loaded = _preload()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up fd is written
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
-    me = os.getpid()
-    # What the imports made lives as long as every worker: the collector need not scan it
-    # again in each child, and not touching it keeps those pages shared after fork.
-    gc.collect()
-    gc.freeze()
-    _send(sock, {"ready": True, "preloaded": loaded})
-    print(f"fork server {me} ready (preloaded {', '.join(loaded)})", file=sys.stderr, flush=True)
-    while True:
-        for key, _ in selector.select():
-            if key.fileobj == wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake_r, 4096):
-                        pass
-                continue
-            try:
-                data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
-            except InterruptedError:
-                continue
-            if not data:  # the agent closed its end: stop (children die with us)
-                return 0
-            request: dict = {}
-            try:
-                request = json.loads(data)
-                if len(fds) != 3:
-                    raise ValueError(f"expected 3 fds, got {len(fds)}")
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _child(request, fds, sock, [wake_r, wake_w, selector.fileno()], me)
-                _send(sock, {"id": request.get("id"), "pid": pid})
-            except Exception as exc:  # noqa: BLE001 - reported to the agent, which falls back
-                _send(sock, {"id": request.get("id") if isinstance(request, dict) else None,
-                             "error": f"{type(exc).__name__}: {exc}"})
-            finally:
-                for received in fds:
-                    with contextlib.suppress(OSError):
-                        os.close(received)
-        _reap(sock)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m podium.worker.agent.forkserver --fd N``."""
-    parser = argparse.ArgumentParser(prog="python -m podium.worker.agent.forkserver")
-    parser.add_argument("--fd", type=int, required=True, help="the SOCK_SEQPACKET socket to the agent")
-    args = parser.parse_args(argv)
-    return serve(args.fd)
 
 
 # --------------------------------------------------------------------------- agent side
@@ -272,10 +123,16 @@ def _wake(room: asyncio.Future) -> None:
 class ForkServer:
     """The agent's handle on its fork server (all methods on the agent's loop thread)."""
 
-    def __init__(self, env: dict[str, str], log_path: str | os.PathLike | None = None) -> None:
+    def __init__(self, env: dict[str, str], log_path: str | os.PathLike | None = None,
+                 listen: str | os.PathLike | None = None) -> None:
         self._env = dict(env, PYTHONUNBUFFERED="1")
         self._log_path = log_path
+        # Where a helper waits for a restarted agent; None (workers die with the agent) where
+        # not given or too long for a Unix socket.
+        self._listen = str(listen) if listen and len(str(listen)) <= _MAX_SOCKET_PATH else None
         self._proc: subprocess.Popen[bytes] | None = None
+        #: The helper's pid (also when it was adopted rather than started).
+        self.pid = 0
         self._sock: socket.socket | None = None
         self._ready: asyncio.Future | None = None
         self._requests: dict[int, asyncio.Future] = {}
@@ -285,27 +142,19 @@ class ForkServer:
         self._send_lock: asyncio.Lock | None = None
         self._room: asyncio.Future | None = None  # set while a request waits for socket room
         self.dead = False
+        #: The workers a living helper handed over (``{"pid", "start", "meta"[, "code"]}``
+        #: each) once :meth:`wait_ready` returned; empty for a helper this agent started.
+        self.adoptable: list[dict] = []
+        #: The fence deadline (``time.monotonic()``) the previous agent last sent, or None.
+        self.inherited_fence_at: float | None = None
+        #: Whether :meth:`start` found a living helper of a previous agent.
+        self.adopted = False
 
     def start(self) -> None:
-        """Start the helper process (it imports in the background)."""
-        import subprocess
-
-        from podium.private import open_private
-        from podium.process import die_with_parent_argv
-
+        """Connect to a previous agent's living helper, or start one (it imports in the
+        background)."""
         loop = asyncio.get_running_loop()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        out = open_private(self._log_path) if self._log_path else subprocess.DEVNULL
-        try:
-            self._proc = subprocess.Popen(
-                die_with_parent_argv([sys.executable, "-m", "podium.worker.agent.forkserver",
-                                      "--fd", str(theirs.fileno())], signal.SIGKILL),
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                env=self._env, start_new_session=True)
-        finally:
-            theirs.close()
-            if not isinstance(out, int):  # a log file, not DEVNULL
-                out.close()
+        mine = self._connect() or self._spawn()
         mine.setblocking(False)
         with contextlib.suppress(OSError):
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
@@ -313,6 +162,61 @@ class ForkServer:
         self._send_lock = asyncio.Lock()
         self._ready = loop.create_future()
         loop.add_reader(mine.fileno(), self._on_readable)
+
+    def _connect(self) -> socket.socket | None:
+        """A socket to a previous agent's helper still holding workers, or None."""
+        if self._listen is None or not os.path.exists(self._listen):
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(self._listen)
+        except OSError:  # nobody listens: a helper that ended (it fenced, or was killed)
+            sock.close()
+            return None
+        self.pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                       struct.calcsize("3i")))[0]
+        self.adopted = True
+        return sock
+
+    def _spawn(self) -> socket.socket:
+        import subprocess
+
+        from podium.private import open_private
+        from podium.process import die_with_parent_argv
+
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [sys.executable, "-m", "podium.worker.agent.forkhelper", "--fd", str(theirs.fileno())]
+        if self._listen is not None:
+            # It must outlive a killed agent to hand over the workers (it fences them itself).
+            argv += ["--listen", self._listen]
+        else:
+            argv = die_with_parent_argv(argv, signal.SIGKILL)
+        out = open_private(self._log_path) if self._log_path else subprocess.DEVNULL
+        try:
+            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=out, env=self._env, start_new_session=True)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+            if not isinstance(out, int):  # a log file, not DEVNULL
+                out.close()
+        self.pid = self._proc.pid
+        return mine
+
+    def adopt(self, pid: int) -> ForkedProcess:
+        """The :class:`ForkedProcess` of a handed-over worker (its exits come as for any)."""
+        child = self._children[pid] = ForkedProcess(pid)
+        return child
+
+    def notify(self, message: dict) -> None:
+        """Send the helper a bookkeeping message (``record``, ``fence_at``) without waiting;
+        dropped when the socket is full (the next one supersedes it) or the helper is gone."""
+        if self.dead or self._sock is None:
+            return
+        with contextlib.suppress(OSError):
+            self._sock.send(json.dumps(message).encode())
 
     async def wait_ready(self, timeout: float) -> bool:
         """Whether the helper finished its imports within ``timeout`` seconds."""
@@ -380,7 +284,7 @@ class ForkServer:
             return
         while True:
             try:
-                data = sock.recv(_MAX_MESSAGE)
+                data = sock.recv(MAX_MESSAGE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -392,7 +296,10 @@ class ForkServer:
                 message = json.loads(data)
             except ValueError:
                 continue
-            if message.get("ready"):
+            if "child" in message:
+                self.adoptable.append(message["child"])
+            elif message.get("ready"):
+                self.inherited_fence_at = message.get("fence_at")
                 if self._ready is not None and not self._ready.done():
                     self._ready.set_result(True)
             elif "exit" in message:
@@ -443,22 +350,22 @@ class ForkServer:
             child._ended(-signal.SIGKILL)
 
     async def close(self) -> None:
-        """Stop the helper (its remaining children die with it)."""
+        """Stop the helper (its remaining children die with it): ask it, then SIGTERM, then
+        SIGKILL, 2 s apart."""
+        from podium.process import running
+
         if self._sock is not None and not self.dead:
+            self.notify({"stop": True})  # an orderly end: it must not keep the workers
             self._lost()
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            for _ in range(100):
-                if proc.poll() is not None:
-                    break
-                await asyncio.sleep(0.02)
-            else:
+        if self.pid <= 0:
+            return
+        for sig in (0, signal.SIGTERM, signal.SIGKILL):
+            if sig:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait(5)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                    os.kill(self.pid, sig)
+            for _ in range(100):
+                # Our child is reaped by poll(); an adopted helper is init's to reap.
+                if (proc.poll() is not None) if proc is not None else not running(self.pid):
+                    return
+                await asyncio.sleep(0.02)

@@ -68,7 +68,9 @@ class SchedulerLink:
     (0.5 + a random fraction: many nodes retrying together do not stay in step);
     ``spread()``, when given, delays the first heartbeat by that fraction of an interval
     (machines started together do not all beat at one instant). ``fence()``, when given,
-    kills the node's workers (see the module docstring) and returns how many it killed.
+    kills the node's workers (see the module docstring) and returns how many it killed;
+    ``renewed(deadline)``, when given, is told each new fence deadline (``time.monotonic()``),
+    so the fork server can fence re-adoptable workers by it if the agent itself dies.
     """
 
     def __init__(self, node_id: str, *,
@@ -79,6 +81,7 @@ class SchedulerLink:
                  jitter: Callable[[], float] | None = None,
                  spread: Callable[[], float] | None = None,
                  fence: Callable[[], int] | None = None,
+                 renewed: Callable[[float], None] | None = None,
                  scheduler: str = "") -> None:
         self.node_id = node_id
         self._register = register
@@ -88,6 +91,7 @@ class SchedulerLink:
         self._jitter = jitter
         self._spread = spread
         self._fence = fence
+        self._on_renewed = renewed
         self._scheduler = scheduler
         #: The node lease the scheduler granted at registration (0: not known yet).
         self.lease = 0.0
@@ -97,6 +101,9 @@ class SchedulerLink:
         self.fences = 0
         # When the last call the scheduler answered was sent (time.monotonic()), or None.
         self._renewed_at: float | None = None
+        # A previous agent's fence deadline for the workers this one re-adopted: it holds
+        # until this agent's own first renewal.
+        self._inherited: float | None = None
         self._renewal = asyncio.Event()
         #: Set whenever a registration succeeds; cleared when the scheduler is lost.
         self.registered = asyncio.Event()
@@ -124,39 +131,60 @@ class SchedulerLink:
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
 
+    def inherit_fence(self, deadline: float | None) -> None:
+        """Fence by ``deadline`` (``time.monotonic()``) unless the scheduler renews the lease
+        first: the fence deadline of the previous agent whose workers this one re-adopted."""
+        if deadline is not None and self._renewed_at is None:
+            self._inherited = deadline
+            self._renewal.set()
+
+    def fence_deadline(self) -> float | None:
+        """When the node fences itself unless the scheduler answers before (None: no lease)."""
+        if self._renewed_at is not None and self.lease > 0:
+            return self._renewed_at + self.lease - fence_margin(self.lease, self.interval)
+        return self._inherited
+
     def _renewed(self, sent_at: float) -> None:
         """The scheduler answered a call sent at ``sent_at``: the lease runs from there."""
         self._renewed_at = sent_at
         self._renewal.set()
+        deadline = self.fence_deadline()
+        if self._on_renewed is not None and deadline is not None:
+            self._on_renewed(deadline)
 
     def _failed(self, error: BaseException) -> None:
-        if scheduler_is_down(error) and self._renewed_at is not None:
+        if not scheduler_is_down(error):
+            return
+        if self._renewed_at is not None:
             self._renewed(time.monotonic())  # it restarts every lease when it is back
+        elif self._inherited is not None:
+            self._inherited = None  # likewise: the restarted scheduler counts anew
+            self._renewal.set()
 
     async def _fence_watch(self) -> None:
         """Fence the node when its lease could run out before a heartbeat gets through."""
         fence = self._fence
         if fence is None:
             return
-        fenced_for: float | None = None  # the renewal the last fence answered
+        fenced_at: float | None = None  # the deadline the last fence answered
         while True:
-            renewed, lease = self._renewed_at, self.lease
-            if renewed is None or lease <= 0 or renewed == fenced_for:
+            deadline = self.fence_deadline()
+            if deadline is None or deadline == fenced_at:
                 await self._renewal.wait()
                 self._renewal.clear()
                 continue
-            delay = renewed + lease - fence_margin(lease, self.interval) - time.monotonic()
+            delay = deadline - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._renewal.wait(), delay)
                 self._renewal.clear()
                 continue
-            fenced_for = renewed
+            fenced_at = deadline
             self.fences += 1
             killed = fence()
-            log.error("node %s has not renewed its %g s lease for %.1f s: fenced, killed its %d worker(s) "
-                      "before the scheduler can place their ranks elsewhere", self.node_id, lease,
-                      time.monotonic() - renewed, killed)
+            log.error("node %s could not renew its %g s lease in time: fenced %.1f s past the deadline, "
+                      "killed its %d worker(s) before the scheduler can place their ranks elsewhere",
+                      self.node_id, self.lease, time.monotonic() - deadline, killed)
 
     async def _run(self) -> None:
         backoff, outage_logged = FIRST_BACKOFF_SECONDS, False
@@ -180,12 +208,13 @@ class SchedulerLink:
                 continue
             backoff, outage_logged = FIRST_BACKOFF_SECONDS, False
             self.lease = response.lease_seconds
+            self.interval = response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
             self._renewed(sent_at)
             self.scheduler_id = response.scheduler_id
             first = self.registrations == 0
             self.registrations += 1
             self.registered.set()
-            interval = self.interval = response.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
+            interval = self.interval
             max_backoff = min(MAX_BACKOFF_SECONDS, interval)
             log.info("registered node %s with scheduler %s (heartbeat every %g s)",
                      self.node_id, response.scheduler_id or self._scheduler, interval)

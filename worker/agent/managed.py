@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
 import pathlib
 import subprocess
+import threading
 from typing import TYPE_CHECKING, Callable
 
 from podium.v1 import common_pb2
@@ -12,7 +16,9 @@ from podium.v1 import common_pb2
 if TYPE_CHECKING:
     from podium.worker.agent.forkserver import ForkedProcess
 
-__all__ = ["ManagedWorker"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ManagedWorker", "parse_ready", "ready_cap"]
 
 
 class ManagedWorker:
@@ -56,6 +62,72 @@ class ManagedWorker:
         """True once the process is reaped and its end has been reported."""
         return self.exited.done() and (self.task is None or self.task.done())
 
+    def watch_exit(self, proc: subprocess.Popen | ForkedProcess) -> None:
+        """Resolve :attr:`exited` when ``proc`` is reaped (a pidfd on the loop; the fork server's
+        report for a forked one)."""
+        loop = asyncio.get_running_loop()
+
+        def reaped(returncode: int) -> None:
+            if not self.exited.done():
+                self.exited.set_result(returncode)
+
+        if not isinstance(proc, subprocess.Popen):  # the fork server reaps it and reports
+            proc.on_exit(reaped)
+            return
+
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            # No pidfd (old kernel): a waiting thread per worker does the same job.
+            threading.Thread(target=lambda: loop.call_soon_threadsafe(reaped, proc.wait()),
+                             name=f"reap-{self.id}", daemon=True).start()
+            return
+
+        def on_readable() -> None:
+            code = proc.poll()
+            if code is None:  # spurious wake-up; the process is still there
+                return
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            reaped(code)
+
+        loop.add_reader(pidfd, on_readable)
+
+    def watch_ready(self, read_fd: int) -> None:
+        """Resolve :attr:`ready` with the line the process writes to its ready pipe ``read_fd``
+        (b"" when it closes without one); the pipe is closed then."""
+        loop = asyncio.get_running_loop()
+        os.set_blocking(read_fd, False)
+        buffer = bytearray()
+
+        closed = False
+
+        def finish(line: bytes) -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                loop.remove_reader(read_fd)
+                os.close(read_fd)
+            if not self.ready.done():
+                self.ready.set_result(line)
+
+        def on_readable() -> None:
+            try:
+                chunk = os.read(read_fd, 4096)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                finish(bytes(buffer))
+                return
+            buffer.extend(chunk)
+            if b"\n" in buffer or len(buffer) > 65536:
+                finish(bytes(buffer))
+
+        loop.add_reader(read_fd, on_readable)
+        self.close_ready = lambda: finish(b"")
+
     def to_proto(self) -> common_pb2.WorkerInfo:
         """WorkerInfo with this agent's view (state, pid, port, exit, log path)."""
         out = common_pb2.WorkerInfo()
@@ -66,3 +138,27 @@ class ManagedWorker:
         if self.gpu_memory_cap is not None:
             out.gpu_memory_cap.CopyFrom(self.gpu_memory_cap)
         return out
+
+
+def parse_ready(line: bytes) -> tuple[int, str]:
+    """(port, "") from a ready line, or (0, why it is unusable)."""
+    if not line.strip():
+        return 0, "closed its ready pipe without a port"
+    try:
+        port = json.loads(line.decode("utf-8", errors="replace").strip())["port"]
+        if isinstance(port, int) and 0 < port < 65536:
+            return port, ""
+    except (ValueError, KeyError, TypeError):
+        pass
+    return 0, f"bad ready line {line[:200]!r}"
+
+
+def ready_cap(line: bytes) -> common_pb2.GpuMemoryCap | None:
+    """The GPU memory cap a (valid) ready line reports, or None (none asked, or unreadable:
+    the cap is a report, so a bad one is logged and dropped, never fatal)."""
+    try:
+        fields = json.loads(line.decode("utf-8", errors="replace").strip()).get("gpu_memory_cap")
+        return None if fields is None else common_pb2.GpuMemoryCap(**fields)
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("ignoring the GPU memory cap of ready line %r: %s", line[:200], exc)
+        return None

@@ -172,7 +172,8 @@ class RunningAgent:
         #: Registration and heartbeats with the scheduler (podium.worker.agent.link).
         self.link = SchedulerLink(self.node_id, register=self._register, beat=self._beat,
                                   unwanted=self._stop_unwanted, stop=self._stop,
-                                  fence=self.spawner.fence, scheduler=config.scheduler)
+                                  fence=self.spawner.fence, renewed=self.spawner.note_fence_deadline,
+                                  scheduler=config.scheduler)
         #: Set whenever a registration succeeds; cleared when the scheduler is lost.
         self.registered = self.link.registered
         self._stopped = asyncio.Event()
@@ -214,6 +215,12 @@ class RunningAgent:
             await metrics.start(self.host, self.config.metrics_port)
         self._scheduler = SchedulerClient(self.config.scheduler, self.token, self.config.tls,
                                           timeout=RPC_TIMEOUT_SECONDS)
+        # Workers a SIGKILLed previous agent of this node left running: taken over before the
+        # node registers, so the scheduler hears of them as running and the job never notices.
+        adopted = await self.spawner.adopt()
+        if adopted:
+            log.warning("node agent %s restarted: re-adopted %d running worker(s)", self.node_id, adopted)
+            self.link.inherit_fence(self.spawner.inherited_fence_at)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self.link.run(), name="agent-heartbeat"),
                        loop.create_task(self._report_loop(), name="agent-reports"),

@@ -14,9 +14,12 @@ process that exits first, makes the worker FAILED.
 Each worker runs in its own session (``start_new_session``), so its pid is also
 its process group id and ``killpg`` reaches the whole tree it started.
 
-If the agent itself is SIGKILLed, the kernel kills the workers: the command runs
-behind podium.process's exec shim, which sets ``PR_SET_PDEATHSIG`` to SIGKILL
-(same pid, the exact argv above; see that module for why not a preexec_fn).
+Forked workers (the default) outlive a SIGKILLed agent in its fork server, which hands
+them to the next agent of the node (:meth:`Spawner.adopt`) or kills them at the node's
+fence deadline (docs/architecture.md, "An agent restarted mid-job"). An exec'd worker dies
+with the agent: the command runs behind podium.process's exec shim, which sets
+``PR_SET_PDEATHSIG`` to SIGKILL (same pid, the exact argv above; see that module for why not
+a preexec_fn).
 The death signal fires when the *thread* that spawned the child ends, so
 spawning happens on the event loop thread, which lives as long as the agent.
 Grandchildren a worker starts are not covered; the worker's process group is
@@ -32,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import logging
 import os
 import pathlib
@@ -40,7 +42,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -52,7 +53,8 @@ from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
-from podium.worker.agent.managed import ManagedWorker
+from podium.worker.agent.adoption import adopted_worker, record_of
+from podium.worker.agent.managed import ManagedWorker, parse_ready, ready_cap
 from podium.worker.agent.workerenv import launch_argv, worker_env
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,8 @@ class Spawner:
     def _start_forkserver(self) -> None:
         if not self._fork or self._forkserver is not None:
             return
-        server = forkserver.ForkServer(self._base_env, self.log_dir / "forkserver.log")
+        server = forkserver.ForkServer(self._base_env, self.log_dir / "forkserver.log",
+                                       listen=self.log_dir / forkserver.LISTEN_NAME)
         try:
             server.start()
         except OSError as exc:
@@ -127,6 +130,43 @@ class Spawner:
             self._fork = False
             return
         self._forkserver = server
+
+    async def adopt(self, timeout: float = 10.0) -> int:
+        """Take over the workers a previous agent of this node left with its fork server
+        (:mod:`podium.worker.agent.adoption`); how many live ones were adopted. Call before
+        the node registers, so the scheduler hears of them as running."""
+        self._start_forkserver()
+        server = self._forkserver
+        if server is None or not server.adopted or not await server.wait_ready(timeout):
+            return 0
+        adopted = 0
+        for entry in server.adoptable:
+            worker, proc = adopted_worker(entry), server.adopt(int(entry["pid"]))
+            if worker is None:  # still starting when the agent died, or not that process any more
+                if "code" not in entry and proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(int(entry["pid"]), signal.SIGKILL)
+                continue
+            self._workers[worker.id] = worker
+            worker.proc = proc
+            if not worker.exited.done():
+                adopted += 1
+                worker.watch_exit(proc)
+            worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
+                                                                 name=f"supervise-{worker.id}")
+        log.info("re-adopted %d running worker(s) from fork server %d", adopted, server.pid)
+        return adopted
+
+    def note_fence_deadline(self, deadline: float) -> None:
+        """Tell the fork server by when to kill the workers if this agent dies (the link's
+        fence deadline, ``time.monotonic()``)."""
+        if self._forkserver is not None:
+            self._forkserver.notify({"fence_at": deadline})
+
+    @property
+    def inherited_fence_at(self) -> float | None:
+        """The fence deadline the previous agent left with the adopted workers, or None."""
+        return self._forkserver.inherited_fence_at if self._forkserver is not None else None
 
     # ------------------------------------------------------------ queries
 
@@ -282,87 +322,26 @@ class Spawner:
         """Watch a worker whose process ``proc`` exists: its exit, its ready pipe, its supervision."""
         worker.pid = proc.pid
         log.info("worker %s (%s) %s, pid %d", worker.id, worker.info.spec.name, how, worker.pid)
-        self._watch_exit(worker, proc)
-        self._watch_ready(worker, read_fd)
+        worker.watch_exit(proc)
+        worker.watch_ready(read_fd)
         worker.task = asyncio.get_running_loop().create_task(self._supervise(worker),
                                                              name=f"supervise-{worker.id}")
         return worker
-
-    def _watch_exit(self, worker: ManagedWorker,
-                    proc: subprocess.Popen | forkserver.ForkedProcess) -> None:
-        loop = asyncio.get_running_loop()
-
-        def reaped(returncode: int) -> None:
-            if not worker.exited.done():
-                worker.exited.set_result(returncode)
-
-        if isinstance(proc, forkserver.ForkedProcess):  # the fork server reaps it and reports
-            proc.on_exit(reaped)
-            return
-
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            # No pidfd (old kernel): a waiting thread per worker does the same job.
-            threading.Thread(target=lambda: loop.call_soon_threadsafe(reaped, proc.wait()),
-                             name=f"reap-{worker.id}", daemon=True).start()
-            return
-
-        def on_readable() -> None:
-            code = proc.poll()
-            if code is None:  # spurious wake-up; the process is still there
-                return
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            reaped(code)
-
-        loop.add_reader(pidfd, on_readable)
-
-    def _watch_ready(self, worker: ManagedWorker, read_fd: int) -> None:
-        loop = asyncio.get_running_loop()
-        os.set_blocking(read_fd, False)
-        buffer = bytearray()
-
-        closed = False
-
-        def finish(line: bytes) -> None:
-            nonlocal closed
-            if not closed:
-                closed = True
-                loop.remove_reader(read_fd)
-                os.close(read_fd)
-            if not worker.ready.done():
-                worker.ready.set_result(line)
-
-        def on_readable() -> None:
-            try:
-                chunk = os.read(read_fd, 4096)
-            except BlockingIOError:
-                return
-            except OSError:
-                chunk = b""
-            if not chunk:
-                finish(bytes(buffer))
-                return
-            buffer.extend(chunk)
-            if b"\n" in buffer or len(buffer) > 65536:
-                finish(bytes(buffer))
-
-        loop.add_reader(read_fd, on_readable)
-        worker.close_ready = lambda: finish(b"")
 
     async def _supervise(self, worker: ManagedWorker) -> None:
         either: set[asyncio.Future[Any]] = {worker.ready, worker.exited}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         port, problem, killed = 0, "", False
         if worker.ready.done():
-            port, problem = _parse_ready(worker.ready.result())
-            worker.gpu_memory_cap = _ready_cap(worker.ready.result()) if port else None
+            port, problem = parse_ready(worker.ready.result())
+            worker.gpu_memory_cap = ready_cap(worker.ready.result()) if port else None
         if port and not worker.stop_requested:
             worker.port = port
             worker.state = common_pb2.WORKER_RUNNING
             log.info("worker %s ready on port %d", worker.id, port)
             self._send(worker)
+            if self._forkserver is not None and isinstance(worker.proc, forkserver.ForkedProcess):
+                self._forkserver.notify({"record": worker.pid, "meta": record_of(worker)})
         elif not port and not worker.exited.done():
             # The pipe closes a moment before the exit is reaped; give a dying
             # process that moment so its own exit code is what we report.
@@ -473,27 +452,3 @@ class Spawner:
         if tasks:
             await asyncio.wait(tasks, timeout=_KILL_WAIT_SECONDS)
         return len(alive)
-
-
-def _parse_ready(line: bytes) -> tuple[int, str]:
-    """(port, "") from a ready line, or (0, why it is unusable)."""
-    if not line.strip():
-        return 0, "closed its ready pipe without a port"
-    try:
-        port = json.loads(line.decode("utf-8", errors="replace").strip())["port"]
-        if isinstance(port, int) and 0 < port < 65536:
-            return port, ""
-    except (ValueError, KeyError, TypeError):
-        pass
-    return 0, f"bad ready line {line[:200]!r}"
-
-
-def _ready_cap(line: bytes) -> common_pb2.GpuMemoryCap | None:
-    """The GPU memory cap a (valid) ready line reports, or None (none asked, or unreadable:
-    the cap is a report, so a bad one is logged and dropped, never fatal)."""
-    try:
-        fields = json.loads(line.decode("utf-8", errors="replace").strip()).get("gpu_memory_cap")
-        return None if fields is None else common_pb2.GpuMemoryCap(**fields)
-    except (ValueError, TypeError, AttributeError) as exc:
-        log.warning("ignoring the GPU memory cap of ready line %r: %s", line[:200], exc)
-        return None

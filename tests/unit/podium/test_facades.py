@@ -111,7 +111,7 @@ def test_import_podium_stays_light():
 #: server speaks to its own agent), a mapping's KeyError, and Ray's own error for ray.init twice.
 BUILTIN_RAISES_ALLOWED = {
     ("podium/memorypool.py", "ValueError"), ("podium/transport/shmpool.py", "ValueError"),
-    ("podium/transport/chunks.py", "ValueError"), ("worker/agent/forkserver.py", "ValueError"),
+    ("podium/transport/chunks.py", "ValueError"), ("worker/agent/forkhelper.py", "ValueError"),
     ("scheduler/core/views.py", "KeyError"), ("podium/compat/ray.py", "RuntimeError"),
 }
 BUILTINS = {"ValueError", "TypeError", "AssertionError", "RuntimeError", "KeyError", "Exception"}

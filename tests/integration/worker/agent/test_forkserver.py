@@ -111,9 +111,9 @@ def test_a_forked_worker_imports_nothing_after_the_fork_but_the_users_code(forks
         in_worker = set(wg.modules()[0])
     finally:
         wg.shutdown()
-    # The fork server runs as ``python -m podium.worker.agent.forkserver``: its package too.
+    # The fork server runs as ``python -m podium.worker.agent.forkhelper``: its package too.
     preload = "import sys\nfor name in %r: __import__(name)\nprint(' '.join(sys.modules))" % (
-        ("podium.worker.agent", *PRELOAD),)
+        ("podium.worker.agent.forkhelper", *PRELOAD),)
     in_server = set(subprocess.run([sys.executable, "-c", preload], capture_output=True, text=True,
                                    check=True, timeout=120).stdout.split())
     after_fork = {name for name in in_worker - in_server if not name.startswith("tests")}

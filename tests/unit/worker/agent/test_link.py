@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from podium import errors
 from podium.v1 import scheduler_pb2
@@ -195,3 +196,40 @@ def test_without_a_lease_from_the_scheduler_nothing_fences(arun):
         await asyncio.gather(task, return_exceptions=True)
         return fenced
     assert arun(scenario()) == []
+
+
+def test_each_renewal_tells_the_new_fence_deadline(arun):
+    async def scenario():
+        told: list[float] = []
+        script = Script([scheduler_pb2.RegisterNodeResponse(heartbeat_interval_seconds=INTERVAL,
+                                                            lease_seconds=LEASE)],
+                        [scheduler_pb2.HeartbeatResponse()] * 3)
+        link = await _run(script, renewed=told.append)
+        return link, told
+    link, told = arun(scenario())
+    assert len(told) == 4 and told == sorted(told)  # the registration and three heartbeats
+    assert link.fence_deadline() == told[-1]
+
+
+def test_a_readopting_agent_fences_by_the_inherited_deadline_when_it_cannot_register(arun):
+    """An agent that re-adopted workers inherits its predecessor's fence deadline: if the
+    scheduler cannot be reached (a timeout, not a refusal) it fences by then."""
+    async def scenario(outcome):
+        fenced = []
+
+        async def register():
+            if outcome == "hang":
+                await asyncio.Event().wait()
+            raise outcome
+
+        link = SchedulerLink("n1", register=register, beat=register, unwanted=lambda ids: None,
+                             fence=lambda: fenced.append(1) or 2)
+        link.inherit_fence(time.monotonic() + LEASE / 2)
+        task = asyncio.get_running_loop().create_task(link.run())
+        await asyncio.sleep(2 * LEASE)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return fenced
+    assert arun(scenario("hang")) == [1]
+    refused = errors.UnavailableError("failed to connect to all addresses; Connection refused")
+    assert arun(scenario(refused)) == []  # a scheduler known to be down restarts every lease
