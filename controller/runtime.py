@@ -33,7 +33,7 @@ from podium.controller.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _sta
                                         _stop_process)
 from podium.controller.objects import ObjectServer, serve_puts_from
 from podium.controller.releaser import Releaser
-from podium.errors import DeadlineExceededError, FailedPreconditionError
+from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from podium.scheduler.client import SchedulerClient
@@ -46,6 +46,20 @@ log = logging.getLogger("podium.controller")
 DEFAULT_CALL_TIMEOUT = 3600.0
 #: Deadline of waiting for a placement group / for workers to start.
 PLACEMENT_TIMEOUT = float(os.environ.get("PODIUM_PLACEMENT_TIMEOUT", "300"))
+
+
+def scheduler_timeout() -> float:
+    """Deadline of one scheduler call of the controller, and so how long it waits for a
+    scheduler that is down (``PODIUM_SCHEDULER_TIMEOUT``, 30 s; at most an hour)."""
+    from podium.limits import check_seconds
+    from podium.scheduler.client import DEFAULT_TIMEOUT
+
+    raw = os.environ.get("PODIUM_SCHEDULER_TIMEOUT")
+    try:
+        seconds = float(raw) if raw else DEFAULT_TIMEOUT
+    except ValueError:
+        raise InvalidArgumentError(f"PODIUM_SCHEDULER_TIMEOUT={raw!r} is not a number of seconds") from None
+    return check_seconds(seconds, "PODIUM_SCHEDULER_TIMEOUT", 3600.0) or DEFAULT_TIMEOUT
 
 _runtime: "Runtime | None" = None
 _runtime_lock = threading.Lock()
@@ -179,7 +193,10 @@ class Runtime:
 
     async def _open(self) -> None:
         from podium.scheduler.client import SchedulerClient
-        self.scheduler = SchedulerClient(self.address, self.token, self.tls)
+        # A scheduler restarting mid-job: each call waits for it within its deadline
+        # (PODIUM_SCHEDULER_TIMEOUT, 30 s), then fails naming it (a group being created, say).
+        self.scheduler = SchedulerClient(self.address, self.token, self.tls, wait_for_ready=True,
+                                         timeout=scheduler_timeout())
         reply = await self.scheduler.open_session(
             description=f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}",
             lease_seconds=self.session_lease)

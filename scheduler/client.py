@@ -117,9 +117,13 @@ class SchedulerClient:
     """Async client of one scheduler at ``address`` ("host:port")."""
 
     def __init__(self, address: str, token: str, tls: TlsConfig | None = None, *,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, wait_for_ready: bool = False) -> None:
         self.address = address
         self.timeout = timeout
+        # A controller's calls wait (within their deadline) for a scheduler that is down or
+        # restarting; a node agent's fail at once, since a refused connection is how its
+        # fencing rule knows the scheduler is down (podium.worker.agent.link).
+        self._wait_for_ready = wait_for_ready
         self._channel = make_channel(address, token, tls)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._heartbeats = HeartbeatStream(self._stub, timeout=timeout, what=f"scheduler {address}")
@@ -135,12 +139,20 @@ class SchedulerClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def call(self, method: str, request, *, timeout: float | None = None):
-        """Call any Scheduler RPC by name with a request message (raises podium.errors)."""
+    async def call(self, method: str, request, *, timeout: float | None = None,
+                   wait_for_ready: bool | None = None):
+        """Call any Scheduler RPC by name with a request message (raises podium.errors).
+        ``wait_for_ready`` overrides the client's choice for this call."""
+        timeout = self.timeout if timeout is None else timeout
+        wait = self._wait_for_ready if wait_for_ready is None else wait_for_ready
         try:
-            return await getattr(self._stub, method)(
-                request, timeout=self.timeout if timeout is None else timeout)
+            return await getattr(self._stub, method)(request, timeout=timeout, wait_for_ready=wait or None)
         except grpc.RpcError as exc:
+            if (wait and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                    and self._channel.get_state() != grpc.ChannelConnectivity.READY):
+                raise errors.UnavailableError(
+                    f"scheduler {self.address} {method}: unreachable for {timeout:g} s (no connection: "
+                    "is it running, and is the address right?)", details={"scheduler": self.address}) from None
             raise error_from_rpc(exc, what=f"scheduler {self.address} {method}") from None
 
     # ---- node agents
@@ -186,8 +198,9 @@ class SchedulerClient:
 
     async def close_session(self, session_id: str) -> scheduler_pb2.CloseSessionResponse:
         """Close a session and remove what it owns."""
-        return await self.call("CloseSession",
-                               scheduler_pb2.CloseSessionRequest(session_id=session_id))
+        # Not waiting for a scheduler that is down: a controller exiting then must not hang.
+        return await self.call("CloseSession", scheduler_pb2.CloseSessionRequest(session_id=session_id),
+                               wait_for_ready=False)
 
     # ---- placement groups
 
