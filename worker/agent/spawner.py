@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from podium.private import open_private, private_dir
+from podium.process import start_time
 from podium.resources import check_env_entries
 from podium.transport import shm
 from podium.worker.agent import forkserver
@@ -142,10 +143,13 @@ class Spawner:
         adopted = 0
         for entry in server.adoptable:
             worker, proc = adopted_worker(entry), server.adopt(int(entry["pid"]))
-            if worker is None:  # still starting when the agent died, or not that process any more
-                if "code" not in entry and proc.returncode is None:
+            if worker is None:
+                # Still starting when the agent died (no record): nobody can reach it, so it
+                # goes. Never a pid whose start time says it is some other process now.
+                pid = int(entry["pid"])
+                if entry.get("meta") is None and "code" not in entry and start_time(pid) == entry.get("start"):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(int(entry["pid"]), signal.SIGKILL)
+                        os.killpg(pid, signal.SIGKILL)
                 continue
             self._workers[worker.id] = worker
             worker.proc = proc
