@@ -116,75 +116,26 @@ class GroupCaller:
             soon(rt.loop, self._start_when_resolved, calls, refs, timeout)
             return refs
         # The arguments are encoded here and their buffers copied before the call returns:
-        # the call sends them later, from the loop, and must send what they were now. For
-        # same-host ranks the copy is the send's own: the large buffers go into the shared
-        # memory the workers read (staged), so a snapshot costs no second copy there.
-        staged = None
+        # the call sends them later, from the loop, and must send what they were now.
         try:
-            payloads = self.encode_payloads(calls)
-            staged = self._stage_locked_in(calls, payloads)
-            payloads = self._snapshot(calls, payloads)
+            payloads = self.encode_payloads(calls, snapshot=True)
         except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
-            if staged is not None:
-                STAGE.unpin(staged)
             for ref in refs:
                 ref._set_exception(exc)
             return refs
-        soon(rt.loop, self._submit_snapshot, calls, payloads, staged, refs, timeout)  # batched: one loop wake-up per burst
+        soon(rt.loop, self._submit_all, calls, payloads, True, refs, timeout)  # batched: one loop wake-up per burst
         return refs
-
-    def _submit_snapshot(self, calls: list, payloads: dict[int, Any], staged: str | None,
-                         refs: list[PendingRef], timeout: float) -> None:
-        """Send a ``blocking=False`` call's snapshot (on the loop); the staged segment's own
-        pin ends once each rank's call has pinned it (their first steps run before)."""
-        try:
-            self._submit_all(calls, payloads, True, refs, timeout)
-        finally:
-            if staged is not None:
-                asyncio.get_running_loop().call_soon(STAGE.unpin, staged)
-
-    def _stage_locked_in(self, calls: list, payloads: dict[int, Any]) -> str | None:
-        """Stage the same-host ranks' large buffers now, in the caller's thread (see
-        :meth:`_stage`; one rank is enough: the copy is the snapshot). None when nothing
-        goes that way or there is no room in ``/dev/shm`` (the snapshot then copies)."""
-        local = self._stageable(calls, payloads, min_ranks=1)
-        if not local:
-            return None
-        try:
-            return STAGE.stage(local, REF_MIN_BYTES)
-        except OSError as exc:
-            log.warning("cannot stage a call's arguments in shared memory (%s)", exc)
-            return None
-
-    def _snapshot(self, calls: list, payloads: dict[int, Any]) -> dict[int, Any]:
-        """Each rank's payload as it must be sent later: the small rest of a staged one copied,
-        any other one copied whole (once per shared payload)."""
-        workers = self._members.workers
-        copies: dict[int, Any] = {}
-        rests: set[int] = set()
-        out: dict[int, Any] = {}
-        for i, (rank, _, _, _) in enumerate(calls):
-            payload = payloads[i]
-            client = workers[rank].client
-            if (payload.staged is not None and client.same_host is True
-                    and client.segments is not None):
-                if id(payload) not in rests:  # the buffers left out of the stage are caller memory
-                    rests.add(id(payload))
-                    payload.staged.rest = payload.staged.rest.snapshot()
-                out[i] = payload
-            else:
-                if id(payload) not in copies:
-                    copies[id(payload)] = payload.snapshot()
-                out[i] = copies[id(payload)]
-        return out
 
     def _start_when_resolved(self, calls: list, sinks: list[PendingRef], timeout: float | None = None) -> None:
         """Start a ``blocking=False`` call whose arguments include results still computing."""
         asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks, timeout=timeout))
 
     @staticmethod
-    def encode_payloads(prepared: list) -> dict[int, Any]:
-        """The encoded payload of each call; ranks given the very same objects share one."""
+    def encode_payloads(prepared: list, snapshot: bool = False) -> dict[int, Any]:
+        """The encoded payload of each call; ranks given the very same objects share one.
+
+        ``snapshot``: with the buffers copied (:meth:`Payload.snapshot`), for a call that
+        returns before they are sent."""
         from podium.worker.client import prepare
         groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
         payloads: dict[int, Any] = {}
@@ -196,6 +147,8 @@ class GroupCaller:
                 funcs = [v for v in (*args, *kwargs.values()) if callable(v)]
                 with by_value(*funcs):
                     payload = prepare((tuple(args), dict(kwargs)))
+                if snapshot:
+                    payload = payload.snapshot()
             for i in members:
                 payloads[i] = payload
         return payloads
@@ -250,20 +203,8 @@ class GroupCaller:
         (:mod:`podium.transport.shmstage`) when two or more ranks take one and together they
         reach the shared-memory threshold (each rank's shard may be below it: 16 MiB over 128
         ranks): the name (pinned), or None. Off the loop: it copies the batch."""
-        local = self._stageable(prepared, payloads, min_ranks=2)
-        if not local:
-            return None
-        try:
-            return await asyncio.to_thread(STAGE.stage, local, REF_MIN_BYTES)
-        except OSError as exc:  # /dev/shm full: each rank's own segment, or TCP
-            log.warning("cannot stage a group call's arguments in shared memory (%s)", exc)
-            return None
-
-    def _stageable(self, prepared: list, payloads: dict[int, Any], min_ranks: int) -> list:
-        """The distinct payloads (a ONE_TO_ALL's ranks share one) of same-host ranks worth
-        staging: at least ``min_ranks`` such ranks, together at the shared-memory threshold."""
         workers = self._members.workers
-        local: dict[int, Any] = {}
+        local: dict[int, Any] = {}  # the distinct payloads (a ONE_TO_ALL's ranks share one)
         ranks = sent = threshold = 0
         for i, (rank, _, _, _) in enumerate(prepared):
             payload = payloads[i]
@@ -275,7 +216,13 @@ class GroupCaller:
                 ranks += 1
                 sent += payload.nbytes
                 threshold = max(threshold, client.shm_threshold)
-        return list(local.values()) if ranks >= min_ranks and sent >= threshold else []
+        if ranks < 2 or sent < threshold:
+            return None
+        try:
+            return await asyncio.to_thread(STAGE.stage, list(local.values()), REF_MIN_BYTES)
+        except OSError as exc:  # /dev/shm full: each rank's own segment, or TCP
+            log.warning("cannot stage a group call's arguments in shared memory (%s)", exc)
+            return None
 
     def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool, sinks: list,
                     timeout: float | None = None, on_error: Callable | None = None) -> None:
