@@ -12,7 +12,7 @@ from podium import memcap
 from podium.scheduler.http import placement_view
 from podium.scheduler.state import ClusterModel
 from podium.v1 import common_pb2, scheduler_pb2
-from podium.worker.agent import spawner
+from podium.worker.agent import managed, spawner
 
 GIB = 1 << 30
 
@@ -92,5 +92,5 @@ def test_no_cap_asked_is_none_even_with_a_stray_report():
     (b'{"port": 5, "gpu_memory_cap": "lots"}', None),
 ])
 def test_ready_line_cap(line, expected):
-    assert spawner._parse_ready(line) == (5, "")  # the cap never spoils a good ready line
-    assert spawner._ready_cap(line) == expected
+    assert managed.parse_ready(line) == (5, "")  # the cap never spoils a good ready line
+    assert managed.ready_cap(line) == expected

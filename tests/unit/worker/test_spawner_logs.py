@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from podium.worker.agent import spawner
+from podium.worker.agent import managed, spawner
 from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info, read_tail, stderr_tail
 from podium.worker.agent.workerenv import launch_argv, worker_env
 
@@ -110,7 +110,7 @@ def test_launch_argv_ends_with_the_contract_command():
     (b"[1]\n", 0),
 ])
 def test_parse_ready(line, port):
-    got, problem = spawner._parse_ready(line)
+    got, problem = managed.parse_ready(line)
     assert got == port
     assert bool(problem) == (port == 0)
 

@@ -105,7 +105,8 @@ def test_a_restarted_agent_gets_the_workers_their_records_and_the_exits_it_misse
         finally:
             await second.close()
         await until(lambda: not alive(second.pid), "the helper gone after an orderly stop")
-        assert not alive(starting.pid) and not listen.exists()
+        await until(lambda: not alive(starting.pid), "the unrecorded worker gone with its helper")
+        assert not listen.exists()
 
     asyncio.run(scenario())
 
