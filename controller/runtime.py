@@ -385,6 +385,8 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             from podium.auth import TlsConfig
             tls = TlsConfig.from_paths(os.environ.get("PODIUM_TLS_CERT"), os.environ.get("PODIUM_TLS_KEY"),
                                        os.environ.get("PODIUM_TLS_CA"))
+        from podium.process import raise_fd_limit
+        raise_fd_limit()  # the controller holds a connection or two per worker
         processes: list[subprocess.Popen] = []
         if address:
             from podium.auth import resolve_token

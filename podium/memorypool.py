@@ -19,7 +19,11 @@ concatenation of a group's results lands in it (:mod:`podium.rowcat`).
 
 A new mapping is committed page by page as data arrives, so a peer that announces a
 large payload and sends little holds little memory (see
-:mod:`podium.transport.chunks`).
+:mod:`podium.transport.chunks`). A receiver may tag the mappings a connection filled
+(:meth:`MemoryPool.fill_for`); when that connection ends (:meth:`MemoryPool.release_pages_of`)
+their pages go back to the kernel (``madvise(MADV_DONTNEED)``: the mapping stays for reuse,
+its memory does not), so a peer that leaves does not leave its pages resident for the
+pool's idle budget.
 """
 
 from __future__ import annotations
@@ -121,6 +125,14 @@ def _move(moves: Sequence[tuple[int, int, int]]) -> None:
         ctypes.memmove(dst, src, n)
 
 
+def _drop_pages(buffer: mmap.mmap) -> None:
+    # Anonymous private memory reads as zeros afterwards: the next fill commits fresh pages.
+    try:
+        buffer.madvise(mmap.MADV_DONTNEED)
+    except (OSError, ValueError):  # closed meanwhile, or a kernel without it: nothing to do
+        pass
+
+
 def _rounded(nbytes: int) -> int:
     return max(_GRANULE, (nbytes + _GRANULE - 1) // _GRANULE * _GRANULE)
 
@@ -136,6 +148,10 @@ class MemoryPool:
         self._free: list[mmap.mmap] = []  # least recently returned first
         self._idle = 0
         self._limit = idle_limit
+        # id(mapping) -> the key of the connection that last filled it (fill_for); and the
+        # ids of leased mappings whose connection ended (their pages go when they come back).
+        self._filler: dict[int, object] = {}
+        self._orphans: set[int] = set()
         #: Mappings made and reuses served (tests and stats).
         self.created = 0
         self.reused = 0
@@ -157,10 +173,40 @@ class MemoryPool:
             if best >= 0:
                 buffer = self._free.pop(best)
                 self._idle -= len(buffer)
+                self._filler.pop(id(buffer), None)  # whoever fills it now tags it anew
+                self._orphans.discard(id(buffer))
                 self.reused += 1
                 return buffer
             self.created += 1
         return mmap.mmap(-1, need)
+
+    def fill_for(self, buffer: mmap.mmap, key: object) -> None:
+        """Tag ``buffer`` as filled by the connection ``key`` (see :meth:`release_pages_of`)."""
+        with self._lock:
+            self._filler[id(buffer)] = key
+            self._orphans.discard(id(buffer))
+
+    def release_pages_of(self, key: object) -> int:
+        """The connection ``key`` ended: the free mappings it filled give their pages back to
+        the kernel now, the ones still leased when they come back. Returns the bytes released."""
+        with self._lock:
+            free = {id(buffer): buffer for buffer in self._free}
+            mine = [ident for ident, filler in self._filler.items() if filler is key]
+            released = []
+            for ident in mine:
+                del self._filler[ident]
+                if ident in free:
+                    released.append(free[ident])
+                else:
+                    self._orphans.add(ident)
+        for buffer in released:
+            _drop_pages(buffer)
+        return sum(len(buffer) for buffer in released)
+
+    @staticmethod
+    def drop_pages(buffer: mmap.mmap) -> None:
+        """Give ``buffer``'s pages back to the kernel now (it reads as zeros afterwards)."""
+        _drop_pages(buffer)
 
     def give_back(self, buffer: mmap.mmap) -> None:
         """Return a mapping nobody views (a receive that ended early, or a finished lease)."""
@@ -168,6 +214,9 @@ class MemoryPool:
             return
         drop: list[mmap.mmap] = []
         with self._lock:
+            if id(buffer) in self._orphans:
+                self._orphans.discard(id(buffer))
+                _drop_pages(buffer)
             if self._limit is None:
                 self._limit = idle_budget()
             self._free.append(buffer)
@@ -175,6 +224,7 @@ class MemoryPool:
             while self._idle > self._limit and self._free:
                 old = self._free.pop(0)
                 self._idle -= len(old)
+                self._filler.pop(id(old), None)
                 drop.append(old)
         for old in drop:
             try:
@@ -193,6 +243,8 @@ class MemoryPool:
         """Drop every free mapping (tests; live leases are untouched)."""
         with self._lock:
             free, self._free, self._idle = self._free, [], 0
+            for buffer in free:
+                self._filler.pop(id(buffer), None)
         for buffer in free:
             try:
                 buffer.close()

@@ -65,3 +65,30 @@ def running(pid: int) -> bool:
             return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return False
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit, logging the change;
+    returns (old, new) soft limits.
+
+    Each connection costs a descriptor, and the soft limit (often 1024) is far below what a
+    server with hundreds of peers, and the connections an attacker may hold until they are
+    evicted, can need; the hard limit is what the administrator allows. Every Podium process
+    calls this at start (scheduler, node agent, worker host, controller).
+    """
+    import logging
+    import resource
+
+    log = logging.getLogger("podium.process")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        log.info("RLIMIT_NOFILE: soft limit %d, already the hard limit", soft)
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:  # e.g. a hard limit above the kernel's nr_open
+        log.warning("RLIMIT_NOFILE: cannot raise the soft limit from %d to %d: %s", soft, target, exc)
+        return soft, soft
+    log.info("RLIMIT_NOFILE: raised the soft limit from %d to the hard limit %d", soft, target)
+    return soft, target

@@ -34,6 +34,12 @@ ERROR_METADATA_KEY = "podium-error-bin"
 #: the limit only bounds what a misbehaving peer can make us buffer.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+#: What a server allows one connection (see _SERVER_OPTIONS): the handshake deadline, the
+#: idle time before an unused connection is closed, and the streams running at once.
+SERVER_HANDSHAKE_MS = 5_000
+MAX_CONNECTION_IDLE_MS = 120_000
+MAX_CONCURRENT_STREAMS = 1_024
+
 _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -67,6 +73,19 @@ _SERVER_OPTIONS = [
     ("grpc.http2.max_ping_strikes", 0),
     # One port per server, never shared with a stale process of another run.
     ("grpc.so_reuseport", 0),
+    # Connections a client with no token can hold (issue #34). A TCP connection that has not
+    # finished the HTTP/2 (or TLS) handshake within 5 s is closed: gRPC's default is 120 s,
+    # long enough for a few hundred never-speaking sockets to exhaust the descriptors.
+    ("grpc.server_handshake_timeout_ms", SERVER_HANDSHAKE_MS),
+    # A connection with no call in flight for 2 minutes gets a GOAWAY; a client's channel
+    # reconnects on its next call, so only connections nobody uses are reclaimed.
+    ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+    # Streams one connection may run at once (a controller calls 128 workers over one
+    # channel each; the scheduler's clients run a few calls at a time).
+    ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+    # No grpc.max_connection_age: every server carries a stream as long-lived as the job (the
+    # scheduler the agents' HeartbeatStream, a worker its Calls stream, an agent a followed
+    # TailLog), which an age limit would cut however long its grace.
 ]
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from podium import errors
+from podium import errors, process
 from podium.auth import TlsConfig, resolve_token
 from podium.rpc import bind, make_server, start_server, use_uvloop
 from podium.scheduler.http import HttpServer
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    process.raise_fd_limit()
     try:
         tls = TlsConfig.from_paths(args.tls_cert, args.tls_key, args.tls_ca)
         token = resolve_token(token_file=args.token_file, create=True)

@@ -3,8 +3,11 @@ after its message, read straight from the socket into its final buffer.
 
 :class:`IncomingBulk` is such a payload while its bytes arrive (taken from the process's
 reused mappings, :mod:`podium.memorypool`, or refused before any memory is taken when it is
-larger than the receiver's limit); :class:`BulkFrame` is what the receiver gets once it is
-complete.
+larger than the receiver's limit, or when the process's unfinished payloads would pass
+their bound, :data:`podium.transport.chunks.RECEIVING`); :class:`BulkFrame` is what the
+receiver gets once it is complete. A payload cut off mid-way gives its pages back to the
+kernel, and so, when its connection ends, does every mapping it filled
+(:meth:`podium.memorypool.MemoryPool.release_pages_of`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from podium import errors
 from podium.memorypool import MIN_POOLED_BYTES, POOL
+from podium.transport.chunks import RECEIVING
 
 __all__ = ["BulkFrame", "IncomingBulk"]
 
@@ -37,26 +41,37 @@ class BulkFrame:
 
 
 class IncomingBulk:
-    """The payload of a bulk frame while its bytes arrive."""
+    """The payload of a bulk frame while its bytes arrive; ``owner`` is the connection's
+    key for the pool's mappings (:meth:`~podium.memorypool.MemoryPool.fill_for`)."""
 
-    __slots__ = ("message", "size", "received", "buffer", "view", "error")
+    __slots__ = ("message", "size", "received", "buffer", "view", "error", "_reserved")
 
-    def __init__(self, message: Any, size: int, max_size: int) -> None:
+    def __init__(self, message: Any, size: int, max_size: int, owner: object = None) -> None:
         self.message = message
         self.size = size
         self.received = 0
         self.error: errors.PodiumError | None = None
         self.buffer: Any = None  # a pooled mapping, for a payload of MIN_POOLED_BYTES or more
+        self._reserved = 0
         if size > max_size:  # refused before any memory is taken for it
             self.error = errors.PayloadTooLargeError(
                 f"payload of {size} bytes exceeds the maximum of {max_size} bytes",
                 details={"size": str(size), "max_size": str(max_size)})
+        else:
+            try:
+                RECEIVING.reserve(size)
+                self._reserved = size
+            except errors.ResourceExhaustedError as exc:
+                self.error = exc
+        if self.error is not None:
             self.view = memoryview(bytearray(min(size, _SCRATCH)))
         elif size < MIN_POOLED_BYTES:  # small: malloc reuses its heap, a mapping is 1 MiB at least
             self.view = memoryview(bytearray(size))
         else:
             self.buffer = POOL.take(size)
             self.view = memoryview(self.buffer)
+            if owner is not None:
+                POOL.fill_for(self.buffer, owner)
 
     def target(self) -> memoryview:
         """Where the next bytes go (never past the payload's end)."""
@@ -77,6 +92,7 @@ class IncomingBulk:
 
     def finish(self) -> BulkFrame:
         """The complete frame (call once every byte arrived)."""
+        self._release()
         if self.error is not None:
             return BulkFrame(self.message, None, self.error)
         if self.buffer is None:
@@ -85,8 +101,14 @@ class IncomingBulk:
         return BulkFrame(self.message, POOL.lease(self.buffer, self.size))
 
     def abandon(self) -> None:
-        """The connection ended mid-payload: the mapping goes back, nothing leaks."""
+        """The connection ended mid-payload: the mapping goes back without its pages."""
+        self._release()
         if self.buffer is not None:
             self.view.release()
+            POOL.drop_pages(self.buffer)
             POOL.give_back(self.buffer)
             self.buffer = None
+
+    def _release(self) -> None:
+        RECEIVING.release(self._reserved)
+        self._reserved = 0

@@ -54,14 +54,16 @@ from typing import Any, Callable
 import grpc
 
 from podium import errors
+from podium.memorypool import POOL
 from podium.transport.bulkframes import BulkFrame, IncomingBulk
 from podium.transport.chunks import CHUNK_SIZE
 from podium.transport.frames import BULK_FLAG, FRAME_LENGTH
 from podium.transport.framewriter import FrameWriter
+from podium.transport.preauth import HANDSHAKE_SECONDS, MAX_TOKEN_BYTES, PreAuthGate
 from podium.transport.threadloan import ThreadLoan
 
-__all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "BulkFrame", "FrameConnection", "serve",
-           "connect"]
+__all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "HANDSHAKE_SECONDS", "BulkFrame",
+           "FrameConnection", "serve", "connect"]
 
 log = logging.getLogger("podium.transport.callsocket")
 
@@ -84,8 +86,9 @@ _HELLO = struct.Struct("<4sBH")
 _ACCEPTED, _REJECTED = b"\x00", b"\x01"
 # Stop reading from the socket while this many parsed frames wait for the server side.
 _MAX_QUEUED_FRAMES = 64
-#: A connection that has not completed its handshake by then is closed (server side).
-HANDSHAKE_SECONDS = 10.0
+# Before the token is checked a server-side connection reads into this much, the longest
+# hello, and nothing more (podium.transport.preauth); the frame buffer comes after.
+_HELLO_BUFFER = _HELLO.size + MAX_TOKEN_BYTES
 
 
 class FrameConnection(asyncio.BufferedProtocol):
@@ -94,14 +97,15 @@ class FrameConnection(asyncio.BufferedProtocol):
     ``parse`` turns bytes into the incoming message type. With ``on_frame`` every
     incoming frame (or :class:`BulkFrame`) is handed to it at once (client); without,
     frames queue for :meth:`read` (server). ``on_lost(exc)`` runs once when the
-    connection ends. ``max_bulk`` is the largest bulk payload this side accepts.
+    connection ends. ``max_bulk`` is the largest bulk payload this side accepts. A server-side
+    connection waits for its hello in ``gate`` (:class:`~podium.transport.preauth.PreAuthGate`).
     """
 
     def __init__(self, parse: Callable[[bytes], Any], *, token: str | None = None, server: bool,
                  on_frame: Callable[[Any], None] | None = None,
                  on_ready: Callable[["FrameConnection"], None] | None = None,
                  on_lost: Callable[[BaseException | None], None] | None = None,
-                 max_bulk: int = 0) -> None:
+                 max_bulk: int = 0, gate: PreAuthGate | None = None) -> None:
         self._parse = parse
         self._token = token
         self._server = server
@@ -109,11 +113,14 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._on_ready = on_ready
         self._on_lost = on_lost
         self._max_bulk = max_bulk
+        self._gate = gate
         # Frames are read into _buffer[_start:_end]; never resized in place (the event loop
-        # may still hold a view of it), replaced by a larger one when a frame needs it.
-        self._buffer = bytearray(_READ_BUFFER)
+        # may still hold a view of it), replaced by a larger one when a frame needs it. A
+        # server reads the hello into a small one first (nothing large before the token).
+        self._buffer = bytearray(_HELLO_BUFFER if server else _READ_BUFFER)
         self._start = self._end = 0
         self._bulk: IncomingBulk | None = None
+        self._filled = False  # a bulk payload was received (into mappings tagged with self)
         self._encrypted = False
         self._handshaken = False
         # Set by connection_made, before any other method can run.
@@ -158,11 +165,11 @@ class FrameConnection(asyncio.BufferedProtocol):
         if not self._encrypted:
             # resume_writing then means "nothing left in this process" (see write_bulk's on_sent).
             transport.set_write_buffer_limits(high=_HIGH_WATER, low=0)  # type: ignore[attr-defined]
-            sock = transport.get_extra_info("socket")
-            if self._server and sock is not None:  # another thread may read and write it
-                self.loan.attach(transport, sock)
         if self._server:  # a peer that never says hello must not hold a socket forever
             asyncio.get_running_loop().call_later(HANDSHAKE_SECONDS, self._handshake_deadline)
+            if self._gate is not None:
+                peer = transport.get_extra_info("peername")
+                self._gate.admit(self, str(peer[0]) if peer else "")
         else:
             token = (self._token or "").encode()
             transport.write(_HELLO.pack(MAGIC, VERSION, len(token)) + token)  # type: ignore[attr-defined]
@@ -172,6 +179,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         if bulk is not None:
             return bulk.target()
         buffer = self._buffer
+        if not self._handshaken and self._server:  # the hello fits, or is refused before
+            return memoryview(buffer)[self._end:]
         if len(buffer) - self._end < 65536:
             pending = self._end - self._start
             need = pending + 65536
@@ -238,7 +247,8 @@ class FrameConnection(asyncio.BufferedProtocol):
             if size < 0:
                 self._deliver(message)
                 continue
-            bulk = IncomingBulk(message, size, self._max_bulk)
+            bulk = IncomingBulk(message, size, self._max_bulk, owner=self)
+            self._filled = True
             take = min(size, end - pos)
             if take:
                 bulk.fill(memoryview(buffer)[pos:pos + take])
@@ -275,6 +285,9 @@ class FrameConnection(asyncio.BufferedProtocol):
             if magic != MAGIC or version != VERSION:
                 self._abort(errors.InvalidArgumentError("not a Podium raw call connection (or another version)"))
                 return False
+            if length > MAX_TOKEN_BYTES:
+                self._abort(errors.InvalidArgumentError(f"a token of {length} bytes is no Podium token"))
+                return False
             if available < _HELLO.size + length:
                 return False
             offered = bytes(buffer[start + _HELLO.size:start + _HELLO.size + length])
@@ -284,6 +297,7 @@ class FrameConnection(asyncio.BufferedProtocol):
                 self._abort(errors.AuthenticationError("raw call connection with a wrong token"))
                 return False
             self._transport.write(_ACCEPTED)
+            self._authenticated()
         else:
             if not available:
                 return False
@@ -302,7 +316,22 @@ class FrameConnection(asyncio.BufferedProtocol):
             self._on_ready(self)
         return True
 
+    def _authenticated(self) -> None:
+        # Only now does the connection take its frame buffer and, on plain TCP, the second
+        # descriptor another thread may read and write it through (ThreadLoan).
+        if self._gate is not None:
+            self._gate.leave(self)
+        pending = self._end - self._start
+        buffer = bytearray(_READ_BUFFER)
+        buffer[:pending] = self._buffer[self._start:self._end]
+        self._buffer, self._start, self._end = buffer, 0, pending
+        sock = self._transport.get_extra_info("socket")
+        if not self._encrypted and sock is not None:
+            self.loan.attach(self._transport, sock)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._gate is not None:
+            self._gate.leave(self)
         loan = self.loan
         loan.end()
         with loan.lock:
@@ -313,6 +342,8 @@ class FrameConnection(asyncio.BufferedProtocol):
             self._bulk = None
             if exc is None:
                 exc = errors.DataLossError("the connection ended in the middle of a payload")
+        if self._filled:  # what this peer filled does not stay resident after it leaves
+            POOL.release_pages_of(self)
         if self.lost_error is None:
             self.lost_error = exc
         if not self.ready.done():
@@ -423,8 +454,10 @@ async def serve(address: str, token: str, parse: Callable[[bytes], Any],
     (:meth:`podium.auth.TlsConfig.ssl_context`). Returns the server and its port.
     """
     loop = asyncio.get_running_loop()
+    gate = PreAuthGate()
     server = await loop.create_server(
-        lambda: FrameConnection(parse, token=token, server=True, on_ready=on_connection, max_bulk=max_bulk),
+        lambda: FrameConnection(parse, token=token, server=True, on_ready=on_connection, max_bulk=max_bulk,
+                                gate=gate),
         host=address.strip("[]"), port=0, ssl=ssl_context,
         ssl_handshake_timeout=HANDSHAKE_SECONDS if ssl_context is not None else None)
     port = server.sockets[0].getsockname()[1]

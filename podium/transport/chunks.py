@@ -12,18 +12,24 @@ by one byte would hold 1 GiB (issue #14). An assembler holds only the bytes that
 every byte it holds is counted against its connection's :class:`ReservationBudget` (a peer
 cannot hold more unfinished payload than that on one connection), and
 :meth:`Assembler.close` (the connection ended, the call was cancelled or refused) gives it
-all back at once.
+all back at once. Every unfinished payload of the process, on any connection and either
+transport (these chunks, the call socket's bulk frames), also counts against one process-wide
+budget, :data:`RECEIVING` (``PODIUM_MAX_RECEIVING_BYTES``, else half of physical memory): many
+connections together cannot hold more than that either.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
+import threading
 from collections.abc import Iterable, Iterator
 
 from podium.errors import DataLossError, PayloadTooLargeError, ResourceExhaustedError
 from podium.memorypool import MIN_POOLED_BYTES, POOL
 
-__all__ = ["CHUNK_SIZE", "iter_chunks", "check_announced", "ReservationBudget", "Assembler", "GrowingAssembler"]
+__all__ = ["CHUNK_SIZE", "iter_chunks", "check_announced", "ReservationBudget", "ProcessBudget", "RECEIVING",
+           "receiving_limit", "Assembler", "GrowingAssembler"]
 
 #: Largest chunk :func:`iter_chunks` yields: 4 MiB less 64 KiB of headroom for
 #: the message's other fields and framing, so a chunk message stays within a
@@ -82,6 +88,9 @@ def check_announced(total_size: int, max_size: int) -> None:
 class ReservationBudget:
     """Bytes of unfinished payloads one connection may hold (``limit``)."""
 
+    #: Whose payloads the budget counts, for its error.
+    holder = "this connection's"
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
         #: Bytes held right now by this connection's unfinished payloads.
@@ -93,7 +102,7 @@ class ReservationBudget:
         """Count ``nbytes`` more, or ResourceExhaustedError (nothing counted) past the limit."""
         if self.held + nbytes > self.limit:
             raise ResourceExhaustedError(
-                f"this connection's unfinished payloads would hold {self.held + nbytes} bytes, "
+                f"{self.holder} unfinished payloads would hold {self.held + nbytes} bytes, "
                 f"more than its limit of {self.limit}; send fewer large calls at once",
                 details={"held": str(self.held), "limit": str(self.limit)})
         self.held += nbytes
@@ -102,6 +111,46 @@ class ReservationBudget:
     def release(self, nbytes: int) -> None:
         """Give back ``nbytes`` reserved earlier."""
         self.held = max(0, self.held - nbytes)
+
+
+def receiving_limit() -> int:
+    """Bytes of unfinished payloads the whole process may hold: ``PODIUM_MAX_RECEIVING_BYTES``,
+    else half of physical memory."""
+    value = os.environ.get("PODIUM_MAX_RECEIVING_BYTES")
+    if value:
+        return max(0, int(value))
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):
+        return 4 << 30
+
+
+class ProcessBudget(ReservationBudget):
+    """The budget of every unfinished payload of the process (:data:`RECEIVING`): shared by
+    all connections, so any thread may reserve and release; its limit is read when first used
+    (:func:`receiving_limit`)."""
+
+    holder = "this process's"
+
+    def __init__(self) -> None:
+        super().__init__(-1)
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> None:
+        """Count ``nbytes`` more, or ResourceExhaustedError (nothing counted) past the limit."""
+        with self._lock:
+            if self.limit < 0:
+                self.limit = receiving_limit()
+            super().reserve(nbytes)
+
+    def release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` reserved earlier."""
+        with self._lock:
+            super().release(nbytes)
+
+
+#: Every unfinished payload of this process counts here too.
+RECEIVING = ProcessBudget()
 
 
 class Assembler:
@@ -154,6 +203,11 @@ class Assembler:
             raise DataLossError(f"payload overrun: {end} bytes arrived, {self.total_size} announced")
         if self._budget is not None:
             self._budget.reserve(view.nbytes)
+            try:
+                RECEIVING.reserve(view.nbytes)
+            except ResourceExhaustedError:
+                self._budget.release(view.nbytes)
+                raise
             self._reserved += view.nbytes
         if self._mapping is not None:
             self._mapping[self._received:end] = view
@@ -177,6 +231,7 @@ class Assembler:
         """Drop what arrived and give its bytes back to the budget (idempotent)."""
         if self._budget is not None:
             self._budget.release(self._reserved)
+            RECEIVING.release(self._reserved)
         self._reserved = 0
         self._buffer = bytearray()
         if self._mapping is not None:  # an unfinished payload: its pages go, not to the pool

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import grpc
 
-from podium import errors, rpc
+from podium import errors, process, rpc
 from podium.transport import shm
 from podium.auth import resolve_token
 from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LINES,
@@ -393,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    process.raise_fd_limit()
     try:
         config = config_from_args(args)
         rpc.use_uvloop()

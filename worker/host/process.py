@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from podium import codec, errors, refs, rpc
+from podium import codec, errors, process, refs, rpc
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.host import gpucap
@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s rank{os.environ.get('RANK', '?')} %(levelname)s "
                                f"%(name)s: %(message)s")
+    process.raise_fd_limit()
     rpc.use_uvloop()
     try:
         code = asyncio.run(_serve(args))
