@@ -10,6 +10,7 @@ connection carries on, and that a connection cut mid-payload gives its mapping b
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 
 import grpc
@@ -19,6 +20,7 @@ from podium import errors
 from podium.memorypool import POOL
 from podium.transport import callsocket
 from podium.transport.callsocket import BulkFrame
+from podium.transport.chunks import RECEIVING
 from podium.v1 import worker_pb2
 
 TOKEN = "bulk-token"
@@ -113,6 +115,80 @@ def test_a_connection_cut_mid_payload_gives_the_mapping_back():
             assert await asyncio.wait_for(conn.read(), 30) is grpc.aio.EOF  # never a partial frame
             assert conn.closed and isinstance(conn.lost_error, errors.DataLossError)
             assert POOL.idle_bytes >= size  # the mapping came back; nothing leaked
+        finally:
+            server.close()
+
+    asyncio.run(go())
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError("no VmRSS")
+
+
+def test_payloads_in_flight_on_all_connections_together_stay_within_the_process_bound(monkeypatch):
+    async def go():
+        monkeypatch.setattr(RECEIVING, "limit", 8 << 20)
+        server_a, client_a, conn_a = await pair(max_bulk=64 << 20)
+        server_b, client_b, conn_b = await pair(max_bulk=64 << 20)
+        try:
+            size = 6 << 20
+            first = os.urandom(size)
+            client_a.write_bulk(frame(1, size=size), [memoryview(first)[:1 << 20]], size)  # the rest later
+            for _ in range(500):  # until A's payload is being received (and counted)
+                if conn_a._bulk is not None and conn_a._bulk.received > 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert RECEIVING.held == size
+            second = os.urandom(size)
+            client_b.write_bulk(frame(2, size=size), [memoryview(second)], size)
+            client_b.write_serialized_nowait(frame(3, data=b"next"))
+            refused = await read(conn_b)  # both together would pass the process's bound
+            assert isinstance(refused, BulkFrame) and isinstance(refused.error, errors.ResourceExhaustedError)
+            assert "this process's unfinished payloads" in str(refused.error)
+            assert (await read(conn_b)).data == b"next"  # the connection goes on
+            client_a._transport.write(first[1 << 20:])  # the rest of A's payload
+            done = await read(conn_a)
+            assert done.error is None and bytes(done.data) == first
+            client_b.write_bulk(frame(4, size=size), [memoryview(second)], size)  # room again
+            again = await read(conn_b)
+            assert again.error is None and bytes(again.data) == second
+            del done, again
+            assert RECEIVING.held == 0
+        finally:
+            for closing in (client_a, client_b, server_a, server_b):
+                closing.close()
+
+    asyncio.run(go())
+
+
+def test_the_pages_a_peer_filled_go_back_when_its_connection_ends():
+    async def go():
+        server, client, conn = await pair(max_bulk=256 << 20)
+        try:
+            POOL.clear()
+            size = 96 << 20
+            payload = os.urandom(size)
+            client.write_bulk(frame(1, size=size), [memoryview(payload)], size)
+            got = await read(conn)
+            assert got.error is None and got.data.nbytes == size
+            del got  # the lease ends: the mapping is free again, its pages still resident
+            gc.collect()
+            assert POOL.idle_bytes >= size
+            resident = rss_bytes()
+            client.close()
+            assert await asyncio.wait_for(conn.read(), 30) is grpc.aio.EOF
+            conn.close()  # as the worker's call stream does at EOF
+            for _ in range(500):
+                if conn.closed:
+                    break
+                await asyncio.sleep(0.02)
+            assert conn.closed
+            assert resident - rss_bytes() >= size // 2  # the peer left: its pages went with it
+            assert POOL.idle_bytes >= size  # the mapping itself stays for reuse
         finally:
             server.close()
 

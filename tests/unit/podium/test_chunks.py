@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podium.transport import chunks
-from podium.errors import DataLossError, PayloadTooLargeError
+from podium.errors import DataLossError, PayloadTooLargeError, ResourceExhaustedError
 
 
 def segments_of(*sizes: int) -> list[memoryview]:
@@ -96,3 +96,21 @@ def test_oversize_announcement_is_refused_before_allocating():
 def test_negative_announcement_raises_data_loss():
     with pytest.raises(DataLossError):
         chunks.Assembler(-1, max_size=10)
+
+
+def test_unfinished_payloads_of_all_connections_together_stay_within_the_process_bound(monkeypatch):
+    from podium.transport.chunks import RECEIVING, ReservationBudget
+
+    monkeypatch.setattr(RECEIVING, "limit", 3 << 20)
+    one, two = ReservationBudget(8 << 20), ReservationBudget(8 << 20)  # two connections
+    first = chunks.Assembler(2 << 20, 8 << 20, one)
+    second = chunks.Assembler(2 << 20, 8 << 20, two)
+    first.add(b"x" * (2 << 20))
+    with pytest.raises(ResourceExhaustedError, match="this process's unfinished payloads"):
+        second.add(b"y" * (2 << 20))
+    assert two.held == 0  # nothing counted on the connection that was refused
+    first.close()
+    second.add(b"y" * (2 << 20))  # room again
+    assert RECEIVING.held == 2 << 20
+    second.close()
+    assert RECEIVING.held == 0
