@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError, InvalidArgumentError
 from podium.refs import DataProtoFuture, ObjectRef
+from podium.tracering import RING, now_ns
 
 __all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
            "first_failed", "resolve_args", "is_pending", "unpadded_future"]
@@ -406,15 +407,21 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
     rt = get_runtime()
     if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
         timeout = effective_call_timeout(rt.call_timeout)
-    if isinstance(refs_or_future, (list, tuple)):
-        values = _get_inline(rt, refs_or_future, timeout)
-        if values is not None:
-            return values
+    started = now_ns() if RING.on else 0
+    try:
+        if isinstance(refs_or_future, (list, tuple)):
+            values = _get_inline(rt, refs_or_future, timeout)
+            if values is not None:
+                return values
 
-        async def all_of():
-            return list(await asyncio.gather(*(_aget_value(v) for v in refs_or_future)))
-        return rt.run(all_of(), timeout=timeout, what="get")
-    return rt.run(_aget_value(refs_or_future), timeout=timeout, what="get")
+            async def all_of():
+                return list(await asyncio.gather(*(_aget_value(v) for v in refs_or_future)))
+            return rt.run(all_of(), timeout=timeout, what="get")
+        return rt.run(_aget_value(refs_or_future), timeout=timeout, what="get")
+    finally:
+        if started:
+            count = len(refs_or_future) if isinstance(refs_or_future, (list, tuple)) else 1
+            RING.add("get", f"{count} ref{'s' if count != 1 else ''}", started, now_ns())
 
 
 def _get_inline(rt: Any, values: list | tuple, timeout: float | None) -> list | None:

@@ -214,7 +214,12 @@ def put(value: Any) -> OwnedRef:
     rt = _session.get()
     if rt._closed:
         raise FailedPreconditionError("the podium runtime is shut down; call init()")
-    return rt.objects.put(value)
+    from podium.tracering import RING, now_ns
+    started = now_ns() if RING.on else 0
+    ref = rt.objects.put(value)
+    if started:
+        RING.add("put", type(value).__name__, started, now_ns())
+    return ref
 
 
 def owned_refs_in(per_rank: list) -> list[OwnedRef]:

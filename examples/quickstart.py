@@ -12,7 +12,10 @@ One controller (this script) drives 2 worker processes. Each process hosts BOTH 
 
 The mean reward printed per step rises from ~0.2 towards 1.0. Run it with
 
-    python examples/quickstart.py
+    python examples/quickstart.py [--steps N] [--timeline trace.json]
+
+``--timeline`` writes the run's Chrome trace (``podium.timeline``: every rank's calls, the
+controller's dispatch and collect) for Perfetto or ``chrome://tracing``.
 
 ``init()`` starts an embedded scheduler and node agent (8 fake GPUs when there are none);
 pass ``init(address="host:port")`` to use a running cluster instead.
@@ -20,12 +23,13 @@ pass ``init(address="host:port")`` to use a running cluster instead.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
 
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls
-from podium import init, shutdown
+from podium import init, shutdown, timeline
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
 
@@ -99,6 +103,10 @@ def rule_based_reward(batch: DataProto) -> torch.Tensor:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="Podium quickstart: a tiny RL loop on CPU")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
+    parser.add_argument("--timeline", metavar="FILE", help="write the run's Chrome trace to FILE")
+    args = parser.parse_args()
     start = time.monotonic()
     init()
     pool = ResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1)
@@ -111,13 +119,16 @@ def main() -> None:
     print(f"{wg.world_size} colocated actor+critic workers up in {time.monotonic() - start:.1f}s")
 
     prompts = DataProto.from_dict(tensors={"prompt": torch.arange(BATCH) % 2})
-    for step in range(1, STEPS + 1):
+    for step in range(1, args.steps + 1):
         batch = actor.generate_sequences(prompts)
         batch.batch["rewards"] = rule_based_reward(batch)
         batch = critic.compute_advantages(batch)
         metrics = actor.update_policy(batch)
         print(f"step {step:2d}  mean reward {batch.batch['rewards'].mean().item():.3f}  "
               f"actor loss {sum(m['actor/loss'] for m in metrics) / len(metrics):+.3f}")
+    if args.timeline:
+        timeline(args.timeline)
+        print(f"timeline written to {args.timeline}")
     wg.shutdown()
     shutdown()
     print(f"done in {time.monotonic() - start:.1f}s")

@@ -7,7 +7,7 @@ This package is what a training script imports::
     out = podium.get(wg.step(batch, blocking=False))
 
 It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``, ``call_timeout``; Ray's
-``put``, ``remote``, ``get_actor`` and ``kill``), the batch container (``DataProto``),
+``put``, ``remote``, ``get_actor``, ``kill`` and ``timeline``), the batch container (``DataProto``),
 references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
 the TLS settings (``TlsConfig``) and every error Podium raises (one tree, rooted at
 ``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
@@ -49,6 +49,7 @@ _LAZY = {
     "put": "podium.controller.objects",
     "remote": "podium.controller.tasks",
     "shutdown": "podium.controller.runtime",
+    "timeline": "podium.controller.timeline",
     "wait": "podium.controller.futures",
 }
 
@@ -97,6 +98,7 @@ __all__ = [
     "put",
     "remote",
     "shutdown",
+    "timeline",
     "wait",
 ]
 

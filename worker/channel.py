@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import grpc
@@ -90,6 +91,19 @@ class WorkerChannel:
                                              metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Describe") from None
+
+    async def timeline(self, max_events: int = 0, *, timeout: float | None = 10.0
+                       ) -> tuple[worker_pb2.TimelineResponse, int, int]:
+        """The worker's recent spans (``Timeline``), with this process's wall clock just before
+        and just after the call (ns): the caller aligns the two clocks with them."""
+        stub = self._connected_stub()
+        sent = time.time_ns()
+        try:
+            reply = await stub.Timeline(worker_pb2.TimelineRequest(max_events=max_events), timeout=timeout,
+                                        metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc, "Timeline") from None
+        return reply, sent, time.time_ns()
 
     async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
                     timeout: float | None = None) -> Any:

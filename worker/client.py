@@ -252,7 +252,7 @@ class WorkerClient(WorkerChannel):
         await self._conn.write(frame)
 
     async def _roundtrip(self, kind: worker_pb2.CallKind.ValueType, method: str, payload: Payload, hold: bool,
-                         timeout: float | None, decode: bool = True) -> Any:
+                         timeout: float | None, decode: bool = True, trace: int = 0) -> Any:
         if self._broken is not None:
             raise self._broken
         conn = self._conn
@@ -264,7 +264,7 @@ class WorkerClient(WorkerChannel):
         same_host = self.same_host is True
         header = worker_pb2.CallHeader(kind=kind, method=method, payload_size=payload.nbytes,
                                        hold_result=hold, timeout_seconds=timeout or 0.0,
-                                       reply_in_shm=same_host)
+                                       reply_in_shm=same_host, trace_id=trace)
         try:
             segments = conn.segments
             staged = payload.staged if same_host and segments is not None else None
@@ -344,7 +344,7 @@ class WorkerClient(WorkerChannel):
         p.shm_name = ""
 
     def submit(self, method: str, payload: Payload, *, hold: bool = False,
-               timeout: float | None = None) -> asyncio.Future:
+               timeout: float | None = None, trace: int = 0) -> asyncio.Future:
         """Start a call and return a future of its value (or ObjectRef with ``hold``).
 
         On the raw call connection a payload of one frame is written right here, with no
@@ -352,24 +352,25 @@ class WorkerClient(WorkerChannel):
         else runs :meth:`call_encoded` as a task. Must be called on the client's loop.
         """
         if not self._fast_path_for(payload):
-            return self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
+            return self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout, trace=trace))
         loop = self._loop
         assert loop is not None  # started: _fast_path_for saw its connection
         future = loop.create_future()
-        self._send_one_frame(PendingCall(future, method), method, payload, hold, timeout)
+        self._send_one_frame(PendingCall(future, method), method, payload, hold, timeout, trace)
         return future
 
     def submit_into(self, method: str, payload: Payload, sink: Any, on_error: Any, *, hold: bool = False,
-                    timeout: float | None = None) -> None:
+                    timeout: float | None = None, trace: int = 0) -> None:
         """Start a call whose outcome settles ``sink`` instead of a future.
 
         ``sink._set_result(value)`` (the ObjectRef with ``hold``) on success, else
         ``on_error(sink, exc)``; both on the client's loop. ``sink.done()`` says whether it
         still wants an outcome. No asyncio future, task or callback per call: what a burst
-        of ``blocking=False`` calls needs. Must be called on the client's loop.
+        of ``blocking=False`` calls needs. Must be called on the client's loop. ``trace``: the
+        group call's id on the timeline (``CallHeader.trace_id``).
         """
         if not self._fast_path_for(payload):
-            task = self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout))
+            task = self._on_loop().create_task(self._roundtrip(_CALL, method, payload, hold, timeout, trace=trace))
 
             def settle(t: asyncio.Task) -> None:
                 if t.cancelled():
@@ -384,7 +385,7 @@ class WorkerClient(WorkerChannel):
         p = PendingCall(None, method)
         p.sink = sink
         p.on_error = on_error
-        self._send_one_frame(p, method, payload, hold, timeout)
+        self._send_one_frame(p, method, payload, hold, timeout, trace)
 
     def _fast_path_for(self, payload: Payload) -> bool:
         """Whether a call with ``payload`` goes out as one raw frame written at once."""
@@ -393,7 +394,7 @@ class WorkerClient(WorkerChannel):
                 and not (self.same_host is True and payload.nbytes >= self.shm_threshold))
 
     def _send_one_frame(self, p: PendingCall, method: str, payload: Payload, hold: bool,
-                        timeout: float | None) -> None:
+                        timeout: float | None, trace: int = 0) -> None:
         conn = self._conn
         assert conn is not None  # _fast_path_for said so
         p.decode = True
@@ -401,12 +402,13 @@ class WorkerClient(WorkerChannel):
         try:
             if payload.nbytes <= frames.TAIL_MAX_BYTES and not conn.takes_bulk(payload.nbytes):
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
-                conn.write_serialized_nowait(frames.frame_with_call_id(call_id, tail))
+                frame = frames.frame_with_call_id(call_id, tail)
+                conn.write_serialized_nowait(frame + frames.trace_suffix(trace) if trace else frame)
             else:  # the payload's own memory, after a header frame (a ONE_TO_ALL shares it)
                 self.stats["bulk_sent"] += 1
                 header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
-                                               reply_in_shm=self.same_host is True)
+                                               reply_in_shm=self.same_host is True, trace_id=trace)
                 conn.write_bulk_nowait(worker_pb2.CallFrame(call_id=call_id, header=header, last=True),
                                        payload.segments(), payload.nbytes)
         except errors.PodiumError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from podium.controller import dispatch as _dispatch
+from podium.tracering import RING, now_ns
 from podium.errors import InvalidArgumentError
 from podium.worker.decorator import MAGIC_ATTR, Execute, get_registration
 
@@ -57,7 +58,13 @@ def func_generator(self: BindableGroup, method_name: str, dispatch_fn: Callable,
             # dispatch_one_to_all + slice_for_ranks would give, at O(N) Python per call).
             world_size = self.world_size
             output = calls.run(list(range(world_size)), method_name, [(args, kwargs)] * world_size, blocking)
-            return collect_fn(self, output)
+            if not RING.on:
+                return collect_fn(self, output)
+            collecting = now_ns()
+            output = collect_fn(self, output)
+            RING.add("collect", f"{calls.label}.{method_name}", collecting, now_ns(), calls.last_trace)
+            return output
+        dispatching = now_ns() if RING.on else 0
         args, kwargs = dispatch_fn(self, *args, **kwargs)
         padding_count = kwargs.pop(_dispatch.PADDING_SIZE_KEY, 0)
         padded_rows = kwargs.pop(_dispatch.PADDED_ROWS_KEY, None)
@@ -66,10 +73,17 @@ def func_generator(self: BindableGroup, method_name: str, dispatch_fn: Callable,
                 args, kwargs = _dispatch.slice_for_ranks(self.world_size, args, kwargs)[0]
             output = calls.run([0], method_name, [(tuple(args), dict(kwargs))], blocking)[0]
         else:
-            output = calls.run(list(range(self.world_size)), method_name,
-                               _dispatch.slice_for_ranks(self.world_size, args, kwargs), blocking)
-        output = collect_fn(self, output)
-        return _dispatch.unpad_output(output, padding_count, padded_rows, self.world_size)
+            per_rank = _dispatch.slice_for_ranks(self.world_size, args, kwargs)
+            dispatched = now_ns() if dispatching else 0
+            output = calls.run(list(range(self.world_size)), method_name, per_rank, blocking)
+        collecting = now_ns() if dispatching else 0
+        output = _dispatch.unpad_output(collect_fn(self, output), padding_count, padded_rows, self.world_size)
+        if collecting:
+            name = f"{calls.label}.{method_name}"
+            if not rank_zero:
+                RING.add("dispatch", name, dispatching, dispatched, calls.last_trace)
+            RING.add("collect", name, collecting, now_ns(), calls.last_trace)
+        return output
 
     cls = type(method_name, (), {"__call__": __call__,
                                  "__doc__": f"WorkerGroup method {method_name!r} (dispatch -> execute -> collect)."})

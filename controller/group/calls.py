@@ -23,6 +23,7 @@ from podium.controller.group.handle import WorkerHandle, no_arguments
 from podium.controller.group.members import GroupMembers
 from podium.controller.loopqueue import soon
 from podium.controller.objects import owned_refs_in
+from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
 from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
@@ -69,6 +70,8 @@ class GroupCaller:
         self.label = label
         #: Whether the group was shut down (no new calls).
         self.closed = False
+        #: The trace id of the last call :meth:`run` made (its ranks' spans carry it).
+        self.last_trace = 0
 
     def routed(self, route: Route | None = None) -> "GroupCaller":
         """A caller over the same runtime and members with its own closed flag and
@@ -89,6 +92,17 @@ class GroupCaller:
         """Call ``method_name`` on ``ranks`` concurrently: values when blocking, else PendingRefs."""
         if self.closed:
             raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
+        trace = self.last_trace = next_trace_id()
+        started = now_ns() if RING.on else 0
+        try:
+            return self._run(ranks, method_name, per_rank, blocking, trace)
+        finally:
+            if started:
+                # Blocking: sending and waiting for every rank; else sending (the refs settle later).
+                RING.add("execute" if blocking else "submit", f"{self.label}.{method_name}", started, now_ns(), trace)
+
+    def _run(self, ranks: list[int], method_name: str, per_rank: list[tuple[tuple, dict]], blocking: bool,
+             trace: int) -> list:
         rt = self._rt
         calls = []
         last: Any = None
@@ -100,7 +114,7 @@ class GroupCaller:
             calls.append((rank, name, args, kwargs))
         timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
         if blocking:
-            return rt.run(self._call_all(calls, hold=False, timeout=timeout), timeout=timeout + 10,
+            return rt.run(self._call_all(calls, hold=False, timeout=timeout, trace=trace), timeout=timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")
         workers = self._members.workers
         # A held result lives in its worker until nothing here can name it any more: each
@@ -113,7 +127,7 @@ class GroupCaller:
                 ref.add_done_callback(keep_alive)
         if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
             # Arguments that are still computing: resolved, then encoded, in a task on the loop.
-            soon(rt.loop, self._start_when_resolved, calls, refs, timeout)
+            soon(rt.loop, self._start_when_resolved, calls, refs, timeout, trace)
             return refs
         # The arguments are encoded here and their buffers copied before the call returns:
         # the call sends them later, from the loop, and must send what they were now.
@@ -123,12 +137,14 @@ class GroupCaller:
             for ref in refs:
                 ref._set_exception(exc)
             return refs
-        soon(rt.loop, self._submit_all, calls, payloads, True, refs, timeout)  # batched: one loop wake-up per burst
+        soon(rt.loop, self._submit_all, calls, payloads, True, refs, timeout, None, trace)  # one wake-up per burst
         return refs
 
-    def _start_when_resolved(self, calls: list, sinks: list[PendingRef], timeout: float | None = None) -> None:
+    def _start_when_resolved(self, calls: list, sinks: list[PendingRef], timeout: float | None = None,
+                             trace: int = 0) -> None:
         """Start a ``blocking=False`` call whose arguments include results still computing."""
-        asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks, timeout=timeout))
+        asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks, timeout=timeout,
+                                                              trace=trace))
 
     @staticmethod
     def encode_payloads(prepared: list, snapshot: bool = False) -> dict[int, Any]:
@@ -154,7 +170,7 @@ class GroupCaller:
         return payloads
 
     async def _call_all(self, calls: list, hold: bool, sinks: list | None = None,
-                        timeout: float | None = None) -> list:
+                        timeout: float | None = None, trace: int = 0) -> list:
         try:
             prepared = []
             last: Any = None
@@ -174,10 +190,10 @@ class GroupCaller:
         gather = None
         try:
             if sinks is not None:
-                self._submit_all(prepared, payloads, hold, sinks, timeout)
+                self._submit_all(prepared, payloads, hold, sinks, timeout, None, trace)
             else:  # a blocking call's outcomes land in the slots of one gather: no future per rank
                 gather = GroupGather(len(prepared))
-                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, RankOutcome.fail)
+                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, RankOutcome.fail, trace)
         finally:
             if staged is not None:
                 # Each rank's call pins the segment itself as it starts (its task's first
@@ -225,7 +241,7 @@ class GroupCaller:
             return None
 
     def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool, sinks: list,
-                    timeout: float | None = None, on_error: Callable | None = None) -> None:
+                    timeout: float | None = None, on_error: Callable | None = None, trace: int = 0) -> None:
         """Send every rank its call; each outcome settles its sink (no task or future per
         rank on the raw call path): ``sink._set_result(value)``, or ``on_error(sink, exc)``.
         By default (the PendingRefs of a ``blocking=False`` call) a broken worker's error is
@@ -234,7 +250,8 @@ class GroupCaller:
         workers = self._members.workers
         failed = self._sink_failed if on_error is None else on_error
         for i, (rank, name, _, _) in enumerate(prepared):
-            workers[rank].client.submit_into(name, payloads[i], sinks[i], failed, hold=hold, timeout=timeout)
+            workers[rank].client.submit_into(name, payloads[i], sinks[i], failed, hold=hold, timeout=timeout,
+                                             trace=trace)
 
     def _sink_failed(self, sink: PendingRef, exc: BaseException) -> None:
         """A ``blocking=False`` call failed: settle its ref with the error a user can act on

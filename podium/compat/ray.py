@@ -35,7 +35,7 @@ from podium.refs import ObjectRef
 
 __all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
            "cancel", "method", "get_runtime_context", "cluster_resources", "available_resources", "nodes",
-           "get_gpu_ids", "ObjectRef", "util", "exceptions"]
+           "get_gpu_ids", "timeline", "ObjectRef", "util", "exceptions"]
 
 #: Keyword arguments of ``ray.init`` that only tune Ray's own services: accepted, no effect.
 _INIT_IGNORED = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level", "logging_format",
@@ -183,6 +183,13 @@ def get_runtime_context() -> RuntimeContext:
     return RuntimeContext()
 
 
+def timeline(filename: str | None = None) -> list[dict] | None:
+    """``ray.timeline``: the session's Chrome trace events (written to ``filename`` as JSON
+    when given); see :mod:`podium.controller.timeline`."""
+    from podium.controller.timeline import timeline as podium_timeline
+    return podium_timeline(filename)
+
+
 def get_gpu_ids() -> list[int]:
     """``ray.get_gpu_ids``: the GPUs this process may use (CUDA_VISIBLE_DEVICES)."""
     text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -276,7 +283,6 @@ _ALTERNATIVES = {
     "serve": "an actor that runs an HTTP server (podium.remote(cls))",
     "workflow": "plain Python control flow in the controller",
     "dag": "refs passed from one call to the next",
-    "timeline": "the scheduler's dashboard and podium status",
     "autoscaler": "starting more `podium node` processes",
     "actor": "podium.controller.ActorHandle",
     "get_dashboard_url": "the scheduler's HTTP dashboard (podium status prints its address)",

@@ -92,10 +92,10 @@ def _wrap_made(made: Any) -> Any:
     return _BundleTask(made._function, made._options) if type(made) is RemoteFunction else made
 
 
-def timeline(filename: str | None = None) -> NoReturn:
-    """``ray.timeline``: not yet on Podium (the observability issue adds a trace)."""
-    raise UnimplementedError("ray.timeline is not provided by Podium yet; on Podium use: the scheduler's "
-                              "dashboard and `podium status` (per-worker state), `podium logs` (output)")
+def timeline(filename: str | None = None) -> list[dict] | None:
+    """``ray.timeline``: the session's Chrome trace (:func:`podium.controller.timeline.timeline`)."""
+    from podium.controller.timeline import timeline as podium_timeline
+    return podium_timeline(filename)
 
 
 def get_node_ip_address() -> str:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from podium.v1 import common_pb2 as podium_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16podium/v1/worker.proto\x12\tpodium.v1\x1a\x16podium/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xb6\x01\n\nMethodInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rdispatch_mode\x18\x02 \x01(\t\x12\x14\n\x0c\x65xecute_mode\x18\x03 \x01(\t\x12\x10\n\x08\x62locking\x18\x04 \x01(\x08\x12\x1b\n\x13materialize_futures\x18\x05 \x01(\x08\x12\x10\n\x08is_async\x18\x06 \x01(\x08\x12\x12\n\nregistered\x18\x07 \x01(\x08\x12\x18\n\x10\x64ispatch_payload\x18\x08 \x01(\x0c\"\xd9\x02\n\x10\x44\x65scribeResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x12\n\nclass_name\x18\x05 \x01(\t\x12\x13\n\x0b\x63onstructed\x18\x06 \x01(\x08\x12&\n\x07methods\x18\x07 \x03(\x0b\x32\x15.podium.v1.MethodInfo\x12\x14\n\x0cnode_address\x18\x08 \x01(\t\x12\x10\n\x08hostname\x18\t \x01(\t\x12\x11\n\tcall_port\x18\n \x01(\x05\x12\x35\n\x05stats\x18\x0b \x03(\x0b\x32&.podium.v1.DescribeResponse.StatsEntry\x12\x12\n\nshm_domain\x18\x0c \x01(\t\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe3\x01\n\nCallHeader\x12!\n\x04kind\x18\x01 \x01(\x0e\x32\x13.podium.v1.CallKind\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x14\n\x0cpayload_size\x18\x03 \x01(\x04\x12\x13\n\x0bhold_result\x18\x04 \x01(\x08\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12\x14\n\x0creply_in_shm\x18\x07 \x01(\x08\x12\x12\n\nshm_pooled\x18\x08 \x01(\x08\x12\x14\n\x0crefs_segment\x18\t \x01(\t\x12\x0c\n\x04refs\x18\n \x03(\x04\"\x89\x01\n\tCallFrame\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12%\n\x06header\x18\x02 \x01(\x0b\x32\x15.podium.v1.CallHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x14\n\x0cshm_released\x18\x05 \x03(\t\x12\x12\n\nshm_forget\x18\x06 \x03(\t\"\x98\x01\n\rObjectRefInfo\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rowner_address\x18\x03 \x01(\t\x12\x12\n\nowner_rank\x18\x04 \x01(\x05\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04rows\x18\x06 \x01(\x03\x12\x14\n\x0cinline_value\x18\x07 \x01(\x0c\"\xc5\x01\n\x0bReplyHeader\x12\n\n\x02ok\x18\x01 \x01(\x08\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.podium.v1.ErrorInfo\x12\x14\n\x0cpayload_size\x18\x03 \x01(\x04\x12%\n\x03ref\x18\x04 \x01(\x0b\x32\x18.podium.v1.ObjectRefInfo\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12\x12\n\nshm_pooled\x18\x06 \x01(\x08\x12\x14\n\x0crefs_segment\x18\x07 \x01(\t\x12\x0c\n\x04refs\x18\x08 \x03(\x04\"\x8b\x01\n\nReplyFrame\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12&\n\x06header\x18\x02 \x01(\x0b\x32\x16.podium.v1.ReplyHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x14\n\x0cshm_released\x18\x05 \x03(\t\x12\x12\n\nshm_forget\x18\x06 \x03(\t\"n\n\x0c\x46\x65tchRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08has_rows\x18\x02 \x01(\x08\x12\x11\n\trow_start\x18\x03 \x01(\x03\x12\x10\n\x08row_stop\x18\x04 \x01(\x03\x12\x14\n\x0creply_in_shm\x18\x05 \x01(\x08\"?\n\tDataChunk\x12\x12\n\ntotal_size\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x10\n\x08shm_name\x18\x03 \x01(\t\"$\n\x0eReleaseRequest\x12\x12\n\nobject_ids\x18\x01 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x12\n\x10ShutdownResponse*J\n\x08\x43\x61llKind\x12\x19\n\x15\x43\x41LL_KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04\x43\x41LL\x10\x01\x12\r\n\tCONSTRUCT\x10\x02\x12\n\n\x06\x43\x41NCEL\x10\x03\x32\xc8\x02\n\x06Worker\x12\x43\n\x08\x44\x65scribe\x12\x1a.podium.v1.DescribeRequest\x1a\x1b.podium.v1.DescribeResponse\x12\x38\n\x05\x43\x61lls\x12\x14.podium.v1.CallFrame\x1a\x15.podium.v1.ReplyFrame(\x01\x30\x01\x12\x38\n\x05\x46\x65tch\x12\x17.podium.v1.FetchRequest\x1a\x14.podium.v1.DataChunk0\x01\x12@\n\x07Release\x12\x19.podium.v1.ReleaseRequest\x1a\x1a.podium.v1.ReleaseResponse\x12\x43\n\x08Shutdown\x12\x1a.podium.v1.ShutdownRequest\x1a\x1b.podium.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16podium/v1/worker.proto\x12\tpodium.v1\x1a\x16podium/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xb6\x01\n\nMethodInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rdispatch_mode\x18\x02 \x01(\t\x12\x14\n\x0c\x65xecute_mode\x18\x03 \x01(\t\x12\x10\n\x08\x62locking\x18\x04 \x01(\x08\x12\x1b\n\x13materialize_futures\x18\x05 \x01(\x08\x12\x10\n\x08is_async\x18\x06 \x01(\x08\x12\x12\n\nregistered\x18\x07 \x01(\x08\x12\x18\n\x10\x64ispatch_payload\x18\x08 \x01(\x0c\"\xd9\x02\n\x10\x44\x65scribeResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x12\n\nclass_name\x18\x05 \x01(\t\x12\x13\n\x0b\x63onstructed\x18\x06 \x01(\x08\x12&\n\x07methods\x18\x07 \x03(\x0b\x32\x15.podium.v1.MethodInfo\x12\x14\n\x0cnode_address\x18\x08 \x01(\t\x12\x10\n\x08hostname\x18\t \x01(\t\x12\x11\n\tcall_port\x18\n \x01(\x05\x12\x35\n\x05stats\x18\x0b \x03(\x0b\x32&.podium.v1.DescribeResponse.StatsEntry\x12\x12\n\nshm_domain\x18\x0c \x01(\t\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf5\x01\n\nCallHeader\x12!\n\x04kind\x18\x01 \x01(\x0e\x32\x13.podium.v1.CallKind\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x14\n\x0cpayload_size\x18\x03 \x01(\x04\x12\x13\n\x0bhold_result\x18\x04 \x01(\x08\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12\x14\n\x0creply_in_shm\x18\x07 \x01(\x08\x12\x12\n\nshm_pooled\x18\x08 \x01(\x08\x12\x14\n\x0crefs_segment\x18\t \x01(\t\x12\x0c\n\x04refs\x18\n \x03(\x04\x12\x10\n\x08trace_id\x18\x0b \x01(\x04\"\x89\x01\n\tCallFrame\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12%\n\x06header\x18\x02 \x01(\x0b\x32\x15.podium.v1.CallHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x14\n\x0cshm_released\x18\x05 \x03(\t\x12\x12\n\nshm_forget\x18\x06 \x03(\t\"\x98\x01\n\rObjectRefInfo\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rowner_address\x18\x03 \x01(\t\x12\x12\n\nowner_rank\x18\x04 \x01(\x05\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04rows\x18\x06 \x01(\x03\x12\x14\n\x0cinline_value\x18\x07 \x01(\x0c\"\xc5\x01\n\x0bReplyHeader\x12\n\n\x02ok\x18\x01 \x01(\x08\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.podium.v1.ErrorInfo\x12\x14\n\x0cpayload_size\x18\x03 \x01(\x04\x12%\n\x03ref\x18\x04 \x01(\x0b\x32\x18.podium.v1.ObjectRefInfo\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12\x12\n\nshm_pooled\x18\x06 \x01(\x08\x12\x14\n\x0crefs_segment\x18\x07 \x01(\t\x12\x0c\n\x04refs\x18\x08 \x03(\x04\"\x8b\x01\n\nReplyFrame\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12&\n\x06header\x18\x02 \x01(\x0b\x32\x16.podium.v1.ReplyHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x14\n\x0cshm_released\x18\x05 \x03(\t\x12\x12\n\nshm_forget\x18\x06 \x03(\t\"n\n\x0c\x46\x65tchRequest\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x10\n\x08has_rows\x18\x02 \x01(\x08\x12\x11\n\trow_start\x18\x03 \x01(\x03\x12\x10\n\x08row_stop\x18\x04 \x01(\x03\x12\x14\n\x0creply_in_shm\x18\x05 \x01(\x08\"?\n\tDataChunk\x12\x12\n\ntotal_size\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x10\n\x08shm_name\x18\x03 \x01(\t\"$\n\x0eReleaseRequest\x12\x12\n\nobject_ids\x18\x01 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x12\n\x10ShutdownResponse\"%\n\x0fTimelineRequest\x12\x12\n\nmax_events\x18\x01 \x01(\r\"\x9e\x01\n\nTraceEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08start_ns\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ns\x18\x04 \x01(\x03\x12\x10\n\x08trace_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x07 \x01(\x04\x12\x11\n\tbytes_out\x18\x08 \x01(\x04\x12\n\n\x02ok\x18\t \x01(\x08\"Z\n\x10TimelineResponse\x12\x0e\n\x06now_ns\x18\x01 \x01(\x03\x12%\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x15.podium.v1.TraceEvent\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04*J\n\x08\x43\x61llKind\x12\x19\n\x15\x43\x41LL_KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04\x43\x41LL\x10\x01\x12\r\n\tCONSTRUCT\x10\x02\x12\n\n\x06\x43\x41NCEL\x10\x03\x32\x8d\x03\n\x06Worker\x12\x43\n\x08\x44\x65scribe\x12\x1a.podium.v1.DescribeRequest\x1a\x1b.podium.v1.DescribeResponse\x12\x38\n\x05\x43\x61lls\x12\x14.podium.v1.CallFrame\x1a\x15.podium.v1.ReplyFrame(\x01\x30\x01\x12\x38\n\x05\x46\x65tch\x12\x17.podium.v1.FetchRequest\x1a\x14.podium.v1.DataChunk0\x01\x12@\n\x07Release\x12\x19.podium.v1.ReleaseRequest\x1a\x1a.podium.v1.ReleaseResponse\x12\x43\n\x08Shutdown\x12\x1a.podium.v1.ShutdownRequest\x1a\x1b.podium.v1.ShutdownResponse\x12\x43\n\x08Timeline\x12\x1a.podium.v1.TimelineRequest\x1a\x1b.podium.v1.TimelineResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DESCRIBERESPONSE_STATSENTRY']._loaded_options = None
   _globals['_DESCRIBERESPONSE_STATSENTRY']._serialized_options = b'8\001'
-  _globals['_CALLKIND']._serialized_start=1787
-  _globals['_CALLKIND']._serialized_end=1861
+  _globals['_CALLKIND']._serialized_start=2097
+  _globals['_CALLKIND']._serialized_end=2171
   _globals['_DESCRIBEREQUEST']._serialized_start=61
   _globals['_DESCRIBEREQUEST']._serialized_end=78
   _globals['_METHODINFO']._serialized_start=81
@@ -45,27 +45,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBERESPONSE_STATSENTRY']._serialized_start=567
   _globals['_DESCRIBERESPONSE_STATSENTRY']._serialized_end=611
   _globals['_CALLHEADER']._serialized_start=614
-  _globals['_CALLHEADER']._serialized_end=841
-  _globals['_CALLFRAME']._serialized_start=844
-  _globals['_CALLFRAME']._serialized_end=981
-  _globals['_OBJECTREFINFO']._serialized_start=984
-  _globals['_OBJECTREFINFO']._serialized_end=1136
-  _globals['_REPLYHEADER']._serialized_start=1139
-  _globals['_REPLYHEADER']._serialized_end=1336
-  _globals['_REPLYFRAME']._serialized_start=1339
-  _globals['_REPLYFRAME']._serialized_end=1478
-  _globals['_FETCHREQUEST']._serialized_start=1480
-  _globals['_FETCHREQUEST']._serialized_end=1590
-  _globals['_DATACHUNK']._serialized_start=1592
-  _globals['_DATACHUNK']._serialized_end=1655
-  _globals['_RELEASEREQUEST']._serialized_start=1657
-  _globals['_RELEASEREQUEST']._serialized_end=1693
-  _globals['_RELEASERESPONSE']._serialized_start=1695
-  _globals['_RELEASERESPONSE']._serialized_end=1730
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1732
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1765
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1767
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1785
-  _globals['_WORKER']._serialized_start=1864
-  _globals['_WORKER']._serialized_end=2192
+  _globals['_CALLHEADER']._serialized_end=859
+  _globals['_CALLFRAME']._serialized_start=862
+  _globals['_CALLFRAME']._serialized_end=999
+  _globals['_OBJECTREFINFO']._serialized_start=1002
+  _globals['_OBJECTREFINFO']._serialized_end=1154
+  _globals['_REPLYHEADER']._serialized_start=1157
+  _globals['_REPLYHEADER']._serialized_end=1354
+  _globals['_REPLYFRAME']._serialized_start=1357
+  _globals['_REPLYFRAME']._serialized_end=1496
+  _globals['_FETCHREQUEST']._serialized_start=1498
+  _globals['_FETCHREQUEST']._serialized_end=1608
+  _globals['_DATACHUNK']._serialized_start=1610
+  _globals['_DATACHUNK']._serialized_end=1673
+  _globals['_RELEASEREQUEST']._serialized_start=1675
+  _globals['_RELEASEREQUEST']._serialized_end=1711
+  _globals['_RELEASERESPONSE']._serialized_start=1713
+  _globals['_RELEASERESPONSE']._serialized_end=1748
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1750
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1783
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1785
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1803
+  _globals['_TIMELINEREQUEST']._serialized_start=1805
+  _globals['_TIMELINEREQUEST']._serialized_end=1842
+  _globals['_TRACEEVENT']._serialized_start=1845
+  _globals['_TRACEEVENT']._serialized_end=2003
+  _globals['_TIMELINERESPONSE']._serialized_start=2005
+  _globals['_TIMELINERESPONSE']._serialized_end=2095
+  _globals['_WORKER']._serialized_start=2174
+  _globals['_WORKER']._serialized_end=2571
 # @@protoc_insertion_point(module_scope)

@@ -243,6 +243,7 @@ class CallHeader(_message.Message):
     SHM_POOLED_FIELD_NUMBER: _builtins.int
     REFS_SEGMENT_FIELD_NUMBER: _builtins.int
     REFS_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
     kind: Global___CallKind.ValueType
     """What the call asks for."""
     method: _builtins.str
@@ -271,6 +272,10 @@ class CallHeader(_message.Message):
     without unlinking it and sends its name back in ReplyFrame.shm_released once no value
     uses it.
     """
+    trace_id: _builtins.int
+    """The caller's group call (or task, actor call) this call belongs to, for the timeline
+    (podium.timeline): every rank of one group call gets the same id; 0: none.
+    """
     @_builtins.property
     def refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """(buffer index, offset, length) triples into refs_segment, flattened."""
@@ -288,10 +293,11 @@ class CallHeader(_message.Message):
         shm_pooled: _builtins.bool = ...,
         refs_segment: _builtins.str = ...,
         refs: _abc.Iterable[_builtins.int] | None = ...,
+        trace_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "refs", b"refs", "refs_segment", b"refs_segment", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "refs", b"refs", "refs_segment", b"refs_segment", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -648,3 +654,109 @@ class ShutdownResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShutdownResponse: _TypeAlias = ShutdownResponse  # noqa: Y015
+
+@_typing.final
+class TimelineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_EVENTS_FIELD_NUMBER: _builtins.int
+    max_events: _builtins.int
+    """Return at most this many of the newest events (0: all the ring holds)."""
+    def __init__(
+        self,
+        *,
+        max_events: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_events", b"max_events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimelineRequest: _TypeAlias = TimelineRequest  # noqa: Y015
+
+@_typing.final
+class TraceEvent(_message.Message):
+    """One span the worker recorded (podium.tracering)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    START_NS_FIELD_NUMBER: _builtins.int
+    END_NS_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    BYTES_IN_FIELD_NUMBER: _builtins.int
+    BYTES_OUT_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """What it was: "call" (a call from arrival to reply), "run" (the method itself),
+    "fetch" (a ref this worker read from another), "receive" (a payload arriving).
+    """
+    name: _builtins.str
+    """The method (or the object fetched)."""
+    start_ns: _builtins.int
+    """Start, nanoseconds of the worker's wall clock (time.time_ns)."""
+    end_ns: _builtins.int
+    """End, on the same clock."""
+    trace_id: _builtins.int
+    """CallHeader.trace_id of the call (0: none)."""
+    call_id: _builtins.int
+    """The call's id on its stream (0 where there is none)."""
+    bytes_in: _builtins.int
+    """Payload bytes received (the call's arguments)."""
+    bytes_out: _builtins.int
+    """Payload bytes sent (its reply)."""
+    ok: _builtins.bool
+    """False when it ended in an error."""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        start_ns: _builtins.int = ...,
+        end_ns: _builtins.int = ...,
+        trace_id: _builtins.int = ...,
+        call_id: _builtins.int = ...,
+        bytes_in: _builtins.int = ...,
+        bytes_out: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "call_id", b"call_id", "end_ns", b"end_ns", "kind", b"kind", "name", b"name", "ok", b"ok", "start_ns", b"start_ns", "trace_id", b"trace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceEvent: _TypeAlias = TraceEvent  # noqa: Y015
+
+@_typing.final
+class TimelineResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NOW_NS_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    now_ns: _builtins.int
+    """The worker's wall clock when it answered (time.time_ns): the caller aligns clocks with it."""
+    dropped: _builtins.int
+    """Events the ring dropped because it was full since the worker started."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___TraceEvent]:
+        """The events, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        now_ns: _builtins.int = ...,
+        events: _abc.Iterable[Global___TraceEvent] | None = ...,
+        dropped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "events", b"events", "now_ns", b"now_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimelineResponse: _TypeAlias = TimelineResponse  # noqa: Y015

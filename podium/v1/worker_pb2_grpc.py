@@ -60,6 +60,11 @@ class WorkerStub:
                 request_serializer=podium_dot_v1_dot_worker__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=podium_dot_v1_dot_worker__pb2.ShutdownResponse.FromString,
                 _registered_method=True)
+        self.Timeline = channel.unary_unary(
+                '/podium.v1.Worker/Timeline',
+                request_serializer=podium_dot_v1_dot_worker__pb2.TimelineRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_worker__pb2.TimelineResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -102,6 +107,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Timeline(self, request, context):
+        """The worker's recent trace events (podium.timeline), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +141,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=podium_dot_v1_dot_worker__pb2.ShutdownRequest.FromString,
                     response_serializer=podium_dot_v1_dot_worker__pb2.ShutdownResponse.SerializeToString,
+            ),
+            'Timeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.Timeline,
+                    request_deserializer=podium_dot_v1_dot_worker__pb2.TimelineRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_worker__pb2.TimelineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +284,33 @@ class Worker:
             '/podium.v1.Worker/Shutdown',
             podium_dot_v1_dot_worker__pb2.ShutdownRequest.SerializeToString,
             podium_dot_v1_dot_worker__pb2.ShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Timeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.Worker/Timeline',
+            podium_dot_v1_dot_worker__pb2.TimelineRequest.SerializeToString,
+            podium_dot_v1_dot_worker__pb2.TimelineResponse.FromString,
             options,
             channel_credentials,
             insecure,

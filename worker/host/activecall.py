@@ -33,8 +33,8 @@ class ActiveCall:
     admitted to run at once.
     """
 
-    __slots__ = ("answered", "call_id", "cancelled", "deadline", "gates", "header", "job", "started", "stream",
-                 "task")
+    __slots__ = ("answered", "bytes_out", "call_id", "cancelled", "deadline", "gates", "header", "job", "recorded",
+                 "started", "stream", "task")
 
     def __init__(self, call_id: int, header: worker_pb2.CallHeader, stream: Any,
                  gates: tuple[asyncio.Future, asyncio.Future] | None) -> None:
@@ -52,3 +52,7 @@ class ActiveCall:
         self.started = 0.0
         #: monotonic() when the execution thread sent its reply itself (0.0: not so).
         self.answered = 0.0
+        #: Bytes of the reply's payload, once known (the timeline's span).
+        self.bytes_out = 0
+        #: Its span is on the timeline already (recorded by the thread that replied).
+        self.recorded = False

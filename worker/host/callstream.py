@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from podium import errors, rpc
+from podium.tracering import RING, mono_to_ns, now_ns
 from podium.transport import chunks
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
@@ -164,7 +165,14 @@ class CallStream:
     def reply_from_thread(self, active: ActiveCall, ok: bool, result: Any) -> bool:
         """Send a fast-path call's small reply from the execution thread (True if it went):
         one wake-up of the loop fewer per call. The rest of :meth:`_fast_done` runs later."""
-        if not ok or not self.send_from_thread(active.call_id, result):
+        if not ok:
+            return False
+        if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
+            header = active.header
+            RING.add("call", header.method, mono_to_ns(active.started), now_ns(), header.trace_id, active.call_id,
+                     header.payload_size, getattr(result, "nbytes", 0))
+            active.recorded = True
+        if not self.send_from_thread(active.call_id, result):
             return False
         active.answered = time.monotonic()
         return True
@@ -203,7 +211,7 @@ class CallStream:
         self.conn.carrier.loan.take_back(frames, data)
 
     def direct_done(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool,
-                    result: Any) -> None:
+                    result: Any, recorded: bool = False) -> None:
         """A call the execution thread read and ran, whose reply it could not send itself
         (an error, a large or shared-memory reply, a busy socket): counted and answered
         here, on the loop."""
@@ -214,6 +222,7 @@ class CallStream:
         stats["calls_in_flight"] += 1
         active = ActiveCall(call_id, header, self, None)
         active.started = started
+        active.recorded = recorded  # the thread put its span on the timeline
         self._fast_done(active, ok, result)
 
     def _fast_done(self, active: ActiveCall, ok: bool, result: Any) -> None:
@@ -221,8 +230,13 @@ class CallStream:
         thread did (reply_from_thread), and count it."""
         stats = self.host.stats
         stats["calls_in_flight"] -= 1
-        stats["call_seconds"] += (active.answered or time.monotonic()) - active.started
+        ended = active.answered or time.monotonic()
+        stats["call_seconds"] += ended - active.started
         call_id = active.call_id
+        if RING.on and not active.recorded:
+            header = active.header
+            RING.add("call", header.method, mono_to_ns(active.started), mono_to_ns(ended), header.trace_id, call_id,
+                     header.payload_size, result.nbytes if ok and type(result) is Outcome else 0, ok)
         self.active.pop(call_id, None)
         try:
             if active.answered:
@@ -429,13 +443,16 @@ class CallStream:
         stats = self.host.stats
         stats["calls_in_flight"] += 1
         started = time.monotonic()
+        ok = True
         try:
             await body
         except asyncio.CancelledError:
             stats["call_errors"] += 1
+            ok = False
             raise
         except BaseException as exc:  # noqa: BLE001 - becomes the call's error reply
             stats["call_errors"] += 1
+            ok = False
             try:
                 await self.send_error(active.call_id, exc)
             except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
@@ -444,6 +461,10 @@ class CallStream:
             stats["calls_in_flight"] -= 1
             stats["call_seconds"] += time.monotonic() - started
             self.active.pop(active.call_id, None)
+            if RING.on:
+                header = active.header
+                RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, active.call_id,
+                         header.payload_size, active.bytes_out, ok)
 
     async def cancel(self, call_id: int) -> None:
         """CANCEL: drop a call still arriving or not yet started."""

@@ -34,6 +34,7 @@ import time
 from typing import Any, Protocol
 
 from podium import errors
+from podium.tracering import RING, mono_to_ns, now_ns
 from podium.transport.frames import BULK_FLAG, FRAME_LENGTH, is_whole_call
 from podium.v1 import worker_pb2
 from podium.transport.connection import CallConnection
@@ -76,8 +77,9 @@ class DirectStream(Protocol):
         """The socket comes back to the loop with what was read and not run (on the loop)."""
 
     def direct_done(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool,
-                    result: Any) -> None:
-        """Answer, on the loop, a call run here whose reply did not go from the thread."""
+                    result: Any, recorded: bool = False) -> None:
+        """Answer, on the loop, a call run here whose reply did not go from the thread
+        (``recorded``: its span is on the timeline already)."""
 
 
 class DirectReader:
@@ -267,16 +269,21 @@ class DirectReader:
         except BaseException as exc:  # noqa: BLE001 - the call's error reply
             result, ok = exc, False
         counts["calls_in_flight"] -= 1
+        recorded = False
         if ok and type(result) is Outcome and result.lent is None:
             # Counted before it is sent: a caller that reads the counters after its reply
             # finds this call in them.
             elapsed = time.monotonic() - started
             self._count(counts, header.payload_size, result.nbytes, elapsed, 1)
+            if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
+                RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, call_id,
+                         header.payload_size, result.nbytes)
+                recorded = True
             if stream.send_from_thread(call_id, result):
                 return
             self._count(counts, header.payload_size, result.nbytes, elapsed, -1)
         lent = result.lent if ok and type(result) is Outcome else None
-        if not self._report(call_id, header, started, ok, result):
+        if not self._report(call_id, header, started, ok, result, recorded):
             return  # the loop is closed: nothing will send the lent reply
         del result
         if lent is not None:  # the reply is sent from the method's memory: nothing may change it
@@ -291,10 +298,13 @@ class DirectReader:
         counts["bytes_out"] += sign * bytes_out
         counts["call_seconds"] += sign * seconds
 
-    def _report(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool, result: Any) -> bool:
-        """Have the loop answer the call (False: the loop is closed)."""
+    def _report(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool, result: Any,
+                recorded: bool = False) -> bool:
+        """Have the loop answer the call (False: the loop is closed); ``recorded``: its span is
+        on the timeline already."""
         try:
-            self._loop.call_soon_threadsafe(self.stream.direct_done, call_id, header, started, ok, result)
+            self._loop.call_soon_threadsafe(self.stream.direct_done, call_id, header, started, ok, result,
+                                            recorded)
         except RuntimeError:
             return False
         return True

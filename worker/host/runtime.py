@@ -15,6 +15,7 @@ from typing import Any
 import cloudpickle
 
 from podium import codec, errors, refs
+from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.connection import CallConnection
@@ -256,10 +257,15 @@ class HostRuntime:
                     conn: CallConnection | None) -> Outcome:
         """Run a sync method and package its value (on the execution thread); its exception
         is raised as the call's error."""
+        started = now_ns() if RING.on else 0
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
+            if started:
+                RING.add("run", header.method, started, now_ns(), header.trace_id, ok=False)
             raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
+        if started:
+            RING.add("run", header.method, started, now_ns(), header.trace_id)
         return self.package(value, header, conn, settle_later=True)
 
     def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
@@ -360,23 +366,35 @@ class HostRuntime:
             assert job.future is not None  # submit() gives every job one
             outcome = await job.future
         else:
+            started = now_ns() if RING.on else 0
             try:
                 result = await fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - user code
+                if started:
+                    RING.add("run", header.method, started, now_ns(), header.trace_id, ok=False)
                 if header.method == FETCH_CALL and isinstance(exc, errors.PodiumError):
                     raise  # the store's own error (NotFound, OutOfRange), as the Fetch RPC says it
                 raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
+            if started:
+                RING.add("run", header.method, started, now_ns(), header.trace_id)
             outcome = self.package(result, header, active.stream.conn)
+        active.bytes_out = outcome.nbytes
         await active.stream.send_outcome(active.call_id, outcome)
 
     async def _materialize(self, active: ActiveCall, args: Any, kwargs: Any) -> tuple[list, dict]:
-        """Fetch top-level ref arguments from their owners, within the call's deadline."""
+        """Fetch top-level ref arguments from their owners, within the call's deadline (a
+        "fetch" span on the timeline: a DataProtoFuture read from another worker)."""
         method = active.header.method
+        started = now_ns() if RING.on else 0
+        ok = False
         try:
             if active.deadline:
-                return await asyncio.wait_for(refs.materialize(args, kwargs),
-                                              max(0.0, active.deadline - time.monotonic()))
-            return await refs.materialize(args, kwargs)
+                fetched = await asyncio.wait_for(refs.materialize(args, kwargs),
+                                                 max(0.0, active.deadline - time.monotonic()))
+            else:
+                fetched = await refs.materialize(args, kwargs)
+            ok = True
+            return fetched
         except asyncio.TimeoutError:
             raise errors.DeadlineExceededError(
                 f"fetching the arguments of {method!r} did not finish within the call's deadline") from None
@@ -386,6 +404,9 @@ class HostRuntime:
             raise errors.DataLossError(
                 f"rank {self.config.rank} could not fetch an argument of {method!r} from its "
                 f"owner: {exc}", details={"cause": type(exc).__name__}) from None
+        finally:
+            if started:
+                RING.add("fetch", method, started, now_ns(), active.header.trace_id, active.call_id, ok=ok)
 
     # ---------------------------------------------------------------- what the unary RPCs answer
 

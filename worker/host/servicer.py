@@ -8,6 +8,7 @@ errors into statuses (:func:`podium.rpc.handle_errors`); the ``Calls`` stream is
 from __future__ import annotations
 
 from podium import rpc
+from podium.tracering import RING, now_ns
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.host.callstream import CallStream
 from podium.worker.host.runtime import HostRuntime
@@ -46,3 +47,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Answer, then stop the process shortly after."""
         self.runtime.request_shutdown(request.reason)
         return worker_pb2.ShutdownResponse()
+
+    @rpc.handle_errors
+    async def Timeline(self, request, context):
+        """This process's recent spans (podium.tracering), oldest first, and its clock."""
+        spans = RING.spans(request.max_events)
+        events = [worker_pb2.TraceEvent(kind=s.kind, name=s.name, start_ns=s.start_ns, end_ns=s.end_ns,
+                                        trace_id=s.trace_id, call_id=s.call_id, bytes_in=s.bytes_in,
+                                        bytes_out=s.bytes_out, ok=s.ok) for s in spans]
+        return worker_pb2.TimelineResponse(now_ns=now_ns(), events=events, dropped=RING.dropped)

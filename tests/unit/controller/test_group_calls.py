@@ -28,7 +28,7 @@ class LocalRank:
         self.answer = answer
         self.received: list[tuple[str, object]] = []
 
-    def submit_into(self, name, payload, sink, on_error, *, hold=False, timeout=None):
+    def submit_into(self, name, payload, sink, on_error, *, hold=False, timeout=None, trace=0):
         self.received.append((name, payload))
         try:
             value = self.answer(name, payload)
