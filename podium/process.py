@@ -17,7 +17,9 @@ or the event-loop thread). Grandchildren are not covered.
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 import signal
 import sys
 from typing import Sequence
@@ -76,9 +78,6 @@ def raise_fd_limit() -> tuple[int, int]:
     evicted, can need; the hard limit is what the administrator allows. Every Podium process
     calls this at start (scheduler, node agent, worker host, controller).
     """
-    import logging
-    import resource
-
     log = logging.getLogger("podium.process")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
