@@ -350,7 +350,7 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve; returns the bound port (port 0 picks one)."""
-        # Idle connections time out and their number is capped (podium.scheduler.httplimits).
+        # Connections and bodies are bounded, probes never starved (podium.scheduler.httplimits).
         self._runner = BoundedRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         ssl_context = self.config.tls.ssl_context(server=True) if self.config.tls else None
