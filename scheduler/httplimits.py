@@ -8,16 +8,19 @@ speak, and ``/healthz`` and ``/readyz`` answered 503 (issue #34). So here:
 
 - at most :data:`HTTP_MAX_CONNECTIONS` connections are open (the descriptor bound);
 - a connection that has not sent a byte yet is *silent*: silent ones have their own,
-  smaller budget (:data:`HTTP_MAX_PENDING`), and every connection has a shorter deadline
-  for its first complete request (:data:`HTTP_FIRST_REQUEST_SECONDS`);
-- a new connection over either bound closes the oldest idle one (silent ones first, then
-  those between requests or still sending one) instead of being refused, so whoever keeps
-  re-opening silent connections only ever pushes out their own older ones, and a probe,
-  which sends its request at once, is answered. A newcomer is refused (503) only when
-  every open connection is in the middle of being answered;
+  smaller budget (:data:`HTTP_MAX_SILENT`, :data:`HTTP_MAX_SILENT_PER_PEER` from one peer
+  address), and every connection has a short deadline for its first complete request
+  (:data:`HTTP_FIRST_REQUEST_SECONDS`);
+- over a bound, a newcomer is not refused: an older idle connection of the peer address
+  holding the most is closed (its oldest silent one first, else the least recently active
+  one between requests). So whoever keeps re-opening silent connections, however fast, only
+  pushes out their own, and a probe from another address (the kubelet's is the node's) is
+  answered. A newcomer is refused (503) only when every open connection is mid-request;
 - a connection idle for :data:`HTTP_IDLE_SECONDS` between requests is closed;
 - no path takes a request body: a chunked one, or one over :data:`HTTP_MAX_BODY_BYTES`,
   gets 413 and the connection is closed without reading it (token or not).
+
+Not covered: probes sent from the attacker's own address, which share its budget.
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ from typing import cast
 
 from aiohttp import web
 
-__all__ = ["HTTP_IDLE_SECONDS", "HTTP_MAX_CONNECTIONS", "HTTP_MAX_PENDING",
+__all__ = ["HTTP_IDLE_SECONDS", "HTTP_MAX_CONNECTIONS", "HTTP_MAX_SILENT",
+           "HTTP_MAX_SILENT_PER_PEER",
            "HTTP_FIRST_REQUEST_SECONDS", "HTTP_MAX_BODY_BYTES", "BoundedRunner"]
 
 #: Seconds a connection may stay open between requests (the dashboard polls every 2 s).
 HTTP_IDLE_SECONDS = 10.0
 #: Open HTTP connections at most (each is one descriptor).
 HTTP_MAX_CONNECTIONS = 128
-#: Open connections that have not sent a byte yet, at most.
-HTTP_MAX_PENDING = 64
+#: Open connections that have not sent a byte yet, at most; and from one peer address.
+HTTP_MAX_SILENT = 64
+HTTP_MAX_SILENT_PER_PEER = 32
 #: Seconds a new connection has to send its first complete request (a probe needs ms).
 HTTP_FIRST_REQUEST_SECONDS = 3.0
 #: Largest request body let through (no path reads one; this only spares small clients
@@ -76,17 +81,29 @@ class _TrackedHandler(web.RequestHandler):
         super().connection_lost(exc)
 
 
-class _ConnectionBook:
-    """Which connections are open, silent, mid-request, in order; who to close for a newcomer."""
+def _peer(handler: _TrackedHandler) -> str:
+    transport = handler.transport
+    name = transport.get_extra_info("peername") if transport is not None else None
+    return str(name[0]) if isinstance(name, tuple) and name else str(name)
 
-    def __init__(self, cap: int, pending_cap: int, first_request_seconds: float) -> None:
+
+class _ConnectionBook:
+    """Which connections are open, silent, mid-request, per peer address, in order; and
+    whom to close for a newcomer."""
+
+    def __init__(self, cap: int, silent_cap: int, silent_per_peer: int,
+                 first_request_seconds: float) -> None:
         self.cap = cap
-        self.pending_cap = pending_cap
+        self.silent_cap = silent_cap
+        self.silent_per_peer = silent_per_peer
         self.first_request_seconds = first_request_seconds
-        #: Open connections, least recently active first (insertion order of the dict).
-        self.open: dict[_TrackedHandler, None] = {}
-        #: Open connections that sent nothing yet, oldest first.
-        self.pending: dict[_TrackedHandler, None] = {}
+        #: Open connections and their peer address, least recently active first.
+        self.open: dict[_TrackedHandler, str] = {}
+        #: The same per peer address.
+        self.by_peer: dict[str, dict[_TrackedHandler, None]] = {}
+        #: Open connections that sent nothing yet, oldest first; the same per peer.
+        self.silent: dict[_TrackedHandler, None] = {}
+        self.silent_by_peer: dict[str, dict[_TrackedHandler, None]] = {}
         #: Open connections with no complete request yet: their deadline.
         self.deadlines: dict[_TrackedHandler, asyncio.TimerHandle] = {}
         #: Requests in progress per connection.
@@ -98,45 +115,76 @@ class _ConnectionBook:
         self.evicted = 0
 
     def admit(self) -> bool:
-        """Make room for one more connection; False when none can be made."""
-        if len(self.pending) + self.unmade >= self.pending_cap:
-            # Silent ones beyond their budget: the oldest goes. Not refusing when none can
-            # go yet (all just accepted, in one batch): a probe may be among them.
-            self._evict(self.pending)
+        """Make room for one more connection under the cap; False when none can be made.
+
+        The newcomer's address is not known yet (its transport comes later), so the peer
+        holding the most connections makes room: its oldest silent one goes, else its
+        least recently active one between requests."""
         if len(self.open) + self.unmade >= self.cap:
-            idle = (h for h in self.open if h not in self.busy)
-            if not self._evict(self.pending) and not self._evict(idle):
+            crowded = sorted(self.by_peer.values(), key=len, reverse=True)
+            if not any(self._evict_idle(self.silent_by_peer.get(self.open[next(iter(mine))], {}))
+                       or self._evict_idle(mine) for mine in crowded):
                 return False
         self.unmade += 1
         return True
 
-    def _evict(self, candidates) -> bool:
+    def _evict_idle(self, candidates: dict[_TrackedHandler, None]) -> bool:
         for handler in candidates:
-            if handler.transport is None:
-                continue
-            was_pending = handler in self.pending
-            self.lost(handler)
-            if was_pending:
-                # It asked nothing yet: a client about to ask reads why it was closed.
-                handler.transport.write(_BUSY)
-            handler.force_close()  # closes the socket once the 503 is flushed
-            self.evicted += 1
-            return True
+            if handler not in self.busy and handler.transport is not None:
+                self._evict(handler)
+                return True
         return False
 
+    def _evict(self, handler: _TrackedHandler) -> None:
+        transport = handler.transport
+        was_silent = handler in self.silent
+        self.lost(handler)
+        if was_silent and transport is not None:
+            # It asked nothing yet: a client about to ask reads why it was closed.
+            transport.write(_BUSY)
+        handler.force_close()  # closes the socket once the 503 is flushed
+        self.evicted += 1
+
     def made(self, handler: _TrackedHandler) -> None:
-        """A connection of ours is up: silent until its first byte, with a first-request deadline."""
+        """A connection of ours is up: silent until its first byte, with a first-request
+        deadline. Over the silent bounds the oldest silent one of its own peer goes (at the
+        per-peer bound), else of the peer holding the most silent ones."""
         self.unmade = max(0, self.unmade - 1)
-        self.open[handler] = None
-        self.pending[handler] = None
+        peer = _peer(handler)
+        mine = self.silent_by_peer.get(peer, {})
+        if len(mine) >= self.silent_per_peer:
+            self._evict(next(iter(mine)))
+        elif len(self.silent) >= self.silent_cap and self.silent_by_peer:
+            self._evict(next(iter(max(self.silent_by_peer.values(), key=len))))
+        self.open[handler] = peer
+        self.by_peer.setdefault(peer, {})[handler] = None
+        self.silent[handler] = None
+        self.silent_by_peer.setdefault(peer, {})[handler] = None
         loop = asyncio.get_running_loop()
         self.deadlines[handler] = loop.call_later(self.first_request_seconds, self._expire, handler)
 
+    def _unsilence(self, handler: _TrackedHandler) -> None:
+        if self.silent.pop(handler, 0) is None:
+            peer = self.open.get(handler, "")
+            mine = self.silent_by_peer.get(peer, {})
+            mine.pop(handler, None)
+            if not mine:
+                self.silent_by_peer.pop(peer, None)
+
+    def _touch(self, handler: _TrackedHandler) -> None:
+        """``handler`` is the most recently active connection (of all, and of its peer)."""
+        peer = self.open.pop(handler, None)
+        if peer is not None:
+            self.open[handler] = peer
+            mine = self.by_peer[peer]
+            del mine[handler]
+            mine[handler] = None
+
     def spoke(self, handler: _TrackedHandler) -> None:
-        """Bytes arrived on ``handler``: no longer silent, and the most recently active."""
-        if self.pending.pop(handler, 0) is None and handler in self.open:
-            del self.open[handler]
-            self.open[handler] = None
+        """Bytes arrived on ``handler``: no longer silent."""
+        if handler in self.silent:
+            self._unsilence(handler)
+            self._touch(handler)
 
     def _expire(self, handler: _TrackedHandler) -> None:
         if self.deadlines.pop(handler, None) is not None:  # no complete request in time
@@ -145,16 +193,21 @@ class _ConnectionBook:
 
     def lost(self, handler: _TrackedHandler) -> None:
         """Forget a connection (closed by either side; idempotent)."""
-        self.open.pop(handler, None)
+        self._unsilence(handler)
+        peer = self.open.pop(handler, None)
+        if peer is not None:
+            mine = self.by_peer[peer]
+            del mine[handler]
+            if not mine:
+                del self.by_peer[peer]
         self.busy.pop(handler, None)
-        self.pending.pop(handler, None)
         timer = self.deadlines.pop(handler, None)
         if timer is not None:
             timer.cancel()
 
     def started(self, handler) -> None:
         """A complete request arrived on ``handler``."""
-        self.pending.pop(handler, None)
+        self._unsilence(handler)
         timer = self.deadlines.pop(handler, None)
         if timer is not None:
             timer.cancel()
@@ -166,9 +219,7 @@ class _ConnectionBook:
         count = self.busy.pop(handler, 0) - 1
         if count > 0:
             self.busy[handler] = count
-        if handler in self.open:
-            del self.open[handler]
-            self.open[handler] = None
+        self._touch(handler)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
@@ -229,7 +280,8 @@ class BoundedRunner(web.AppRunner):
         super().__init__(app, keepalive_timeout=idle, lingering_time=0,
                          read_bufsize=HTTP_MAX_BODY_BYTES, **kwargs)
         cap = HTTP_MAX_CONNECTIONS if max_connections is None else max_connections
-        self.book = _ConnectionBook(cap, min(HTTP_MAX_PENDING, cap), HTTP_FIRST_REQUEST_SECONDS)
+        self.book = _ConnectionBook(cap, min(HTTP_MAX_SILENT, cap), HTTP_MAX_SILENT_PER_PEER,
+                                    HTTP_FIRST_REQUEST_SECONDS)
         app.middlewares.insert(0, self.book.middleware)
 
     async def _make_server(self):
