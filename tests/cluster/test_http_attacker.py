@@ -11,7 +11,7 @@ import resource
 
 import pytest
 
-from podium.scheduler import httplimits
+from podium import httplimits
 from podium.scheduler.client import SchedulerClient
 from tests.support.httpattack import SilentFlood, endless_chunked_post, probe
 

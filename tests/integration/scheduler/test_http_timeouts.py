@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from podium.scheduler import httplimits
+from podium import httplimits
 from tests.support.scheduler_fakes import Cluster
 
 pytestmark = pytest.mark.faults

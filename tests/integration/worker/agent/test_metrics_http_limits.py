@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from podium.scheduler import httplimits
+from podium import httplimits
 from podium.worker.agent.service import AgentConfig, run_agent
 from tests.support.agentkit import TOKEN, run
 from tests.support.httpattack import SilentFlood, endless_chunked_post, probe

@@ -1,4 +1,4 @@
-"""Bounds on Podium's HTTP connections (the scheduler's port and a node agent's metrics).
+"""Bounds on Podium's HTTP servers' connections (the scheduler's port, a node agent's metrics).
 
 aiohttp keeps an idle (or never-speaking) connection open for an hour by default and
 accepts any number of them, so a few hundred idle clients used up a scheduler's file
@@ -155,7 +155,8 @@ class _ConnectionBook:
         if len(mine) >= self.silent_per_peer:
             self._evict(next(iter(mine)))
         elif len(self.silent) >= self.silent_cap and self.silent_by_peer:
-            self._evict(next(iter(max(self.silent_by_peer.values(), key=len))))
+            crowded = max(self.silent_by_peer.values(), key=lambda group: len(group))
+            self._evict(next(iter(crowded)))
         self.open[handler] = peer
         self.by_peer.setdefault(peer, {})[handler] = None
         self.silent[handler] = None
