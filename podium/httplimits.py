@@ -20,7 +20,10 @@ speak, and ``/healthz`` and ``/readyz`` answered 503 (issue #34). So here:
 - no path takes a request body: a chunked one, or one over :data:`HTTP_MAX_BODY_BYTES`,
   gets 413 and the connection is closed without reading it (token or not).
 
-Not covered: probes sent from the attacker's own address, which share its budget.
+Not covered: probes sent from the attacker's own address, which share its budget; and,
+with TLS, connections still in their TLS handshake: asyncio hands a connection to aiohttp
+only once its handshake is done, so until then (asyncio's 60 s handshake timeout) it counts
+against the cap but cannot be chosen to make room.
 """
 
 from __future__ import annotations
