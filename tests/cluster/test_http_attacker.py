@@ -27,8 +27,9 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+@pytest.mark.parametrize("first", [b"", b"G"], ids=["silent", "one-byte"])
 def test_probes_and_token_calls_are_answered_while_silent_connections_flood_the_port(
-        scheduler_process, token, arun):
+        scheduler_process, token, arun, first):
     sched = scheduler_process()
     pid = sched.proc.pid
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
@@ -38,7 +39,7 @@ def test_probes_and_token_calls_are_answered_while_silent_connections_flood_the_
     async def scenario():
         client = SchedulerClient(sched.address, token=token)
         try:
-            async with SilentFlood(host, port, LANES) as flood:
+            async with SilentFlood(host, port, LANES, first=first) as flood:
                 # The attack is under way: the cap is full and connections churn.
                 while flood.closed_by_server < LANES:
                     await asyncio.sleep(0.05)

@@ -13,10 +13,13 @@ __all__ = ["SilentFlood", "probe", "endless_chunked_post"]
 class SilentFlood:
     """``lanes`` connections to ``host:port`` from ``source`` (an address of this host, e.g.
     127.0.0.2: another pod than the kubelet's node address) that never send a byte; each
-    one the server closes is opened again at once, until the ``async with`` block ends."""
+    one the server closes is opened again at once, until the ``async with`` block ends.
+    With ``first`` each sends those bytes (a request's first byte, say) and then nothing."""
 
-    def __init__(self, host: str, port: int, lanes: int, source: str = "127.0.0.2") -> None:
+    def __init__(self, host: str, port: int, lanes: int, source: str = "127.0.0.2",
+                 first: bytes = b"") -> None:
         self.host, self.port, self.lanes, self.source = host, port, lanes, source
+        self.first = first
         #: Connections opened, and closed by the server, so far.
         self.opened = 0
         self.closed_by_server = 0
@@ -32,6 +35,8 @@ class SilentFlood:
                 await asyncio.sleep(0.01)  # the backlog is full: try again
                 continue
             self.opened += 1
+            if self.first:
+                writer.write(self.first)
             stop = asyncio.ensure_future(self._stop.wait())
             closed = asyncio.ensure_future(reader.read())
             await asyncio.wait({stop, closed}, return_when=asyncio.FIRST_COMPLETED)
