@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from podium.errors import DeadlineExceededError, UnavailableError
+from podium.private import open_private, private_dir
 from podium.process import die_with_parent_argv
 
 __all__ = ["DEFAULT_FAKE_GPUS", "STARTUP_TIMEOUT", "start_embedded", "stop_process"]
@@ -81,7 +82,7 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
                     ) -> tuple[str, str, list[subprocess.Popen], str]:
     token = secrets.token_urlsafe(32)
     root = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)  # 0700 (mkdtemp's already is), its logs 0600, whatever the umask (#34)
     env = dict(os.environ, PODIUM_TOKEN=token, PYTHONUNBUFFERED="1")
     env.pop("PODIUM_TOKEN_FILE", None)
     for key in ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA"):
@@ -96,7 +97,7 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
     processes: list[subprocess.Popen] = []
     try:
         sched_file, sched_log = root / "scheduler.port.json", root / "scheduler.log"
-        with open(sched_log, "ab") as out:
+        with open_private(sched_log, "ab") as out:
             processes.append(subprocess.Popen(
                 _embedded_argv("scheduler", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
                                "--state", ":memory:", "--port-file", str(sched_file), *_tls_args(tls)),
@@ -108,7 +109,7 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
                 "--cpus", str(num_cpus), "--log-dir", str(root / "workers"), *_tls_args(tls)]
         if num_gpus is not None:
             args += ["--fake-gpus", str(num_gpus)]
-        with open(node_log, "ab") as out:
+        with open_private(node_log, "ab") as out:
             processes.append(subprocess.Popen(_embedded_argv("node", *args), env=env, stdout=out,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         _wait_port_file(node_file, processes[1], "node agent", node_log)

@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 from podium import errors
+from podium.private import open_private
 from podium.tracering import RING, Span
 
 __all__ = ["timeline", "chrome_events", "COLLECT_TIMEOUT"]
@@ -54,7 +55,7 @@ def timeline(filename: str | None = None) -> list[dict] | None:
     if filename is None:
         return events
     try:
-        with open(filename, "w") as out:
+        with open_private(filename, "w") as out:  # 0600 like every file Podium writes
             json.dump(events, out)
     except OSError as exc:
         raise errors.InvalidArgumentError(f"cannot write the timeline to {filename!r}: {exc}") from None

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-__all__ = ["PRIVATE_FILE", "PRIVATE_DIR", "private_dir", "private_file", "open_private"]
+__all__ = ["PRIVATE_FILE", "PRIVATE_DIR", "private_dir", "private_file", "open_private",
+           "write_private_atomic"]
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
@@ -64,3 +65,14 @@ def open_private(path: str | os.PathLike, mode: str = "ab"):
     except BaseException:
         os.close(fd)
         raise
+
+
+def write_private_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` 0600 through a temporary file and a rename, so a reader
+    polling for it sees it whole or not at all; its missing folders are created 0700."""
+    target = pathlib.Path(path)
+    private_dir(target.parent)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with open_private(tmp, "wb") as out:
+        out.write(text.encode())
+    os.replace(tmp, target)

@@ -31,7 +31,7 @@ from podium.auth import token_matches
 from podium.memcap import requested_cap
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
-from podium.scheduler.httplimits import BoundedRunner
+from podium.httplimits import BoundedRunner
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
 
@@ -350,7 +350,7 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve; returns the bound port (port 0 picks one)."""
-        # Idle connections time out and their number is capped (podium.scheduler.httplimits).
+        # Connections and bodies are bounded, probes never starved (podium.httplimits).
         self._runner = BoundedRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         ssl_context = self.config.tls.ssl_context(server=True) if self.config.tls else None

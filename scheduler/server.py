@@ -20,6 +20,7 @@ import grpc
 
 from podium import errors, process
 from podium.auth import TlsConfig, resolve_token
+from podium.private import write_private_atomic
 from podium.rpc import bind, make_server, start_server, use_uvloop
 from podium.scheduler.http import HttpServer
 from podium.scheduler.service import SchedulerConfig, SchedulerService
@@ -94,10 +95,7 @@ async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
 
 def write_port_file(path: str, payload: dict) -> None:
     """Write JSON atomically (tmp file + rename), so a reader never sees half of it."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle)
-    os.replace(tmp, path)
+    write_private_atomic(path, json.dumps(payload))  # 0600, like every file Podium makes
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -16,10 +16,10 @@ import os
 import sqlite3
 import time
 
-from podium.errors import FailedPreconditionError
+from podium.errors import FailedPreconditionError, InvalidArgumentError
 from podium.private import PRIVATE_FILE, private_dir, private_file
 
-__all__ = ["StateFileError", "TABLES", "open_state_db", "set_aside"]
+__all__ = ["StateFileError", "TABLES", "open_state_db", "set_aside", "refuse_directory"]
 
 #: Every table of a Podium state file (id, first-insert seq, serialized record).
 TABLES = ("nodes", "placement_groups", "workers", "sessions")
@@ -36,6 +36,15 @@ class StateFileError(FailedPreconditionError):
             f"--state pointing to another file, or with --fresh-state to move this one aside "
             f"(to {path}.bad-<time>) and start with an empty state.")
         self.path = path
+
+
+def refuse_directory(path: str) -> None:
+    """Raise InvalidArgumentError when ``path`` is a directory (``--state DIR``): sqlite3's
+    own answer is a bare OperationalError, and ``--fresh-state`` must not move a folder aside."""
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"--state {path} is a directory; it names the state file itself, "
+            f"e.g. --state {os.path.join(path, 'scheduler.db')}")
 
 
 def set_aside(path: str) -> str:
@@ -97,6 +106,7 @@ def open_state_db(path: str) -> sqlite3.Connection:
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         _schema(db)
         return db
+    refuse_directory(path)
     private_dir(os.path.dirname(os.path.abspath(path)))
     if not os.path.exists(path):
         _create(path)

@@ -23,7 +23,7 @@ from podium.errors import FailedPreconditionError, PodiumError
 from podium.private import open_private, private_dir
 from podium.resources import validate_bundles
 from podium.scheduler.state import ClusterModel, Dirty, Session
-from podium.scheduler.statefile import StateFileError, open_state_db, set_aside
+from podium.scheduler.statefile import StateFileError, open_state_db, refuse_directory, set_aside
 from podium.v1 import common_pb2
 
 __all__ = ["Store"]
@@ -52,6 +52,7 @@ class Store:
         self.set_aside = ""
         if path != ":memory:":
             path = os.path.expanduser(path)
+            refuse_directory(path)  # before its lock file or --fresh-state touch anything
             private_dir(os.path.dirname(os.path.abspath(path)))
             # Two schedulers writing one state file would each believe they own every
             # GPU in it. The kernel drops the lock when the holder dies, even by SIGKILL.

@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 
 from podium.auth import resolve_token
+from podium.private import open_private, private_dir, write_private_atomic
 from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 
 __all__ = ["DEFAULT_DIR", "LocalCluster", "ProcessRecord", "up", "down", "load", "node_address"]
@@ -106,8 +107,8 @@ def _alive(pid: int) -> bool:
 
 
 def _spawn(argv: list[str], log_path: pathlib.Path, env: dict) -> subprocess.Popen:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    private_dir(log_path.parent)
+    with open_private(log_path, "ab") as out:
         # Own session: the daemon outlives this command and its terminal's SIGINT.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True, close_fds=True)
@@ -161,7 +162,7 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
                 f"a local cluster already runs from {root} (address {existing.address}); "
                 f"`podium down --dir {root}` first")
         (root / STATE_FILE).unlink()
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)  # 0700 with its logs/ and workers/, whatever the umask (#34)
     token_file = root / "token"
     # The usual lookup (PODIUM_TOKEN, PODIUM_TOKEN_FILE, ~/.podium/token, created if
     # missing), so a script's init(address=...) finds the same token with no setup.
@@ -221,9 +222,7 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
         raise
     cluster = LocalCluster(dir=str(root), address=address, http_url=http_url, token_file=str(token_file),
                            scheduler=scheduler, nodes=records)
-    tmp = root / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(cluster), indent=1))
-    os.replace(tmp, root / STATE_FILE)
+    write_private_atomic(root / STATE_FILE, json.dumps(asdict(cluster), indent=1))
     return cluster
 
 

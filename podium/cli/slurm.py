@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from podium import errors
+from podium.private import PRIVATE_DIR, open_private, private_dir
 
 __all__ = ["main", "build_parser", "job_from_env", "SlurmJob"]
 
@@ -165,7 +166,7 @@ class Launcher:
     def _spawn(self, role: str, argv: list[str], env: dict[str, str], log_name: str | None) -> None:
         out = None
         if log_name:
-            out = open(self.dir / "logs" / log_name, "ab")  # noqa: SIM115 - closed in stop()
+            out = open_private(self.dir / "logs" / log_name, "ab")  # closed in stop()
             self._logs.append(out)
         # No new session: the process stays in the batch step's group, where Slurm finds it.
         self.procs[role] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
@@ -173,9 +174,8 @@ class Launcher:
 
     def start(self) -> str:
         """Token, scheduler, agents; returns the scheduler address once every node registered."""
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.dir, 0o700)
-        (self.dir / "logs").mkdir(exist_ok=True)
+        private_dir(self.dir / "logs")  # 0700 both, whatever the umask
+        os.chmod(self.dir, PRIVATE_DIR)
         self.token_file.unlink(missing_ok=True)
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from podium import rpc
 from podium.auth import token_matches
+from podium.httplimits import BoundedRunner
 from podium.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["MetricsServer", "render"]
@@ -143,7 +144,9 @@ class MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # The scheduler's connection and body bounds (podium.httplimits): a client
+        # without the token can neither starve /healthz nor use up the agent's descriptors.
+        self._runner = BoundedRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         tls = self.agent.config.tls
         site = web.TCPSite(self._runner, host, port,

@@ -29,6 +29,7 @@ import grpc
 from podium import errors, process, rpc
 from podium.transport import shm
 from podium.auth import resolve_token
+from podium.private import write_private_atomic
 from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LINES,
                            check_repeated_fields, check_seconds)
 from podium.scheduler.client import SchedulerClient
@@ -353,11 +354,7 @@ class RunningAgent:
 
 def _write_json_atomic(path: str, payload: dict) -> None:
     # Readers poll for the file; rename makes it appear complete or not at all.
-    target = pathlib.Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, target)
+    write_private_atomic(path, json.dumps(payload))
 
 
 async def run_agent(config: AgentConfig) -> RunningAgent:

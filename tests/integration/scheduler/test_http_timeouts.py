@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from podium.scheduler import httplimits
+from podium import httplimits
 from tests.support.scheduler_fakes import Cluster
 
 pytestmark = pytest.mark.faults
@@ -21,8 +21,9 @@ async def _closed(reader: asyncio.StreamReader, deadline: float) -> bytes:
     return await asyncio.wait_for(reader.read(), deadline)
 
 
-def test_idle_connections_time_out_and_connections_beyond_the_cap_are_refused(token, arun, monkeypatch):
+def test_idle_connections_time_out_and_the_oldest_silent_ones_make_room(token, arun, monkeypatch):
     monkeypatch.setattr(httplimits, "HTTP_IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(httplimits, "HTTP_FIRST_REQUEST_SECONDS", 0.5)
     monkeypatch.setattr(httplimits, "HTTP_MAX_CONNECTIONS", CAP)
 
     async def scenario():
@@ -33,19 +34,21 @@ def test_idle_connections_time_out_and_connections_beyond_the_cap_are_refused(to
             slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
             slow_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             await slow_writer.drain()
-            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3 * CAP)]
-            assert len(server.connections) <= CAP
+            conns = []
+            for _ in range(3 * CAP):
+                conns.append(await asyncio.open_connection("127.0.0.1", port))
+                assert len(server.connections) <= CAP  # the descriptor bound of #14 holds
             answers = await asyncio.gather(*(_closed(r, 30) for r, _ in conns))
-            refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
-            print(f"\n{len(conns)} idle connections: {len(refused)} refused at once (cap {CAP}), "
-                  f"the rest closed when idle")
-            assert len(refused) >= 2 * CAP - 1
-            assert server.refused >= len(refused)
+            evicted = [i for i, a in enumerate(answers) if a.startswith(b"HTTP/1.1 503")]
+            print(f"\n{len(conns)} silent connections: {len(evicted)} closed to make room (cap {CAP}), "
+                  f"the rest at their first-request deadline")
+            # The oldest silent ones made room, never the newcomer; none was refused.
+            assert len(evicted) >= 2 * CAP - 1 and evicted == list(range(len(evicted)))
+            assert server.evicted >= len(evicted) and server.refused == 0
             assert await _closed(slow_reader, 30) == b""
             for _, writer in conns:
                 writer.close()
             slow_writer.close()
-            assert len(server.connections) <= 1
             # Still serving HTTP and gRPC.
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://127.0.0.1:{port}/healthz") as reply:

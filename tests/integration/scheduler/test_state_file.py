@@ -162,3 +162,20 @@ def test_the_scheduler_command_refuses_a_truncated_state_file_without_a_tracebac
     assert "Traceback" not in done.stderr, done.stderr
     assert f"state file {path} is empty" in done.stderr and "--fresh-state" in done.stderr
     assert path.stat().st_size == 0
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_scheduler_command_refuses_a_directory_as_its_state_file(token, tmp_path, fresh):
+    folder = tmp_path / "statedir"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    env = dict(os.environ, PODIUM_TOKEN=token)
+    done = subprocess.run([sys.executable, "-m", "podium.cli", "scheduler", "--state", str(folder),
+                           "--port", "0", "--http-port", "0", *(["--fresh-state"] if fresh else [])],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr and "sqlite3" not in done.stderr, done.stderr
+    assert f"--state {folder} is a directory" in done.stderr, done.stderr
+    # Left as it was: not moved aside, not made 0600, no lock file beside it.
+    assert folder.is_dir() and _mode(folder) == 0o755
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["statedir"]

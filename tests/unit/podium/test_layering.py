@@ -35,7 +35,7 @@ from tests.support.waiting import REPO
 CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto", "podium.auth",
         "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat",
         "podium.spans", "podium.limits", "podium.private", "podium.tracering"]
-WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs"]
+WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs", "podium.httplimits"]
 TOP = ["podium.cli", "podium.rollout", "podium.compat"]
 #: the scheduler's own modules (all but its client, which the node agent uses)
 SCHEDULER_INSIDE = sorted(
