@@ -165,6 +165,7 @@ class DescribeResponse(_message.Message):
     CALL_PORT_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     SHM_DOMAIN_FIELD_NUMBER: _builtins.int
+    METHOD_STATS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id given by the scheduler."""
     rank: _builtins.int
@@ -203,6 +204,13 @@ class DescribeResponse(_message.Message):
         the node agent's /metrics.
         """
 
+    @_builtins.property
+    def method_stats(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodStats]:
+        """Per-method counters (a latency histogram, payload bytes), one entry per method name,
+        sorted by name: at most 64 names, later ones under "other"; read by the node agent's
+        /metrics (podium_method_call_seconds, podium_method_*_bytes_total).
+        """
+
     def __init__(
         self,
         *,
@@ -218,14 +226,72 @@ class DescribeResponse(_message.Message):
         call_port: _builtins.int = ...,
         stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         shm_domain: _builtins.str = ...,
+        method_stats: _abc.Iterable[Global___MethodStats] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "shm_domain", b"shm_domain", "stats", b"stats", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "method_stats", b"method_stats", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "shm_domain", b"shm_domain", "stats", b"stats", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class MethodStats(_message.Message):
+    """The calls one worker host finished for one method name (podium.worker.host.methodstats)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BUCKET_BOUNDS_FIELD_NUMBER: _builtins.int
+    BUCKET_COUNTS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    SUM_SECONDS_FIELD_NUMBER: _builtins.int
+    BYTES_IN_FIELD_NUMBER: _builtins.int
+    BYTES_OUT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The method's name; "__init__" for the constructor, "other" for the calls to methods
+    beyond the host's first 64 distinct names (the cardinality bound).
+    """
+    count: _builtins.int
+    """Calls finished, with or without an error (the sum of bucket_counts)."""
+    sum_seconds: _builtins.float
+    """Seconds these calls took, from their admission to their reply."""
+    bytes_in: _builtins.int
+    """Call payload bytes received."""
+    bytes_out: _builtins.int
+    """Reply payload bytes sent (0 for a held result's ref and for an error)."""
+    @_builtins.property
+    def bucket_bounds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Upper bounds in seconds of the latency buckets, ascending (Prometheus `le`); a last
+        bucket, +Inf, follows them.
+        """
+
+    @_builtins.property
+    def bucket_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Calls per bucket, not cumulative: entry i counts the calls that took at most
+        bucket_bounds[i] and more than bucket_bounds[i-1]; the last entry (one more than
+        bucket_bounds has) those longer than every bound.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        bucket_bounds: _abc.Iterable[_builtins.float] | None = ...,
+        bucket_counts: _abc.Iterable[_builtins.int] | None = ...,
+        count: _builtins.int = ...,
+        sum_seconds: _builtins.float = ...,
+        bytes_in: _builtins.int = ...,
+        bytes_out: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_bounds", b"bucket_bounds", "bucket_counts", b"bucket_counts", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "count", b"count", "name", b"name", "sum_seconds", b"sum_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MethodStats: _TypeAlias = MethodStats  # noqa: Y015
 
 @_typing.final
 class CallHeader(_message.Message):

@@ -5,25 +5,34 @@ Bearer``) answers the agent's own gauges and, for every running worker of this n
 counters its host keeps (read with one ``Worker.Describe`` per worker, 2 s deadline, in
 parallel). ``GET /healthz`` is open. The server binds the agent's ``--host``.
 
-==========================================  =======  =========================================
-metric                                      type     labels
-==========================================  =======  =========================================
-podium_node_workers                         gauge    state (STARTING, RUNNING, EXITED, FAILED)
+==========================================  =========  =========================================
+metric                                      type       labels
+==========================================  =========  =========================================
+podium_node_workers                         gauge      state (STARTING, RUNNING, EXITED, FAILED)
 podium_node_gpus                            gauge
-podium_node_gpu_memory_used_bytes           gauge    gpu, uuid
-podium_node_gpu_memory_total_bytes          gauge    gpu, uuid
-podium_worker_up                            gauge    worker_id, name, group, rank (0: no answer)
-podium_worker_calls_total                   counter  worker_id, name, group, rank
-podium_worker_call_errors_total             counter  same
-podium_worker_calls_in_flight               gauge    same
-podium_worker_call_seconds_total            counter  same (time in calls and constructors)
-podium_worker_received_bytes_total          counter  same (call payloads)
-podium_worker_sent_bytes_total              counter  same (reply payloads)
-podium_worker_fetches_served_total          counter  same (held results fetched by others)
-podium_worker_served_bytes_total            counter  same
-podium_worker_fetches_made_total            counter  same (refs this worker fetched)
-podium_worker_fetched_bytes_total           counter  same
-==========================================  =======  =========================================
+podium_node_gpu_memory_used_bytes           gauge      gpu, uuid
+podium_node_gpu_memory_total_bytes          gauge      gpu, uuid
+podium_worker_up                            gauge      worker_id, name, group, rank (0: no answer)
+podium_worker_calls_total                   counter    worker_id, name, group, rank
+podium_worker_call_errors_total             counter    same
+podium_worker_calls_in_flight               gauge      same
+podium_worker_call_seconds_total            counter    same (time in calls and constructors)
+podium_worker_received_bytes_total          counter    same (call payloads)
+podium_worker_sent_bytes_total              counter    same (reply payloads)
+podium_worker_fetches_served_total          counter    same (held results fetched by others)
+podium_worker_served_bytes_total            counter    same
+podium_worker_fetches_made_total            counter    same (refs this worker fetched)
+podium_worker_fetched_bytes_total           counter    same
+podium_method_call_seconds                  histogram  node, group, method (+ le): per call
+podium_method_received_bytes_total          counter    node, group, method (call payloads)
+podium_method_sent_bytes_total              counter    node, group, method (reply payloads)
+==========================================  =========  =========================================
+
+The ``podium_method_*`` families add up the node's workers of one group (ranks summed:
+groups x methods series, not ranks) from each worker's ``method_stats``
+(:mod:`podium.worker.agent.methodmetrics`). A worker counts at most 64 method names (a
+group too); calls to the rest are counted under ``method="other"``, the constructor under
+``method="__init__"``. The histogram's buckets run from 1 ms to 600 s, then +Inf.
 """
 
 from __future__ import annotations
@@ -38,8 +47,9 @@ from podium import rpc
 from podium.auth import token_matches
 from podium.httplimits import BoundedRunner
 from podium.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from podium.worker.agent import methodmetrics
 
-__all__ = ["MetricsServer", "render"]
+__all__ = ["FAMILIES", "MetricsServer", "render"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,16 @@ _WORKER_STATS = {
 }
 
 
+#: Every family :func:`render` writes: name -> type (the Grafana dashboard's test reads it).
+FAMILIES = {
+    "podium_node_workers": "gauge", "podium_node_gpus": "gauge",
+    "podium_node_gpu_memory_used_bytes": "gauge", "podium_node_gpu_memory_total_bytes": "gauge",
+    "podium_worker_up": "gauge",
+    **{name: kind for name, kind, _ in _WORKER_STATS.values()},
+    **{name: kind for name, (kind, _) in methodmetrics.FAMILIES.items()},
+}
+
+
 def _labels(pairs: dict[str, Any]) -> str:
     def esc(value: Any) -> str:
         return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -71,12 +91,11 @@ def _num(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) and not float(value).is_integer() else str(int(value))
 
 
-async def _describe(info: common_pb2.WorkerInfo, token: str, tls) -> dict[str, float] | None:
+async def _describe(info: common_pb2.WorkerInfo, token: str, tls) -> worker_pb2.DescribeResponse | None:
     channel = rpc.make_channel(f"{info.node_address}:{info.port}", token, tls)
     try:
-        reply = await worker_pb2_grpc.WorkerStub(channel).Describe(
+        return await worker_pb2_grpc.WorkerStub(channel).Describe(
             worker_pb2.DescribeRequest(), timeout=DESCRIBE_TIMEOUT)
-        return dict(reply.stats)
     except Exception as exc:  # noqa: BLE001 - a worker that does not answer is reported as down
         log.debug("metrics: worker %s did not answer Describe: %s", info.id, exc)
         return None
@@ -118,16 +137,19 @@ async def render(agent: Any) -> str:
     answers = await asyncio.gather(*(_describe(w, agent.token, agent.config.tls) for w in running))
     family("podium_worker_up", "gauge", "1 if the worker answered Describe for this scrape")
     rows = []
-    for w, stats in zip(running, answers):
+    methods = methodmetrics.MethodTotals()
+    for w, reply in zip(running, answers):
         labels = _labels({"worker_id": w.id, "name": w.spec.name, "group": w.spec.group, "rank": w.spec.rank})
-        lines.append(f"podium_worker_up{labels} {0 if stats is None else 1}")
-        if stats is not None:
-            rows.append((labels, stats))
+        lines.append(f"podium_worker_up{labels} {0 if reply is None else 1}")
+        if reply is not None:
+            rows.append((labels, dict(reply.stats)))
+            methods.add(w.spec.group, reply.method_stats)
     for key, (name, kind, text) in _WORKER_STATS.items():
         family(name, kind, text)
         for labels, stats in rows:
             if key in stats:
                 lines.append(f"{name}{labels} {_num(stats[key])}")
+    methodmetrics.render_methods(methods, agent.node_id, family, _labels, lines)
     return "\n".join(lines) + "\n"
 
 

@@ -228,13 +228,19 @@ class CallStream:
     def _fast_done(self, active: ActiveCall, ok: bool, result: Any) -> None:
         """The execution thread finished a fast-path call (on the loop): reply, unless the
         thread did (reply_from_thread), and count it."""
-        stats = self.host.stats
+        host = self.host
+        stats = host.stats
         stats["calls_in_flight"] -= 1
         ended = active.answered or time.monotonic()
-        stats["call_seconds"] += ended - active.started
+        seconds = ended - active.started
+        stats["call_seconds"] += seconds
+        header = active.header
+        if ok:
+            host.methods.loop.record(header.method, seconds, header.payload_size, result.nbytes)
+        elif host.resolved(header.method):  # (a call cancelled unread may name no method)
+            host.methods.loop.record(header.method, seconds, header.payload_size, 0)
         call_id = active.call_id
         if RING.on and not active.recorded:
-            header = active.header
             RING.add("call", header.method, mono_to_ns(active.started), mono_to_ns(ended), header.trace_id, call_id,
                      header.payload_size, result.nbytes if ok and type(result) is Outcome else 0, ok)
         self.active.pop(call_id, None)
@@ -459,12 +465,15 @@ class CallStream:
                 pass
         finally:
             stats["calls_in_flight"] -= 1
-            stats["call_seconds"] += time.monotonic() - started
+            seconds = time.monotonic() - started
+            stats["call_seconds"] += seconds
             self.active.pop(active.call_id, None)
             if RING.on:
                 header = active.header
                 RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, active.call_id,
                          header.payload_size, active.bytes_out, ok)
+            host = self.host
+            host.methods.record_general(active.header, host.resolved(active.header.method), seconds, active.bytes_out)
 
     async def cancel(self, call_id: int) -> None:
         """CANCEL: drop a call still arriving or not yet started."""

@@ -274,14 +274,17 @@ class DirectReader:
             # Counted before it is sent: a caller that reads the counters after its reply
             # finds this call in them.
             elapsed = time.monotonic() - started
+            methods = self._host.methods.thread
             self._count(counts, header.payload_size, result.nbytes, elapsed, 1)
             if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
                 RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, call_id,
                          header.payload_size, result.nbytes)
                 recorded = True
+            methods.record(header.method, elapsed, header.payload_size, result.nbytes)
             if stream.send_from_thread(call_id, result):
                 return
             self._count(counts, header.payload_size, result.nbytes, elapsed, -1)
+            methods.record(header.method, elapsed, header.payload_size, result.nbytes, -1)
         lent = result.lent if ok and type(result) is Outcome else None
         if not self._report(call_id, header, started, ok, result, recorded):
             return  # the loop is closed: nothing will send the lent reply

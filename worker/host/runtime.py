@@ -26,6 +26,7 @@ from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
 from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
+from podium.worker.host.methodstats import MethodTable
 from podium.memorypool import MIN_POOLED_BYTES
 from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, NONE_OUTCOME, FrozenResult, LentReply,
                                         Outcome, call_error, close_names, remote_error, reply_snapshot)
@@ -75,6 +76,8 @@ class HostRuntime:
         self.thread_stats = dict.fromkeys(("calls", "bytes_in", "bytes_out", "call_seconds", "thread_replies",
                                            "direct_calls", "calls_in_flight"), 0)
         self._thread_stats_added = dict(self.thread_stats)
+        #: Per-method latency histograms and bytes (Describe's method_stats).
+        self.methods = MethodTable()
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.exec_thread = ExecutionThread(self._loop)
@@ -157,6 +160,11 @@ class HostRuntime:
             info = (_is_async(fn), materialize)
             self._method_info[name] = info
         return fn, info[0], info[1]
+
+    def resolved(self, name: str) -> bool:
+        """Whether :meth:`lookup` found ``name`` a method (the per-method counters count
+        only those: a misspelt name gets no row)."""
+        return name in self._method_info or name == RAY_CALL or name == FETCH_CALL
 
     def _ray_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         # verl's escape hatch (actor.__ray_call__.remote(fn, ...)): fn(obj, ...) on the
@@ -431,7 +439,7 @@ class HostRuntime:
             pid=os.getpid(), class_name=self._class_name, constructed=self.construct_state == "done",
             methods=methods, node_address=self.config.node_address, hostname=self._hostname,
             shm_domain=self._shm_domain,
-            call_port=self.call_port, stats=self.stats_now())
+            call_port=self.call_port, stats=self.stats_now(), method_stats=self.methods.to_proto())
 
     def stats_now(self) -> dict:
         """The counters, with every finished call counted."""
