@@ -9,6 +9,7 @@ GET /readyz        no     200 ``ready`` once the state is loaded and gRPC serves
 GET /v1/nodes      yes    ``{"nodes": [...]}``
 GET /v1/placement  yes    every GPU: bundles, workers, fractions, real memory
 GET /v1/workers    yes    ``{"workers": [...]}``
+GET /v1/calls      yes    each group's last calls per method, rank by rank (callshttp)
 GET /metrics       yes    Prometheus text
 =================  =====  ====================================================
 
@@ -31,6 +32,7 @@ from podium.auth import token_matches
 from podium.memcap import requested_cap
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
+from podium.scheduler.callshttp import CallsEndpoint
 from podium.httplimits import BoundedRunner
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
@@ -345,6 +347,8 @@ class HttpServer:
         app.router.add_get("/v1/placement", self._placement)
         app.router.add_get("/v1/workers", self._workers)
         app.router.add_get("/metrics", self._metrics)
+        # Each group's last calls per method, rank by rank, from the workers' timelines.
+        app.router.add_get("/v1/calls", CallsEndpoint(service, config.token, config.tls).handle)
         dashboard.install(app)  # GET /: the live dashboard page (its data needs the token)
         self.app = app
 

@@ -113,3 +113,62 @@ def test_dashboard_renders_cluster_in_chromium(tmp_path, token, arun):
     finally:
         down = _podium("down", "--dir", str(state_dir), env=env)
         assert down.returncode == 0, down.stderr
+
+
+class Steps:
+    """Rank 2 is the straggler: each step takes it 40 times longer."""
+
+    def step(self) -> int:
+        import os
+        import time
+        rank = int(os.environ["RANK"])
+        time.sleep(0.2 if rank == 2 else 0.005)
+        return rank
+
+
+def test_dashboard_group_view_shows_the_straggler_in_chromium(tmp_path, token):
+    import podium
+    from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+    from podium.worker import Dispatch, Worker, register
+
+    class Stepper(Worker, Steps):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def step(self) -> int:
+            return Steps.step(self)
+
+    state_dir = tmp_path / "local"
+    env = dict(os.environ, PODIUM_TOKEN=token)
+    up = _podium("up", "--dir", str(state_dir), "--nodes", "1", "--gpus-per-node", "0", "--cpus-per-node", "8",
+                 "--port", "0", "--http-port", "0", env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        cluster = json.loads((state_dir / "cluster.json").read_text())
+        http_url = cluster["http_url"]
+        podium.init(address=cluster["address"], token=token)
+        try:
+            wg = WorkerGroup(ResourcePool([3], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Stepper),
+                             name_prefix="straggle")
+            for _ in range(3):
+                assert wg.step() == [0, 1, 2]
+            request = urllib.request.Request(f"{http_url}/v1/calls?k=5",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                calls = json.loads(reply.read())
+            (group, view), = calls["groups"].items()
+            assert view["ranks"] == [0, 1, 2] and len(view["methods"]["step"]) == 3
+            for call in view["methods"]["step"]:  # every rank's duration, rank 2 the slowest
+                assert call["ranks"]["2"]["ms"] > max(call["ranks"]["0"]["ms"], call["ranks"]["1"]["ms"])
+
+            dom = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom", f"{http_url}/#token={token}")
+            assert dom.returncode == 0, dom.stderr[-2000:]
+            html = dom.stdout
+            assert f'data-call-group="{group}"' in html and 'data-call="step"' in html
+            marked = re.findall(r'class="rank-cell straggler" data-rank="(\d)"', html)
+            assert marked and set(marked) == {"2"}, marked  # the slow rank stands out, and only it
+            assert f'data-stacks="{group}"' in html  # the button that fetches the group's stacks
+            wg.shutdown()
+        finally:
+            podium.shutdown()
+    finally:
+        down = _podium("down", "--dir", str(state_dir), env=env)
+        assert down.returncode == 0, down.stderr
