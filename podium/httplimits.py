@@ -23,7 +23,9 @@ speak, and ``/healthz`` and ``/readyz`` answered 503 (issue #34). So here:
 Not covered: probes sent from the attacker's own address, which share its budget; and,
 with TLS, connections still in their TLS handshake: asyncio hands a connection to aiohttp
 only once its handshake is done, so until then (asyncio's 60 s handshake timeout) it counts
-against the cap but cannot be chosen to make room.
+against the cap but cannot be chosen to make room. Under TLS the probes of the Kubernetes
+overlay are therefore gRPC health checks (``podium.cli.healthprobe grpc``), which these
+connections do not reach: the gRPC server closes a handshake that takes over 5 s.
 """
 
 from __future__ import annotations
