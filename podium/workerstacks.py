@@ -1,4 +1,4 @@
-"""The Python stacks of live workers (``podium stack``, ``podium.stacks``, ``GET /v1/stacks``).
+"""The Python stacks of live workers (``podium stack``, ``podium.stacks()``, ``GET /v1/stacks``).
 
 Every selected worker is asked in parallel (``Worker.Stacks``, answered by its event loop,
 so a rank busy in a long method still answers), each with a short deadline; at the same
@@ -25,7 +25,7 @@ from podium.rpc import make_channel
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["ThreadStack", "WorkerStacks", "DEFAULT_TIMEOUT_SECONDS", "MAX_TIMEOUT_SECONDS",
-           "select_workers", "collect", "render", "first_lines"]
+           "StackReport", "select_workers", "collect", "collect_from", "render", "first_lines"]
 
 #: How long each worker (and each agent) may take to answer by default.
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -97,6 +97,18 @@ def render(results: list[WorkerStacks]) -> str:
     return "\n\n".join(map(str, results)) if results else "no live worker matched"
 
 
+class StackReport(list):
+    """The :class:`WorkerStacks` of one collection, in (group, rank) order; ``str()`` prints
+    them all (:func:`render`)."""
+
+    def __str__(self) -> str:
+        return render(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"workers": [...]}``, what ``GET /v1/stacks`` sends."""
+        return {"workers": [r.to_dict() for r in self]}
+
+
 def select_workers(state: scheduler_pb2.ClusterState, *, group: str | None = None, rank: int | None = None,
                    worker_id: str | None = None) -> list[common_pb2.WorkerInfo]:
     """The running workers of ``state`` that match every filter given, by (group, rank)."""
@@ -109,11 +121,18 @@ def select_workers(state: scheduler_pb2.ClusterState, *, group: str | None = Non
 
 async def collect(state: scheduler_pb2.ClusterState, token: str, tls: TlsConfig | None = None, *,
                   group: str | None = None, rank: int | None = None, worker_id: str | None = None,
-                  timeout: float = DEFAULT_TIMEOUT_SECONDS, max_frames: int = 0) -> list[WorkerStacks]:
-    """Ask every selected worker for its stacks and every agent of theirs for their /proc state,
-    all in parallel, each within ``timeout`` seconds; one :class:`WorkerStacks` per worker."""
-    timeout = check_seconds(timeout, "timeout", MAX_TIMEOUT_SECONDS) or DEFAULT_TIMEOUT_SECONDS
+                  timeout: float = DEFAULT_TIMEOUT_SECONDS, max_frames: int = 0) -> StackReport:
+    """Ask every selected worker (:func:`select_workers`) for its stacks and every agent of
+    theirs for their /proc state, all in parallel, each within ``timeout`` seconds."""
     workers = select_workers(state, group=group, rank=rank, worker_id=worker_id)
+    return await collect_from(state, workers, token, tls, timeout=timeout, max_frames=max_frames)
+
+
+async def collect_from(state: scheduler_pb2.ClusterState, workers: list[common_pb2.WorkerInfo], token: str,
+                       tls: TlsConfig | None = None, *, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                       max_frames: int = 0) -> StackReport:
+    """Like :func:`collect`, for these workers of ``state``: one :class:`WorkerStacks` each."""
+    timeout = check_seconds(timeout, "timeout", MAX_TIMEOUT_SECONDS) or DEFAULT_TIMEOUT_SECONDS
     agents = {n.info.node_id: f"{n.info.address}:{n.info.agent_port}" for n in state.nodes}
     by_node: dict[str, list[str]] = {}
     for w in workers:
@@ -124,7 +143,7 @@ async def collect(state: scheduler_pb2.ClusterState, token: str, tls: TlsConfig 
     kernel: dict[str, node_pb2.ProcessState | str] = {}
     for found in answers[len(workers):]:
         kernel.update(found)
-    return [_result(w, answer, kernel.get(w.id, "")) for w, answer in zip(workers, answers)]
+    return StackReport(_result(w, answer, kernel.get(w.id, "")) for w, answer in zip(workers, answers))
 
 
 async def _ask_worker(info: common_pb2.WorkerInfo, token: str, tls: TlsConfig | None, timeout: float,
