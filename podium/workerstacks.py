@@ -139,10 +139,11 @@ async def collect_from(state: scheduler_pb2.ClusterState, workers: list[common_p
         by_node.setdefault(w.node_id, []).append(w.id)
     asks = [_ask_worker(w, token, tls, timeout, max_frames) for w in workers]
     probes = [_ask_agent(agents.get(node, ""), ids, token, tls, timeout) for node, ids in by_node.items()]
-    answers = await asyncio.gather(*asks, *probes)
+    # Both kinds at once: a silent worker's deadline and its agent's answer overlap.
+    answers, found = await asyncio.gather(asyncio.gather(*asks), asyncio.gather(*probes))
     kernel: dict[str, node_pb2.ProcessState | str] = {}
-    for found in answers[len(workers):]:
-        kernel.update(found)
+    for per_node in found:
+        kernel.update(per_node)
     return StackReport(_result(w, answer, kernel.get(w.id, "")) for w, answer in zip(workers, answers))
 
 

@@ -33,13 +33,14 @@ def thread_stacks(max_frames: int = 0) -> list[worker_pb2.ThreadStack]:
     known = {t.ident: t for t in threading.enumerate()}
     # Threads threading knows first, in start order; then any it does not (a C extension's).
     order = [ident for ident in known if ident in frames] + [i for i in frames if i not in known]
-    out = []
+    out: list[worker_pb2.ThreadStack] = []
     for ident in order:
         frame = frames[ident]
         summary = traceback.extract_stack(frame, limit=limit)
-        depth, f = 0, frame
-        while f is not None:
-            depth, f = depth + 1, f.f_back
+        depth, back = 0, frame.f_back
+        while back is not None:
+            depth, back = depth + 1, back.f_back
+        depth += 1
         thread = known.get(ident)
         out.append(worker_pb2.ThreadStack(
             name=thread.name if thread is not None else "", ident=ident,
