@@ -3,11 +3,12 @@
 
 A rank busy in a long method answers with that method's frame (its event loop answers, not
 its execution thread); a SIGSTOPped rank is named "stopped" with the /proc state its node
-agent reads; the HTTP endpoint wants the token; the CLI prints the same.
+agent reads; the HTTP endpoint and both RPCs want the token; the CLI prints the same.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,11 +18,14 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import pytest
 
 import podium
+from podium import rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.runtime import get_runtime
+from podium.v1 import node_pb2, node_pb2_grpc, worker_pb2, worker_pb2_grpc
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import two_node_processes
 from tests.support.waiting import eventually
@@ -151,3 +155,45 @@ def test_the_cli_prints_the_stacks(cluster, group):
     done = subprocess.run([sys.executable, "-m", "podium.cli", "stack", "--address", cluster.address],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 1 and "podium stack:" in done.stderr
+
+
+def test_both_rpcs_want_the_token_and_the_agent_reads_only_its_own_workers(cluster, group):
+    rt = get_runtime()
+    info = [w for w in rt.run(rt.cluster_state()).workers if w.spec.group == "stk_" and w.spec.rank == 0][0]
+    agent = cluster.agent_addresses[info.node_address]
+
+    async def ask(token: str):
+        worker = rpc.make_channel(f"{info.node_address}:{info.port}", token)
+        node = rpc.make_channel(agent, token)
+        out = []
+        try:
+            for call in (lambda: worker_pb2_grpc.WorkerStub(worker).Stacks(worker_pb2.StacksRequest(), timeout=10),
+                         lambda: node_pb2_grpc.NodeAgentStub(node).ProcessStates(
+                             node_pb2.ProcessStatesRequest(worker_ids=[info.id, "w-nobody"]), timeout=10)):
+                try:
+                    out.append(await call())
+                except grpc.aio.AioRpcError as exc:
+                    out.append(exc.code())
+        finally:
+            await worker.close()
+            await node.close()
+        return out
+
+    assert asyncio.run(ask("wrong-token")) == [grpc.StatusCode.UNAUTHENTICATED] * 2
+    stacks, states = asyncio.run(ask(cluster.token))
+    assert stacks.worker_id == info.id and stacks.rank == 0 and stacks.threads
+    mine, nobody = states.states
+    assert mine.worker_id == info.id and mine.pid == info.pid and mine.state in ("S", "R")
+    assert nobody.worker_id == "w-nobody" and nobody.state == "" and nobody.state_name == "unknown worker"
+    assert asyncio.run(_bad_max_frames(info, cluster.token)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def _bad_max_frames(info, token):
+    channel = rpc.make_channel(f"{info.node_address}:{info.port}", token)
+    try:
+        await worker_pb2_grpc.WorkerStub(channel).Stacks(worker_pb2.StacksRequest(max_frames=10**6), timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    finally:
+        await channel.close()
+    return None
