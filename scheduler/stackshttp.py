@@ -43,10 +43,10 @@ def _query(request: web.Request) -> dict[str, Any]:
 
 
 class StacksEndpoint:
-    """The handler of ``GET /v1/stacks`` over one scheduler's model, token and TLS."""
+    """The handler of ``GET /v1/stacks`` over one scheduler service (its model), token and TLS."""
 
-    def __init__(self, model: Any, token: str, tls: Any = None) -> None:
-        self._model = model
+    def __init__(self, service: Any, token: str, tls: Any = None) -> None:
+        self._service = service
         self._token = token
         self._tls = tls
         self._running = asyncio.Lock()
@@ -60,7 +60,7 @@ class StacksEndpoint:
         if self._running.locked():
             return web.json_response({"error": "a stacks collection is running; retry shortly"}, status=429)
         async with self._running:
-            nodes, _, workers = self._model.cluster_state()
+            nodes, _, workers = self._service.model.cluster_state()
             view = scheduler_pb2.ClusterState(workers=[w for w in workers if w.state == common_pb2.WORKER_RUNNING])
             chosen = select_workers(view, group=query["group"], rank=query["rank"], worker_id=query["worker_id"])
             needed = {w.node_id for w in chosen}
