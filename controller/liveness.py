@@ -9,7 +9,9 @@ thread, which runs while user code runs in its execution thread, even code that 
 the GIL in pure Python: the interpreter hands the GIL over every few milliseconds). A
 rank that answers no ping for ``silence`` seconds (``PODIUM_LIVENESS_SECONDS``, default
 10; 0 turns it off) fails its pending calls with :class:`~podium.errors.UnresponsiveError`
-listing every silent rank with its node, pid and how long it has been silent. A method
+listing every silent rank with its node, pid and how long it has been silent, and the last
+stacks that could be had (:mod:`podium.workerstacks`: a stopped rank cannot answer, so its
+/proc state from its node agent stands in; ``UnresponsiveError.stacks``). A method
 that runs for hours in a live process is never cut short: its process keeps answering.
 An ``async`` method that blocks its worker's event loop (``time.sleep`` in ``async def``)
 does stop the answers, and is reported like a hung rank.
@@ -29,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from podium import rpc
 from podium.errors import UnresponsiveError
+from podium.workerstacks import collect_from, first_lines
 
 __all__ = ["Liveness", "DEFAULT_SILENCE_SECONDS"]
 
@@ -36,6 +39,10 @@ log = logging.getLogger("podium.controller")
 
 #: Seconds without an answer after which a busy rank's calls fail (0: never).
 DEFAULT_SILENCE_SECONDS = float(os.environ.get("PODIUM_LIVENESS_SECONDS") or 10.0)
+#: How long a silent rank (and its agent) may take to give its stacks before its calls fail.
+STACKS_SECONDS = 2.0
+#: Lines of each silent rank's stacks in the error's message (the attribute has them all).
+STACK_LINES = 15
 
 
 class Liveness:
@@ -132,12 +139,23 @@ class Liveness:
         finally:
             self._pinging.pop(worker_id, None)
 
+    async def _last_stacks(self, silent_ids: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(worker id -> WorkerInfo, worker id -> WorkerStacks) of the silent workers, as far as
+        the scheduler and their agents answer in time (a stopped rank has only its /proc state)."""
+        state = await asyncio.wait_for(self._runtime.scheduler.cluster_state(), 5.0)
+        infos = {w.id: w for w in state.workers if w.id in silent_ids}
+        found: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            report = await collect_from(state, list(infos.values()), self._runtime.token, self._runtime.tls,
+                                        timeout=STACKS_SECONDS)
+            found = {r.worker_id: r for r in report}
+        return infos, found
+
     async def _fail(self, silent: list[tuple[str, Any, float]]) -> None:
-        infos = {}
+        infos: dict[str, Any] = {}
+        stacks: dict[str, Any] = {}
         with contextlib.suppress(Exception):  # where they run, if the scheduler answers in time
-            found = await asyncio.wait_for(
-                self._runtime.scheduler.get_workers(ids=[w for w, _, _ in silent]), 5.0)
-            infos = {info.id: info for info in found}
+            infos, stacks = await self._last_stacks({w for w, _, _ in silent})
         silent.sort(key=lambda item: item[1].rank)
         parts = []
         for worker_id, client, quiet in silent:
@@ -148,13 +166,20 @@ class Liveness:
             parts.append(f"rank {client.rank} ({where}) silent for {quiet:.1f} s"
                          + (f" (last ping: {last[:200]})" if last else ""))
         ranks = [client.rank for _, client, _ in silent]
+        details = {"ranks": ",".join(map(str, ranks))}
+        shown = []
+        for worker_id, client, _ in silent:
+            if worker_id in stacks:
+                details[f"stacks.{client.rank}"] = str(stacks[worker_id])
+                shown.append(first_lines(stacks[worker_id], STACK_LINES))
         err = UnresponsiveError(
             f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} stopped answering "
             f"while calls waited on {'them' if len(ranks) > 1 else 'it'}: {'; '.join(parts)}. "
             f"A stopped (SIGSTOP), deadlocked or frozen process; its pending calls are failed "
-            f"after {self.silence:g} s of silence (PODIUM_LIVENESS_SECONDS)",
+            f"after {self.silence:g} s of silence (PODIUM_LIVENESS_SECONDS)"
+            + ("\nlast stacks (err.stacks has them whole):\n" + "\n".join(shown) if shown else ""),
             rank=ranks[0], node=infos[silent[0][0]].node_id if silent[0][0] in infos else "",
-            details={"ranks": ",".join(map(str, ranks))})
+            details=details)
         log.warning("%s", err)
         for worker_id, client, _ in silent:
             if client.broken is None:

@@ -8,9 +8,9 @@ This package is what a training script imports::
 
 It holds the cluster session (``init``, ``shutdown``, ``get``, ``wait``, ``call_timeout``; Ray's
 ``put``, ``remote``, ``get_actor``, ``kill`` and ``timeline``), the batch container (``DataProto``),
-references to results held in workers (``ObjectRef``, ``DataProtoFuture``),
-the TLS settings (``TlsConfig``) and every error Podium raises (one tree, rooted at
-``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
+references to results held in workers (``ObjectRef``, ``DataProtoFuture``), the workers'
+live stacks (``stacks``), the TLS settings (``TlsConfig``) and every error Podium raises (one
+tree, rooted at ``PodiumError``; see :mod:`podium.errors`). The two other facades serve other audiences:
 ``podium.controller`` builds resource pools and worker groups, ``podium.worker`` is what a
 worker class is written against. ``docs/architecture.md`` maps the whole system.
 
@@ -49,6 +49,7 @@ _LAZY = {
     "put": "podium.controller.objects",
     "remote": "podium.controller.tasks",
     "shutdown": "podium.controller.runtime",
+    "stacks": "podium.controller.livestacks",
     "timeline": "podium.controller.timeline",
     "wait": "podium.controller.futures",
 }
@@ -98,6 +99,7 @@ __all__ = [
     "put",
     "remote",
     "shutdown",
+    "stacks",
     "timeline",
     "wait",
 ]

@@ -153,12 +153,21 @@ class DeadlineExceededError(PodiumError, TimeoutError):
 
 class UnresponsiveError(DeadlineExceededError):
     """Ranks stopped answering liveness pings while calls on them were pending (a stopped,
-    deadlocked or frozen process); ``ranks`` lists them, the message says where and how long."""
+    deadlocked or frozen process); ``ranks`` lists them, the message says where and how long,
+    and ``stacks`` holds the last stacks (or /proc state) of each that could be had."""
 
     @property
     def ranks(self) -> list[int]:
         """The silent ranks, in rank order."""
         return [int(r) for r in self.details.get("ranks", "").split(",") if r]
+
+    @property
+    def stacks(self) -> dict[int, str]:
+        """rank -> what could be had of its stacks when it was found silent: the worker's
+        threads, or (a stopped rank cannot answer) its /proc state and why there are none."""
+        prefix = "stacks."
+        return {int(k[len(prefix):]): v for k, v in self.details.items()
+                if k.startswith(prefix) and k[len(prefix):].lstrip("-").isdigit()}
 
 
 class NotFoundError(PodiumError, LookupError):

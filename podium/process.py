@@ -69,6 +69,32 @@ def running(pid: int) -> bool:
         return False
 
 
+#: /proc/PID/stat state letters in words (proc(5)).
+STATE_NAMES = {"R": "running", "S": "sleeping", "D": "disk sleep", "T": "stopped",
+               "t": "tracing stop", "Z": "zombie", "X": "dead", "I": "idle", "P": "parked",
+               "W": "waking", "K": "wakekill"}
+
+
+def kernel_state(pid: int) -> tuple[str, str, str, int]:
+    """(state letter, its name, wchan, threads) of process ``pid`` from ``/proc``; the letter
+    is "" and the name "not running" when there is no such process. wchan is "" where the
+    kernel does not show it (it hides it from other users, or reports "0")."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        letter, threads = fields[0].decode(), int(fields[17])  # fields 3 and 20 overall
+    except (OSError, IndexError, ValueError):
+        return "", "not running", "", 0
+    wchan = ""
+    try:
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            text = f.read(256).decode(errors="replace").strip()
+        wchan = "" if text in ("0", "") else text
+    except OSError:
+        pass
+    return letter, STATE_NAMES.get(letter, "unknown"), wchan, threads
+
+
 def raise_fd_limit() -> tuple[int, int]:
     """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit, logging the change;
     returns (old, new) soft limits.

@@ -10,6 +10,7 @@ GET /v1/nodes      yes    ``{"nodes": [...]}``
 GET /v1/placement  yes    every GPU: bundles, workers, fractions, real memory
 GET /v1/workers    yes    ``{"workers": [...]}``
 GET /v1/calls      yes    each group's last calls per method, rank by rank (callshttp)
+GET /v1/stacks     yes    live workers' Python stacks (podium.scheduler.stackshttp)
 GET /metrics       yes    Prometheus text
 =================  =====  ====================================================
 
@@ -34,6 +35,7 @@ from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_un
 from podium.scheduler import dashboard
 from podium.scheduler.callshttp import CallsEndpoint
 from podium.httplimits import BoundedRunner
+from podium.scheduler.stackshttp import StacksEndpoint
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
 
@@ -346,6 +348,7 @@ class HttpServer:
         app.router.add_get("/v1/nodes", self._nodes)
         app.router.add_get("/v1/placement", self._placement)
         app.router.add_get("/v1/workers", self._workers)
+        app.router.add_get("/v1/stacks", StacksEndpoint(service, config.token, config.tls).handle)
         app.router.add_get("/metrics", self._metrics)
         # Each group's last calls per method, rank by rank, from the workers' timelines.
         app.router.add_get("/v1/calls", CallsEndpoint(service, config.token, config.tls).handle)

@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("podium.cli.operator:main_up", "start a local multi-node cluster (loopback addresses)"),
     "status": ("podium.cli.operator:main_status", "show nodes, GPUs, placement groups and workers"),
     "logs": ("podium.cli.operator:main_logs", "print (or --follow) a worker's output"),
+    "stack": ("podium.cli.operator:main_stack", "print the Python stack of every thread of live workers"),
     "down": ("podium.cli.operator:main_down", "stop the local cluster started by `podium up`"),
     "slurm": ("podium.cli.slurm:main", "inside a Slurm allocation: start a cluster, run a controller, stop all"),
     "run": ("podium.cli.run:main", "run a program with `import ray` resolving to Podium (verl unmodified)"),

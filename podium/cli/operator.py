@@ -1,7 +1,7 @@
-"""The operator's commands: ``podium up``, ``podium down``, ``podium status``, ``podium logs``.
+"""The operator's commands: ``podium up``, ``down``, ``status``, ``logs`` and ``stack``.
 
-``up``/``down`` manage a local cluster (see :mod:`podium.cli.localcluster`). ``status``
-and ``logs`` work against that cluster, or any cluster with ``--address``
+``up``/``down`` manage a local cluster (see :mod:`podium.cli.localcluster`). ``status``,
+``logs`` and ``stack`` work against that cluster, or any cluster with ``--address``
 (else ``$PODIUM_ADDRESS``) and the usual token lookup.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 from podium import errors
 
-__all__ = ["main_up", "main_down", "main_status", "main_logs"]
+__all__ = ["main_up", "main_down", "main_status", "main_logs", "main_stack"]
 
 
 def _dir_arg(parser: argparse.ArgumentParser) -> None:
@@ -149,4 +149,42 @@ def main_logs(argv: list[str]) -> int:
     except errors.PodiumError as exc:
         print(f"podium logs: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+async def _stacks(address: str, token: str, args: argparse.Namespace):
+    from podium.workerstacks import collect
+
+    state = await _cluster_state(address, token)
+    return await collect(state, token, group=args.group, rank=args.rank, worker_id=args.worker,
+                         timeout=args.timeout)
+
+
+def main_stack(argv: list[str]) -> int:
+    """``podium stack``: the Python stack of every thread of the selected live workers; a worker
+    that cannot answer (stopped, stuck in native code) is named with its /proc state."""
+    from podium.workerstacks import DEFAULT_TIMEOUT_SECONDS
+
+    p = argparse.ArgumentParser(prog="podium stack", description="Print the Python stacks of live workers "
+                                "(every thread), asked in parallel; silent ones with their /proc state.")
+    p.add_argument("--group", default=None, help="only this group (its name prefix, as `podium status` shows)")
+    p.add_argument("--rank", type=int, default=None, help="only this rank")
+    p.add_argument("--worker", default=None, help="only this worker (id or name)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                   help=f"seconds each worker may take to answer ({DEFAULT_TIMEOUT_SECONDS:g})")
+    p.add_argument("--json", action="store_true", help="print JSON (as GET /v1/stacks answers)")
+    _target_args(p)
+    args = p.parse_args(argv)
+    try:
+        address, token = _target(args)
+        report = asyncio.run(_stacks(address, token, args))
+    except errors.PodiumError as exc:
+        print(f"podium stack: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        print(report)
     return 0

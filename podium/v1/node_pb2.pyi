@@ -295,3 +295,91 @@ class GetNodeInfoRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetNodeInfoRequest: _TypeAlias = GetNodeInfoRequest  # noqa: Y015
+
+@_typing.final
+class ProcessStatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Workers to read (empty: every live worker of this agent)."""
+
+    def __init__(
+        self,
+        *,
+        worker_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker_ids", b"worker_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessStatesRequest: _TypeAlias = ProcessStatesRequest  # noqa: Y015
+
+@_typing.final
+class ProcessState(_message.Message):
+    """One worker process as the kernel sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STATE_NAME_FIELD_NUMBER: _builtins.int
+    WCHAN_FIELD_NUMBER: _builtins.int
+    THREADS_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """Worker id."""
+    pid: _builtins.int
+    """Its process id (0 when the agent does not know the worker)."""
+    state: _builtins.str
+    """State letter of /proc/PID/stat ("R", "S", "D", "T", "t", "Z", ...); "" when unreadable."""
+    state_name: _builtins.str
+    """That letter in words ("running", "sleeping", "disk sleep", "stopped", ...), or why
+    there is none ("not running", "unknown worker").
+    """
+    wchan: _builtins.str
+    """Kernel function the process sleeps in (/proc/PID/wchan); "" where not readable."""
+    threads: _builtins.int
+    """Threads of the process (/proc/PID/stat num_threads); 0 when unreadable."""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        state: _builtins.str = ...,
+        state_name: _builtins.str = ...,
+        wchan: _builtins.str = ...,
+        threads: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pid", b"pid", "state", b"state", "state_name", b"state_name", "threads", b"threads", "wchan", b"wchan", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessState: _TypeAlias = ProcessState  # noqa: Y015
+
+@_typing.final
+class ProcessStatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def states(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessState]:
+        """One per requested worker, same order (or every live worker when none was named)."""
+
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[Global___ProcessState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessStatesResponse: _TypeAlias = ProcessStatesResponse  # noqa: Y015

@@ -66,6 +66,11 @@ class NodeAgentStub:
                 request_serializer=podium_dot_v1_dot_node__pb2.GetNodeInfoRequest.SerializeToString,
                 response_deserializer=podium_dot_v1_dot_common__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.ProcessStates = channel.unary_unary(
+                '/podium.v1.NodeAgent/ProcessStates',
+                request_serializer=podium_dot_v1_dot_node__pb2.ProcessStatesRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_node__pb2.ProcessStatesResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -117,6 +122,14 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProcessStates(self, request, context):
+        """The kernel's view (/proc/PID/stat, wchan) of workers this agent runs, for a caller
+        that cannot reach a worker (stopped, or stuck in native code holding the GIL).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +162,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.GetNodeInfo,
                     request_deserializer=podium_dot_v1_dot_node__pb2.GetNodeInfoRequest.FromString,
                     response_serializer=podium_dot_v1_dot_common__pb2.NodeInfo.SerializeToString,
+            ),
+            'ProcessStates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProcessStates,
+                    request_deserializer=podium_dot_v1_dot_node__pb2.ProcessStatesRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_node__pb2.ProcessStatesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +332,33 @@ class NodeAgent:
             '/podium.v1.NodeAgent/GetNodeInfo',
             podium_dot_v1_dot_node__pb2.GetNodeInfoRequest.SerializeToString,
             podium_dot_v1_dot_common__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProcessStates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.NodeAgent/ProcessStates',
+            podium_dot_v1_dot_node__pb2.ProcessStatesRequest.SerializeToString,
+            podium_dot_v1_dot_node__pb2.ProcessStatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

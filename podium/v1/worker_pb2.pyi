@@ -826,3 +826,99 @@ class TimelineResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TimelineResponse: _TypeAlias = TimelineResponse  # noqa: Y015
+
+@_typing.final
+class StacksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_FRAMES_FIELD_NUMBER: _builtins.int
+    max_frames: _builtins.int
+    """Innermost frames kept per thread (0: the worker's default, 100; at most 1000)."""
+    def __init__(
+        self,
+        *,
+        max_frames: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_frames", b"max_frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StacksRequest: _TypeAlias = StacksRequest  # noqa: Y015
+
+@_typing.final
+class ThreadStack(_message.Message):
+    """One thread of the worker process and where its Python code is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    IDENT_FIELD_NUMBER: _builtins.int
+    NATIVE_ID_FIELD_NUMBER: _builtins.int
+    DAEMON_FIELD_NUMBER: _builtins.int
+    STACK_FIELD_NUMBER: _builtins.int
+    FRAMES_OMITTED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Thread name ("MainThread", "podium-exec", ...; "" for a thread threading does not know)."""
+    ident: _builtins.int
+    """Python's thread identifier (threading.get_ident())."""
+    native_id: _builtins.int
+    """The kernel's thread id (the TID /proc and py-spy show), 0 where unknown."""
+    daemon: _builtins.bool
+    """Whether it is a daemon thread."""
+    stack: _builtins.str
+    """The frames, outermost first, as traceback.format_list writes them."""
+    frames_omitted: _builtins.int
+    """Frames left out above the kept ones (max_frames)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        ident: _builtins.int = ...,
+        native_id: _builtins.int = ...,
+        daemon: _builtins.bool = ...,
+        stack: _builtins.str = ...,
+        frames_omitted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon", b"daemon", "frames_omitted", b"frames_omitted", "ident", b"ident", "name", b"name", "native_id", b"native_id", "stack", b"stack"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ThreadStack: _TypeAlias = ThreadStack  # noqa: Y015
+
+@_typing.final
+class StacksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    THREADS_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """Worker id given by the scheduler."""
+    rank: _builtins.int
+    """Rank from the environment (RANK)."""
+    pid: _builtins.int
+    """Process id."""
+    @_builtins.property
+    def threads(self) -> _containers.RepeatedCompositeFieldContainer[Global___ThreadStack]:
+        """Every thread that runs Python code, in thread-start order."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        pid: _builtins.int = ...,
+        threads: _abc.Iterable[Global___ThreadStack] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pid", b"pid", "rank", b"rank", "threads", b"threads", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StacksResponse: _TypeAlias = StacksResponse  # noqa: Y015

@@ -65,6 +65,11 @@ class WorkerStub:
                 request_serializer=podium_dot_v1_dot_worker__pb2.TimelineRequest.SerializeToString,
                 response_deserializer=podium_dot_v1_dot_worker__pb2.TimelineResponse.FromString,
                 _registered_method=True)
+        self.Stacks = channel.unary_unary(
+                '/podium.v1.Worker/Stacks',
+                request_serializer=podium_dot_v1_dot_worker__pb2.StacksRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_worker__pb2.StacksResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -114,6 +119,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stacks(self, request, context):
+        """The Python stack of every thread, answered by the worker's event loop (so it answers
+        while a method runs in the execution thread; not while the loop itself is blocked).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +159,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Timeline,
                     request_deserializer=podium_dot_v1_dot_worker__pb2.TimelineRequest.FromString,
                     response_serializer=podium_dot_v1_dot_worker__pb2.TimelineResponse.SerializeToString,
+            ),
+            'Stacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stacks,
+                    request_deserializer=podium_dot_v1_dot_worker__pb2.StacksRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_worker__pb2.StacksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +329,33 @@ class Worker:
             '/podium.v1.Worker/Timeline',
             podium_dot_v1_dot_worker__pb2.TimelineRequest.SerializeToString,
             podium_dot_v1_dot_worker__pb2.TimelineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.Worker/Stacks',
+            podium_dot_v1_dot_worker__pb2.StacksRequest.SerializeToString,
+            podium_dot_v1_dot_worker__pb2.StacksResponse.FromString,
             options,
             channel_credentials,
             insecure,

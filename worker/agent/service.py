@@ -142,6 +142,27 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
         """Inventory with fresh memory readings."""
         return self._agent.node_info()
 
+    @rpc.handle_errors
+    async def ProcessStates(self, request, context):
+        """/proc state of the named workers (or of every live one): only workers it runs."""
+        check_repeated_fields(request)
+        spawner = self._agent.spawner
+        ids = list(request.worker_ids) or [w.id for w in spawner.workers() if w.alive]
+        known = {w.id: w for w in spawner.workers()}
+        states = []
+        for worker_id in ids:
+            worker = known.get(worker_id)
+            if worker is None:
+                states.append(node_pb2.ProcessState(worker_id=worker_id, state_name="unknown worker"))
+            elif not worker.alive:
+                states.append(node_pb2.ProcessState(worker_id=worker_id, pid=worker.pid,
+                                                    state_name="not running"))
+            else:
+                letter, name, wchan, threads = process.kernel_state(worker.pid)
+                states.append(node_pb2.ProcessState(worker_id=worker_id, pid=worker.pid, state=letter,
+                                                    state_name=name, wchan=wchan, threads=threads))
+        return node_pb2.ProcessStatesResponse(states=states)
+
 
 class RunningAgent:
     """A node agent serving in this process (what :func:`run_agent` returns)."""

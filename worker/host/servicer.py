@@ -7,11 +7,14 @@ errors into statuses (:func:`podium.rpc.handle_errors`); the ``Calls`` stream is
 
 from __future__ import annotations
 
+import os
+
 from podium import rpc
 from podium.tracering import RING, now_ns
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.host.callstream import CallStream
 from podium.worker.host.runtime import HostRuntime
+from podium.worker.host.threadstacks import thread_stacks
 
 __all__ = ["WorkerServicer"]
 
@@ -56,3 +59,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                         trace_id=s.trace_id, call_id=s.call_id, bytes_in=s.bytes_in,
                                         bytes_out=s.bytes_out, ok=s.ok) for s in spans]
         return worker_pb2.TimelineResponse(now_ns=now_ns(), events=events, dropped=RING.dropped)
+
+    @rpc.handle_errors
+    async def Stacks(self, request, context):
+        """Every thread's Python stack, read on this loop (the execution thread may be busy)."""
+        config = self.runtime.config
+        return worker_pb2.StacksResponse(worker_id=config.worker_id, rank=config.rank, pid=os.getpid(),
+                                         threads=thread_stacks(request.max_frames))

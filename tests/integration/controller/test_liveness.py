@@ -1,5 +1,6 @@
 """Issue #14, item 1: a hung rank (SIGSTOP) fails the pending call after a bounded silence
-with an error naming rank, node, pid and how long it was silent; a long method in a live
+with an error naming rank, node, pid and how long it was silent, and carrying what could be
+had of its stacks (issue #32: its /proc state); a long method in a live
 process is never cut short; ``with call_timeout(s):`` bounds the calls of a block."""
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def test_a_stopped_rank_fails_the_call_naming_rank_node_pid_and_silence(group):
     assert isinstance(err, errors.DeadlineExceededError)
     text = str(err)
     assert f"pid {pids[1]}" in text and "silent for" in text and err.node in text and err.node
+    # The last stacks that could be had: a stopped rank cannot answer, so its /proc state.
+    assert list(err.stacks) == [1]
+    assert "T (stopped)" in err.stacks[1] and f"pid {pids[1]}" in err.stacks[1]
+    assert "no stacks:" in err.stacks[1] and "SIGCONT" in err.stacks[1]
+    assert "last stacks" in text and "T (stopped)" in text
+    assert errors.UnresponsiveError("x", details={"stacks.3": "s", "stacks.x": "-"}).stacks == {3: "s"}
 
 
 def test_a_long_method_in_a_live_process_is_never_cut_short(group):

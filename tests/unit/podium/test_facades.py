@@ -26,7 +26,7 @@ FACADES = {
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
         "UnavailableError", "UnimplementedError", "UnknownMethodError", "UnresponsiveError",
         "WorkerDiedError", "__version__", "call_timeout", "get", "get_actor", "init", "is_initialized",
-        "kill", "put", "remote", "shutdown", "timeline", "wait",
+        "kill", "put", "remote", "shutdown", "stacks", "timeline", "wait",
     ],
     "podium.controller": [
         "ClassWithInitArgs", "NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy",

@@ -10,7 +10,8 @@ The layers, lowest first (``docs/architecture.md`` explains them):
 
 1. ``podium`` core: errors, resources, codec, dataproto, auth, process, the generated ``v1``,
    the memory pool and row concatenation, and the hook the transport fills (``podium.spans``)
-2. the wire: ``podium.rpc``, ``podium.transport``, ``podium.refs``, ``podium.agentlogs``
+2. the wire: ``podium.rpc``, ``podium.transport``, ``podium.refs``, ``podium.agentlogs``,
+   ``podium.workerstacks``
 3. ``podium.scheduler.core``: the pure placement core
 4. the services, side by side: ``podium.scheduler`` and ``podium.worker`` (node agent and
    worker host); the node agent talks to the scheduler through its client
@@ -35,7 +36,8 @@ from tests.support.waiting import REPO
 CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto", "podium.auth",
         "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat",
         "podium.spans", "podium.limits", "podium.private", "podium.tracering"]
-WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs", "podium.httplimits"]
+WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs", "podium.httplimits",
+        "podium.workerstacks"]
 TOP = ["podium.cli", "podium.rollout", "podium.compat"]
 #: the scheduler's own modules (all but its client, which the node agent uses)
 SCHEDULER_INSIDE = sorted(
