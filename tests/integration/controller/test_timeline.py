@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import pathlib
 import subprocess
 import sys
@@ -103,3 +104,15 @@ def test_tasks_actors_puts_and_future_reads_are_on_the_timeline(tmp_path):
     worker_calls = {e["name"] for e in events if e["ph"] == "X" and e["cat"] == "call"}
     assert {"make", "total"} <= worker_calls, worker_calls
     assert any(e["ph"] == "X" and e["cat"] == "submit" and e["pid"] == 0 for e in events)
+
+
+@pytest.mark.timeout(240)
+def test_the_slow_step_example_finds_its_straggler(tmp_path):
+    example = EXAMPLE.parent / "slow_step.py"
+    proc = subprocess.run([sys.executable, str(example), "--timeline", str(tmp_path / "slow.json")],
+                          capture_output=True, text=True, timeout=220, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    medians = {int(rank): float(ms) for rank, ms in re.findall(r"rank (\d): +([0-9.]+)", proc.stdout)}
+    assert sorted(medians) == [0, 1, 2, 3] and max(medians, key=medians.get) == 2, proc.stdout
+    assert "=== group trainer rank 2" in proc.stdout and "in load_batch" in proc.stdout, proc.stdout
+    check_structure(json.loads((tmp_path / "slow.json").read_text()))
