@@ -166,6 +166,11 @@ def test_dashboard_group_view_shows_the_straggler_in_chromium(tmp_path, token):
             marked = re.findall(r'class="rank-cell straggler" data-rank="(\d)"', html)
             assert marked and set(marked) == {"2"}, marked  # the slow rank stands out, and only it
             assert f'data-stacks="{group}"' in html  # the button that fetches the group's stacks
+            # What the button shows: the stacks of every thread of the group's ranks.
+            stacks = _chromium(tmp_path, "--virtual-time-budget=8000", "--dump-dom",
+                               f"{http_url}/#token={token}&stacks={group}")
+            assert f"=== group {group} rank 2" in stacks.stdout and "podium-exec" in stacks.stdout, \
+                stacks.stdout[-3000:]
             wg.shutdown()
         finally:
             podium.shutdown()
