@@ -130,12 +130,17 @@ class FrozenResult:
     The copy makes a held result a snapshot, as Ray's object store does: user
     code that mutates a returned tensor afterwards cannot change what peers
     fetch. Quacks like :class:`podium.codec.Encoded` (``nbytes``, ``to_segments``).
+
+    A large one is copied into a mapping of :data:`podium.memorypool.POOL`, which goes back
+    to the pool when the held value (decoded zero-copy from it) and this copy are released:
+    a loop that holds a result of the same size every step reuses the pages, where a fresh
+    buffer would pay the kernel for zeroed pages each time (several times the copy).
     """
 
     __slots__ = ("buffer",)
 
     def __init__(self, segments: list, nbytes: int) -> None:
-        self.buffer = bytearray(nbytes)
+        self.buffer: Any = POOL.lease(POOL.take(nbytes), nbytes) if nbytes >= MIN_POOLED_BYTES else bytearray(nbytes)
         copy_segments(self.buffer, segments)
 
     @property
