@@ -1,11 +1,14 @@
-"""What non-blocking arguments as snapshots cost: a 128 MiB ``DP_COMPUTE_PROTO`` round trip,
-``blocking=True`` against ``blocking=False`` (whose arguments are copied before the call
-returns), on one host (shared memory) and over TCP, with the machine's memcpy beside them.
+"""What non-blocking arguments as snapshots cost: a 128 MiB ``DP_COMPUTE_PROTO`` round trip
+with ``blocking=False`` (held in the worker, then ``get``), with the snapshot taken as the call
+returns against the same call with the snapshot step switched off (here only: the arguments
+are then read from the caller's tensors when they are sent, as before snapshots), on one host
+(shared memory) and over TCP; the blocking round trip and the machine's memcpy beside them.
 
     python -m bench.snapshot_cost [--mib 128] [--repeat 15]
 
-Each cell is the median of ``--repeat`` round trips after two warm-up ones; the goal is a
-non-blocking round trip within 10% of the blocking one.
+Each cell is the median of ``--repeat`` round trips after two warm-up ones, the two variants
+alternating call by call so that drift hits both alike. The goal is a snapshot cost of at most
+10% of the non-blocking round trip.
 """
 
 from __future__ import annotations
@@ -29,8 +32,22 @@ def _median_ms(fn, repeat: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def _alternating_ms(first, second, repeat: int) -> tuple[float, float]:
+    """Medians of ``first`` and ``second`` run in turn, ``repeat`` times each."""
+    for _ in range(2):
+        first()
+        second()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, out in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[0]), 1000 * statistics.median(times[1])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print one line per path: blocking ms, non-blocking ms, their ratio, memcpy ms."""
+    """Print one line per path: blocking, non-blocking without and with the snapshot, its cost."""
     parser = argparse.ArgumentParser(prog="python -m bench.snapshot_cost")
     parser.add_argument("--mib", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=15)
@@ -39,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import podium
     from podium import DataProto
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+    from podium.controller.group.calls import GroupCaller
     from podium.worker import Dispatch, Worker, register
 
     class Echo(Worker):
@@ -54,16 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     batch = DataProto.from_dict(tensors={"x": torch.ones(n // 1024, 1024)})
     src, dst = torch.ones(n), torch.empty(n)
     memcpy = _median_ms(lambda: dst.copy_(src), args.repeat)
-    print(f"{args.mib} MiB round trip, N=1: blocking / blocking=False (snapshot) / ratio; memcpy {memcpy:.1f} ms")
+    taken = GroupCaller._snapshot
+
+    def later(snapshot: bool):
+        def run():
+            GroupCaller._snapshot = taken if snapshot else (lambda self, ranks, payload: payload)
+            try:
+                wg.later(batch).get()
+            finally:
+                GroupCaller._snapshot = taken
+        return run
+
+    print(f"{args.mib} MiB round trip, N=1 (memcpy {memcpy:.1f} ms): blocking; blocking=False without / "
+          "with the snapshot; its cost")
     # A threshold no payload reaches keeps same-host calls on TCP (the workers read it too).
     for label, threshold in (("one host (shared memory)", ""), ("TCP", str(1 << 60))):
         os.environ["PODIUM_SHM_THRESHOLD_BYTES"] = threshold
         podium.init(num_cpus=2)
         try:
-            wg = WorkerGroup(ResourcePool([1], use_gpu=False), ClassWithInitArgs(Echo))
+            wg = WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Echo))
             blocking = _median_ms(lambda: wg.same(batch), args.repeat)
-            later = _median_ms(lambda: wg.later(batch).get(), args.repeat)
-            print(f"  {label:26s} {blocking:7.1f} ms  {later:7.1f} ms  {later / blocking:5.2f}x")
+            off, on = _alternating_ms(later(False), later(True), args.repeat)
+            print(f"  {label:26s} {blocking:7.1f} ms   {off:7.1f} ms  {on:7.1f} ms   {100 * (on / off - 1):+5.1f}%")
             wg.shutdown()
         finally:
             podium.shutdown()

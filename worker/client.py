@@ -34,7 +34,7 @@ from podium.auth import TlsConfig
 from podium.refs import ObjectRef
 from podium.transport import frames, shm, shmstage
 from podium.transport.connection import CallConnection
-from podium.transport.payload import Payload, prepare, shares_shm
+from podium.transport.payload import Payload, Written, prepare, shares_shm
 from podium.v1 import worker_pb2
 from podium.worker.channel import MAX_REPLY_BYTES, WorkerChannel
 from podium.worker.host.config import FETCH_CALL
@@ -278,7 +278,12 @@ class WorkerClient(WorkerChannel):
                 header.payload_size = staged.nbytes
                 payload = Payload(staged.rest, reusable=False)
             name = ""
-            if same_host and payload.nbytes >= self.shm_threshold:
+            if payload.written is not None:  # copied into our segment when the call returned
+                name, p.shm_pooled = payload.written.take(conn)
+                if not name:
+                    raise errors.UnavailableError(f"cannot send {method!r} to {self._who()}: its connection "
+                                                  "changed after the arguments were written", rank=self.rank)
+            elif same_host and payload.nbytes >= self.shm_threshold:
                 # Pinned: its reply may be views of it (a result computed in place), see _finish.
                 copy = asyncio.ensure_future(asyncio.to_thread(conn.write_segment, payload.segments(),
                                                                payload.nbytes, True))
@@ -358,6 +363,19 @@ class WorkerClient(WorkerChannel):
         future = loop.create_future()
         self._send_one_frame(PendingCall(future, method), method, payload, hold, timeout, trace)
         return future
+
+    def snapshot(self, payload: Payload) -> Payload:
+        """``payload`` as it is now, for a call to this worker that returns before it is sent
+        (:meth:`Payload.snapshot`). One this worker reads from shared memory is written into
+        its segment now: the copy sending it makes anyway, so the snapshot costs nothing more.
+        Safe on any thread."""
+        conn = self._conn
+        if (self.same_host is True and conn is not None and payload.staged is None
+                and payload.nbytes >= self.shm_threshold):
+            name, pooled = conn.write_segment(payload.segments(), payload.nbytes, True)
+            if name:
+                return Written.payload(payload.nbytes, conn, name, pooled)
+        return payload.snapshot()
 
     def submit_into(self, method: str, payload: Payload, sink: Any, on_error: Any, *, hold: bool = False,
                     timeout: float | None = None, trace: int = 0) -> None:

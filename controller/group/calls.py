@@ -132,7 +132,7 @@ class GroupCaller:
         # The arguments are encoded here and their buffers copied before the call returns:
         # the call sends them later, from the loop, and must send what they were now.
         try:
-            payloads = self.encode_payloads(calls, snapshot=True)
+            payloads = self.encode_payloads(calls, snapshot=self._snapshot)
         except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
             for ref in refs:
                 ref._set_exception(exc)
@@ -146,12 +146,19 @@ class GroupCaller:
         asyncio.get_running_loop().create_task(self._call_all(calls, hold=True, sinks=sinks, timeout=timeout,
                                                               trace=trace))
 
+    def _snapshot(self, ranks: list[int], payload: Any) -> Any:
+        """``payload`` copied as it is now for ``ranks``: into the one rank's shared memory when
+        it reads it there (:meth:`WorkerClient.snapshot`), else into memory of its own."""
+        if len(ranks) == 1:
+            return self._members.workers[ranks[0]].client.snapshot(payload)
+        return payload.snapshot()
+
     @staticmethod
-    def encode_payloads(prepared: list, snapshot: bool = False) -> dict[int, Any]:
+    def encode_payloads(prepared: list, snapshot: Callable | None = None) -> dict[int, Any]:
         """The encoded payload of each call; ranks given the very same objects share one.
 
-        ``snapshot``: with the buffers copied (:meth:`Payload.snapshot`), for a call that
-        returns before they are sent."""
+        ``snapshot(ranks, payload)``: the payload copied as it is now, for a call that
+        returns before it is sent."""
         from podium.worker.client import prepare
         groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
         payloads: dict[int, Any] = {}
@@ -163,8 +170,8 @@ class GroupCaller:
                 funcs = [v for v in (*args, *kwargs.values()) if callable(v)]
                 with by_value(*funcs):
                     payload = prepare((tuple(args), dict(kwargs)))
-                if snapshot:
-                    payload = payload.snapshot()
+                if snapshot is not None:
+                    payload = snapshot([prepared[i][0] for i in members], payload)
             for i in members:
                 payloads[i] = payload
         return payloads

@@ -8,13 +8,14 @@ for the next call with the same options.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from podium import codec
 from podium.transport import chunks, frames, shm
 from podium.v1 import worker_pb2
 
-__all__ = ["Payload", "prepare", "shares_shm"]
+__all__ = ["Payload", "Written", "prepare", "shares_shm"]
 
 _CALL = worker_pb2.CALL
 
@@ -28,12 +29,14 @@ class Payload:
     instead, so a huge argument is never held twice.
     """
 
-    __slots__ = ("encoded", "nbytes", "reusable", "staged", "_chunks", "_tails")
+    __slots__ = ("encoded", "nbytes", "reusable", "staged", "written", "_chunks", "_tails")
 
     def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
         self.encoded = encoded
         self.nbytes = encoded.nbytes
         self.reusable = reusable
+        #: Already copied into one worker's shared-memory segment (a :class:`Written`), or None.
+        self.written: Written | None = None
         #: Its large buffers copied into a group call's staged segment, for same-host workers
         #: (a :class:`podium.transport.shmstage.Staged`), or None.
         self.staged: Any = None
@@ -82,6 +85,36 @@ class Payload:
     def segments(self) -> list[memoryview]:
         """The wire form as zero-copy segments (for shared memory)."""
         return self.encoded.to_segments()
+
+
+class Written:
+    """A payload copied into a shared-memory segment of one connection before its call is sent.
+
+    A call that returns before it is sent must send its arguments as they were (see
+    :meth:`Payload.snapshot`); for a worker that reads them from shared memory, writing the
+    segment at once *is* that snapshot, with no second copy. The segment is the call's from
+    :meth:`take` on; one never taken (the call never went out) is dropped when this object is.
+    """
+
+    def __init__(self, conn: Any, name: str, pooled: bool) -> None:
+        self.conn = conn
+        self._unsent = weakref.finalize(self, conn.drop_segment, name, pooled)
+
+    def take(self, conn: Any) -> tuple[str, bool]:
+        """``(name, pooled)`` for the call sending it on ``conn``; ``("", False)`` when it was
+        written for another connection or already taken."""
+        if conn is not self.conn:
+            return "", False
+        taken = self._unsent.detach()  # (self, drop_segment, (name, pooled), {}), or None
+        return (taken[2][0], taken[2][1]) if taken is not None else ("", False)
+
+    @staticmethod
+    def payload(nbytes: int, conn: Any, name: str, pooled: bool) -> Payload:
+        """A payload of ``nbytes`` whose bytes are in segment ``name`` of ``conn`` only."""
+        payload = Payload(codec.Encoded(b""), reusable=False)
+        payload.nbytes = nbytes
+        payload.written = Written(conn, name, pooled)
+        return payload
 
 
 def prepare(value: Any) -> Payload:

@@ -11,6 +11,7 @@ embedded cluster is on this host), TCP (``PODIUM_DISABLE_SHM``) and the gRPC str
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -20,6 +21,7 @@ import podium
 from podium import DataProto
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.worker import Dispatch, Worker, register
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -119,3 +121,22 @@ def test_put_stores_the_value_as_it_was(group):
     tensor += 1
     assert float(podium.get(ref, timeout=120).double().sum()) == float(NUMEL)
     assert podium.get(group.total(ref), timeout=120) == [float(NUMEL)] * 2  # read by the workers
+
+
+def test_on_shared_memory_the_snapshot_is_the_segment_and_one_never_sent_is_dropped(group, path):
+    if path != "shm":
+        pytest.skip("only a same-host worker reads its arguments from a segment")
+    from podium.worker.client import prepare
+    client = group.workers[0].client
+    pool = client._conn.segments.pool
+    before = pool.busy
+    tensor = torch.ones(NUMEL)
+    payload = client.snapshot(prepare(((tensor,), {})))
+    # Written into the worker's segment as the call returns: no copy of its own besides.
+    assert payload.written is not None and not payload.encoded.buffers
+    assert pool.busy == before + 1
+    tensor += 1  # changes nothing in the segment; a new call sends the new values
+    del payload  # its call never went out: the segment goes back, not to the peer
+    gc.collect()
+    eventually(lambda: pool.busy == before, "the unsent snapshot's segment to be dropped")
+    assert podium.get(group.total(tensor), timeout=120) == [2.0 * NUMEL] * 2
