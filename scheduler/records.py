@@ -15,7 +15,7 @@ from fractions import Fraction
 from podium.resources import GPU_UNITS
 from podium.v1 import common_pb2
 
-__all__ = ["LIVE_WORKER_STATES", "TERMINAL_WORKER_STATES", "fraction_text", "Session", "Effects",
+__all__ = ["DEFAULT_NODE_LEASE", "LIVE_WORKER_STATES", "TERMINAL_WORKER_STATES", "fraction_text", "Session", "Effects",
            "Dirty", "MasterPlan", "new_id", "RESTORE_GRACE_SECONDS",
            "SPAWN_DEADLINE_SECONDS"]
 
@@ -100,6 +100,12 @@ def new_id(prefix: str) -> str:
     """A fresh record id: ``prefix`` and 12 random hex digits."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
+
+#: Seconds without a heartbeat before a node is dead (``--node-lease``). Its agent fences
+#: itself ``lease - max(interval, lease / 5)`` after its last answered heartbeat (12 s here),
+#: which is also how long an agent may be down and come back to re-adopt its workers: long
+#: enough for systemd's or a Kubernetes container's restart.
+DEFAULT_NODE_LEASE = 15.0
 
 #: After a restart, how long leases are not enforced (agents and controllers reconnect).
 RESTORE_GRACE_SECONDS = 10.0

@@ -23,6 +23,7 @@ from podium.auth import TlsConfig, resolve_token
 from podium.private import write_private_atomic
 from podium.rpc import bind, make_server, start_server, use_uvloop
 from podium.scheduler.http import HttpServer
+from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.service import SchedulerConfig, SchedulerService
 from podium.scheduler.store import Store
 from podium.v1 import scheduler_pb2_grpc
@@ -111,8 +112,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "scheduler refused as damaged) is renamed to FILE.bad-<time>, not deleted")
     p.add_argument("--token-file", default=None,
                    help="cluster token file (created 0600 if missing; PODIUM_TOKEN wins)")
-    p.add_argument("--node-lease", type=float, default=10.0,
-                   help="seconds without heartbeat before a node is dead")
+    p.add_argument("--node-lease", type=float, default=DEFAULT_NODE_LEASE,
+                   help="seconds without heartbeat before a node is dead (its agent fences "
+                        "itself lease - max(interval, lease/5) after its last answered one)")
     p.add_argument("--heartbeat-interval", type=float, default=2.0,
                    help="heartbeat interval told to node agents")
     p.add_argument("--session-lease", type=float, default=30.0,

@@ -34,6 +34,7 @@ from podium.scheduler import core
 from podium.scheduler.agents import AGENT_TIMEOUT, AgentLinks
 from podium.scheduler.heartbeats import HeartbeatStreams
 from podium.scheduler.leases import LeaseChecker
+from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
                                     Effects)
 from podium.scheduler.store import Store
@@ -58,7 +59,7 @@ class SchedulerConfig:
     port: int = 50051
     http_port: int = 8265
     state: str = ":memory:"
-    node_lease: float = 10.0
+    node_lease: float = DEFAULT_NODE_LEASE
     heartbeat_interval: float = 2.0
     session_lease: float = 30.0
     tls: TlsConfig | None = None

@@ -34,7 +34,7 @@ from podium.resources import BundleSpec
 from podium.scheduler import core
 from podium.scheduler.groups import GroupTable, PlaceResult
 from podium.scheduler.nodes import NodeTable
-from podium.scheduler.records import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS,
+from podium.scheduler.records import (DEFAULT_NODE_LEASE, LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS,
                                       SPAWN_DEADLINE_SECONDS, Dirty, Effects, MasterPlan, Session,
                                       fraction_text, new_id)
 from podium.scheduler.sessions import SessionTable
@@ -49,7 +49,7 @@ __all__ = ["ClusterModel", "Session", "Effects", "Dirty", "MasterPlan", "LIVE_WO
 class ClusterModel:
     """The whole scheduler state and every operation on it (see the module docstring)."""
 
-    def __init__(self, *, node_lease: float = 10.0, default_session_lease: float = 30.0,
+    def __init__(self, *, node_lease: float = DEFAULT_NODE_LEASE, default_session_lease: float = 30.0,
                  max_ended: int = 10_000, new_id: Callable[[str], str] = new_id,
                  restore_grace: float = RESTORE_GRACE_SECONDS,
                  spawn_deadline: float = SPAWN_DEADLINE_SECONDS) -> None:
