@@ -123,11 +123,16 @@ def test_put_stores_the_value_as_it_was(group):
     assert podium.get(group.total(ref), timeout=120) == [float(NUMEL)] * 2  # read by the workers
 
 
-def test_on_shared_memory_the_snapshot_is_the_segment_and_one_never_sent_is_dropped(group, path):
-    if path != "shm":
-        pytest.skip("only a same-host worker reads its arguments from a segment")
+def test_a_snapshot_is_the_segment_on_shared_memory_a_copy_elsewhere_and_one_never_sent_is_dropped(group, path):
     from podium.worker.client import prepare
     client = group.workers[0].client
+    if path != "shm":  # TCP and gRPC: a copy in memory of its own, not the tensor's
+        tensor = torch.ones(NUMEL)
+        payload = client.snapshot(prepare(((tensor,), {})))
+        assert payload.written is None and payload.encoded.buffers
+        tensor += 1
+        assert all(bytes(buf[:4]) == torch.ones(1).numpy().tobytes() for buf in payload.encoded.buffers)
+        return
     pool = client._conn.segments.pool
     before = pool.busy
     tensor = torch.ones(NUMEL)
