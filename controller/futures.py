@@ -72,6 +72,10 @@ class PendingRef:
         """True once the call finished (successfully or not)."""
         return self._state != _PENDING
 
+    def error(self) -> BaseException | None:
+        """The call's error once it failed; None while pending or when it succeeded."""
+        return self._outcome if self._state == _ERROR else None
+
     def ref(self, timeout: float | None = None) -> ObjectRef:
         """The ObjectRef, waiting up to ``timeout`` seconds (None: no limit) for the call.
 

@@ -5,7 +5,9 @@ scheduler like any other and returns a ref at once. The workers are a pool per r
 shape (``num_cpus``, ``num_gpus``, env, placement group bundle): a task goes to an idle
 worker of its pool, and a new worker is started while every worker is busy and the pool has
 fewer than ``PODIUM_TASK_WORKERS`` (default 4, at most 256) workers; otherwise it queues on
-the least busy one. Pool workers are reused and stop with the runtime. The function travels
+the least busy one. Pool workers are reused and stop with the runtime; one that died or
+stopped answering leaves its pool, so later tasks start a fresh worker (the task that met
+it fails with that error: no task is retried). The function travels
 by value when the workers cannot import it; top-level ref arguments are fetched by the
 worker, as for any call; a function that raised gives RemoteError with its traceback.
 """
@@ -19,7 +21,8 @@ from typing import Any, Callable
 
 from podium.controller.actoroptions import Options, parse_options
 from podium.controller.actors import ActorClass, ActorHandle, start_actor
-from podium.errors import ArgumentMismatchError, InvalidArgumentError
+from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnresponsiveError,
+                           WorkerDiedError)
 from podium.worker.actorshell import TaskRunner
 
 __all__ = ["RemoteFunction", "remote", "task_pool_limit", "MAX_TASK_WORKERS"]
@@ -45,37 +48,49 @@ class _Pool:
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.workers: list[ActorHandle] = []
-        self.busy: list[int] = []
+        #: Each worker and its calls in flight, in start order.
+        self.busy: dict[ActorHandle, int] = {}
         self._lock = threading.Lock()
         self._growing = threading.Lock()
 
-    def _least_busy(self) -> int:
-        return min(range(len(self.workers)), key=self.busy.__getitem__)
+    def _take_least_busy(self, any_count: bool) -> ActorHandle | None:
+        """Under the lock: the least busy worker, counted busy once more, if it is idle or
+        ``any_count`` (the pool is full); None otherwise."""
+        if not self.busy:
+            return None
+        handle = min(self.busy, key=self.busy.__getitem__)
+        if self.busy[handle] and not any_count:
+            return None
+        self.busy[handle] += 1
+        return handle
 
-    def pick(self) -> int:
-        """The index of the worker to run the next task on (starting one when needed)."""
+    def pick(self) -> ActorHandle:
+        """The worker to run the next task on (starting one when needed)."""
         with self._lock:
-            if self.workers:
-                i = self._least_busy()
-                if self.busy[i] == 0 or len(self.workers) >= task_pool_limit():
-                    self.busy[i] += 1
-                    return i
+            handle = self._take_least_busy(len(self.busy) >= task_pool_limit())
+        if handle is not None:
+            return handle
         with self._growing:  # one start at a time; others queue on the existing workers
             with self._lock:
-                if self.workers and (len(self.workers) >= task_pool_limit() or min(self.busy) == 0):
-                    i = self._least_busy()
-                    self.busy[i] += 1
-                    return i
+                handle = self._take_least_busy(len(self.busy) >= task_pool_limit())
+            if handle is not None:
+                return handle
             handle = start_actor(TaskRunner, self.opts, (), {})
             with self._lock:
-                self.workers.append(handle)
-                self.busy.append(1)
-                return len(self.workers) - 1
+                self.busy[handle] = 1
+                return handle
 
-    def done(self, index: int) -> None:
+    def done(self, handle: ActorHandle, error: BaseException | None = None) -> None:
+        """A task on ``handle`` finished. If its worker died or stopped answering it leaves
+        the pool (its last handle gone, the worker is stopped), so the next task starts a
+        fresh one instead of failing on it forever."""
         with self._lock:
-            self.busy[index] -= 1
+            if handle not in self.busy:
+                return
+            if isinstance(error, (WorkerDiedError, UnresponsiveError)):
+                del self.busy[handle]
+            else:
+                self.busy[handle] -= 1
 
 
 _pools: dict[tuple, _Pool] = {}
@@ -116,15 +131,15 @@ class RemoteFunction:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Run the function in a task worker; a PendingRef (``get`` gives its value)."""
         pool = _pool_for(self._options)
-        index = pool.pick()
+        handle = pool.pick()
         method = "run_async" if inspect.iscoroutinefunction(self._function) else "run"
         try:
-            ref = pool.workers[index]._group._calls.run([0], method, [((self._function, *args), kwargs)],
-                                                         blocking=False)[0]
-        except BaseException:
-            pool.done(index)
+            ref = handle._group._calls.run([0], method, [((self._function, *args), kwargs)],
+                                           blocking=False)[0]
+        except BaseException as exc:
+            pool.done(handle, exc)
             raise
-        ref.add_done_callback(lambda _ref: pool.done(index))
+        ref.add_done_callback(lambda done: pool.done(handle, done.error()))
         return ref
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

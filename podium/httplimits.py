@@ -17,6 +17,10 @@ speak, and ``/healthz`` and ``/readyz`` answered 503 (issue #34). So here:
   pushes out their own, and a probe from another address (the kubelet's is the node's) is
   answered. A newcomer is refused (503) only when every open connection is mid-request;
 - a connection idle for :data:`HTTP_IDLE_SECONDS` between requests is closed;
+- the listening socket's accept queue (:data:`HTTP_BACKLOG`) is deeper than the flood a
+  cap-sized crowd can keep in flight: with aiohttp's 128, 256 connections re-opened as
+  fast as they are closed kept it full, the kernel dropped a probe's SYN, and its retry
+  came 1 s, then 3 s later (a kubelet probe timed out);
 - no path takes a request body: a chunked one, or one over :data:`HTTP_MAX_BODY_BYTES`,
   gets 413 and the connection is closed without reading it (token or not).
 
@@ -35,7 +39,7 @@ from typing import cast
 
 from aiohttp import web
 
-__all__ = ["HTTP_IDLE_SECONDS", "HTTP_MAX_CONNECTIONS", "HTTP_MAX_SILENT",
+__all__ = ["HTTP_BACKLOG", "HTTP_IDLE_SECONDS", "HTTP_MAX_CONNECTIONS", "HTTP_MAX_SILENT",
            "HTTP_MAX_SILENT_PER_PEER",
            "HTTP_FIRST_REQUEST_SECONDS", "HTTP_MAX_BODY_BYTES", "BoundedRunner"]
 
@@ -46,6 +50,8 @@ HTTP_MAX_CONNECTIONS = 128
 #: Open connections that have not sent a byte yet, at most; and from one peer address.
 HTTP_MAX_SILENT = 64
 HTTP_MAX_SILENT_PER_PEER = 32
+#: The listening socket's accept queue (Linux caps it at net.core.somaxconn, 4096 by default).
+HTTP_BACKLOG = 1024
 #: Seconds a new connection has to send its first complete request (a probe needs ms).
 HTTP_FIRST_REQUEST_SECONDS = 3.0
 #: Largest request body let through (no path reads one; this only spares small clients
@@ -289,6 +295,12 @@ class BoundedRunner(web.AppRunner):
         self.book = _ConnectionBook(cap, min(HTTP_MAX_SILENT, cap), HTTP_MAX_SILENT_PER_PEER,
                                     HTTP_FIRST_REQUEST_SECONDS)
         app.middlewares.insert(0, self.book.middleware)
+
+    async def serve(self, host: str, port: int, ssl_context=None) -> int:
+        """Set up and listen on ``host:port`` with :data:`HTTP_BACKLOG`; the bound port."""
+        await self.setup()
+        await web.TCPSite(self, host, port, ssl_context=ssl_context, backlog=HTTP_BACKLOG).start()
+        return self.addresses[0][1]
 
     async def _make_server(self):
         return _CappedFactory(await super()._make_server(), self.book)

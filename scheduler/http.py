@@ -359,11 +359,8 @@ class HttpServer:
         """Bind and serve; returns the bound port (port 0 picks one)."""
         # Connections and bodies are bounded, probes never starved (podium.httplimits).
         self._runner = BoundedRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
         ssl_context = self.config.tls.ssl_context(server=True) if self.config.tls else None
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
-        await site.start()
-        return self._runner.addresses[0][1]
+        return await self._runner.serve(host, port, ssl_context)
 
     async def stop(self) -> None:
         """Stop serving."""

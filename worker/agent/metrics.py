@@ -169,12 +169,9 @@ class MetricsServer:
         # The scheduler's connection and body bounds (podium.httplimits): a client
         # without the token can neither starve /healthz nor use up the agent's descriptors.
         self._runner = BoundedRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
         tls = self.agent.config.tls
-        site = web.TCPSite(self._runner, host, port,
-                           ssl_context=tls.ssl_context(server=True) if tls else None)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self.port = await self._runner.serve(host, port,
+                                             tls.ssl_context(server=True) if tls else None)
         return self.port
 
     async def stop(self) -> None:

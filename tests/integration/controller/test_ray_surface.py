@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import threading
 import time
 
@@ -202,6 +203,28 @@ def test_task_fan_out_errors_and_async(cluster):
     assert "Remote traceback" in str(info.value)
     with pytest.raises(TypeError):
         square(2)
+
+
+@podium.remote(num_cpus=0.5)
+def task_pid(_seq):
+    return os.getpid()
+
+
+def test_a_dead_task_worker_leaves_its_pool_and_later_tasks_run(cluster):
+    pids = set(podium.get([task_pid.remote(i) for i in range(8)]))
+    victim = sorted(pids)[0]
+    os.kill(victim, signal.SIGKILL)
+    failures = []
+    # The tasks that meet the dead worker fail, typed; after them its pool starts a fresh one.
+    for i in range(40):
+        try:
+            pid = podium.get(task_pid.remote(i), timeout=60)
+        except WorkerDiedError as exc:
+            failures.append(exc)
+            continue
+        assert pid != victim
+    assert len(failures) <= 1, failures
+    assert set(podium.get([task_pid.remote(i) for i in range(8)])).isdisjoint({victim})
 
 
 # ---- actors ------------------------------------------------------------------------------
