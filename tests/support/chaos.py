@@ -214,18 +214,24 @@ class Soak:
             c.lab.heal(c.hosts[node])
         self.injected[kind] += 1
 
+    def _inject_noting(self, kind: str, node: str, pid: int) -> None:
+        try:
+            self._inject(kind, node, pid)
+        except Exception as exc:  # noqa: BLE001 - a fault that could not be made is a finding
+            self.problems.append(f"{kind} {node}: could not be made: {type(exc).__name__}: {exc}"[:600])
+
     def _cycle(self, cycle: int) -> None:
         """``per_cycle`` faults at once (each node and the scheduler hit at most once)."""
         kinds, nodes = [], set()
         for _ in range(min(self.per_cycle, self.faults - sum(self.injected.values()))):
             kind = self._pick_kind(nodes)
-            if kind == "scheduler_restart" and "scheduler_restart" in kinds:
+            if kind == "scheduler_restart" and any(k == kind for k, _, _ in kinds):
                 kind = "worker_kill"
             node = self.rng.choice(sorted(set(self.cluster.hosts) - nodes)) if kind.startswith(
                 ("link", "agent")) else ""
             nodes.add(node)
             kinds.append((kind, node, self.rng.choice(self.job.victims() or [0])))
-        threads = [threading.Thread(target=self._inject, args=k, daemon=True) for k in kinds]
+        threads = [threading.Thread(target=self._inject_noting, args=k, daemon=True) for k in kinds]
         for t in threads:
             t.start()
         for t in threads:
@@ -233,8 +239,13 @@ class Soak:
         if any(t.is_alive() for t in threads):
             self.problems.append(f"cycle {cycle}: a fault injection did not end in 120 s: {kinds}")
         ended, steps = time.monotonic(), self.job.steps
-        for node in self.cluster.hosts:
-            self.cluster.wait_alive(node)
+        try:
+            for node in self.cluster.hosts:
+                self.cluster.wait_alive(node)
+        except AssertionError as exc:
+            self.problems.append(f"cycle {cycle} ({kinds}): {exc}"[:600])
+            self._sampling.set()  # the cluster did not come back: the soak ends here
+            return
         if any(k == "scheduler_restart" for k, _, _ in kinds):
             self._ledger_check()
         while self.job.steps < steps + 2:  # the step under way may predate the fault
