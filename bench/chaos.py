@@ -12,6 +12,7 @@ finish a step. Exits 1 when any check failed; ``--out`` also writes the table to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import sys
 import tempfile
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-cycle", type=int, default=3, help="faults landing at once (1..4)")
     parser.add_argument("--nodes", type=int, default=3, help="node hosts (3..4)")
     parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("--keep", type=Path, help="keep the processes' logs and state in this folder")
     args = parser.parse_args(argv)
     if not 1 <= args.faults <= 100_000 or not 1 <= args.per_cycle <= 4 or not 3 <= args.nodes <= 4:
         parser.error("--faults must be in 1..100000, --per-cycle in 1..4, --nodes in 3..4")
@@ -36,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"the chaos soak needs network namespaces: {why}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="podium-chaos-") as work, NetLab() as lab:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep else
+          tempfile.TemporaryDirectory(prefix="podium-chaos-")) as work, NetLab() as lab:
         cluster = ChaosCluster(lab, Path(work), secrets.token_urlsafe(16), nodes=args.nodes)
         try:
             soak = Soak(cluster, args.faults, args.seed, per_cycle=args.per_cycle).run()

@@ -145,12 +145,14 @@ class Soak:
         self.wall = 0.0
         self._sampling = threading.Event()
         self._own_segments: set[str] = set()
+        #: The latest cycle's faults (kind, node, pid), for the notes of what went wrong.
+        self.last_cycle: list[tuple[str, str, int]] = []
 
     # -- the checks that run throughout ---------------------------------------------------
     def _sample(self) -> None:
         while not self._sampling.wait(0.2):
             for role, rank, pids in self.job.book.copies():
-                note = f"{role} rank {rank} live in {pids}"
+                note = f"{role} rank {rank} live in {pids} (cycle {self.last_cycle})"
                 if note not in self.double_live:
                     self.double_live.append(note)
             current = self.job.current
@@ -231,6 +233,7 @@ class Soak:
                 ("link", "agent")) else ""
             nodes.add(node)
             kinds.append((kind, node, self.rng.choice(self.job.victims() or [0])))
+        self.last_cycle = kinds
         threads = [threading.Thread(target=self._inject_noting, args=k, daemon=True) for k in kinds]
         for t in threads:
             t.start()
