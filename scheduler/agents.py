@@ -61,7 +61,7 @@ class AgentLinks:
 
     async def stop_workers(self, effects: Effects, grace: float = 0.0) -> None:
         """Ask each alive node's agent to stop the workers ``effects`` lists for it; a failure
-        is logged (the slots are already free; the heartbeat's stop list retries)."""
+        is logged (the workers stay STOPPING, holding their slots; the heartbeat's stop list retries)."""
         async def stop(node_id: str, ids: list[str]) -> None:
             node = self.model.nodes.get(node_id)
             if node is None or node.state != common_pb2.NODE_ALIVE:

@@ -146,8 +146,6 @@ class ClusterModel:
         """
         if not self.nodes.beat(node_id, gpus, processes, now):
             return True, []
-        if not running:
-            return False, []  # nothing to reconcile
         effects = self.workers.reconcile(node_id, running, registering=False)
         return False, effects.stop.get(node_id, [])
 

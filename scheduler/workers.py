@@ -22,6 +22,10 @@ from podium.v1 import common_pb2, scheduler_pb2
 __all__ = ["WorkerTable"]
 
 
+#: Live states a stop request applies to (a STOPPING worker was asked already).
+_STOPPABLE = frozenset({common_pb2.WORKER_STARTING, common_pb2.WORKER_RUNNING})
+
+
 class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
     """The workers by id, live and ended, in creation order, indexed by group and by node.
 
@@ -259,7 +263,7 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
             if worker.state in LIVE_WORKER_STATES:
                 if request.pid:
                     worker.pid = request.pid
-                self.end(worker, state, request.exit)
+                self.end(worker, state, self._ended_as_asked(worker, request.exit))
             elif worker.exit.requested and request.HasField("exit"):
                 # Keep "requested" but learn how the stopped process actually ended.
                 worker.exit.exit_code = request.exit.exit_code
@@ -281,16 +285,37 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
         effects = Effects()
         stopped = 0
         for worker in workers:
-            if worker.state in LIVE_WORKER_STATES:
+            if worker.state in _STOPPABLE:
                 self.stop(worker, "stopped by request", effects)
                 stopped += 1
         return stopped, effects
 
     def stop(self, worker: common_pb2.WorkerInfo, reason: str, effects: Effects) -> None:
-        """End a live worker EXITED as requested, and queue its stop on its node."""
-        self.end(worker, common_pb2.WORKER_EXITED,
-                         common_pb2.ExitInfo(exit_code=-1, reason=reason, requested=True))
+        """Queue a live worker's stop on its node. One that has a process stays STOPPING,
+        holding its name, rank and slot, until its node's agent reports it gone (or the
+        node dies, its workers fenced): a StopWorkers that failed (an agent restarting, a
+        link down) leaves the process running, and a replacement placed meanwhile would be
+        a second live copy of its rank on a double-booked slot. One without a process yet
+        ends EXITED at once."""
+        requested = common_pb2.ExitInfo(exit_code=-1, reason=reason, requested=True)
+        if worker.pid:
+            worker.state = common_pb2.WORKER_STOPPING
+            worker.exit.CopyFrom(requested)
+            self._touch([worker.id])
+        else:
+            self.end(worker, common_pb2.WORKER_EXITED, requested)
         effects.add_stop(worker.node_id, worker.id)
+
+    def _ended_as_asked(self, worker: common_pb2.WorkerInfo, how: common_pb2.ExitInfo) -> common_pb2.ExitInfo:
+        """A stopping worker's exit: the request's reason, with how the process ended."""
+        if worker.state != common_pb2.WORKER_STOPPING or not worker.exit.requested:
+            return how
+        merged = common_pb2.ExitInfo()
+        merged.CopyFrom(worker.exit)
+        merged.exit_code, merged.signal = how.exit_code, how.signal
+        if how.stderr_tail:
+            merged.stderr_tail = how.stderr_tail
+        return merged
 
     def end(self, worker: common_pb2.WorkerInfo, state: common_pb2.WorkerState.ValueType,
             exit_info: common_pb2.ExitInfo) -> None:
@@ -315,7 +340,8 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
         for item in running:
             alive_ids.add(item.worker_id)
             worker = self._records.get(item.worker_id)
-            if worker is None or worker.node_id != node_id or worker.state not in LIVE_WORKER_STATES:
+            if worker is None or worker.node_id != node_id or worker.state not in LIVE_WORKER_STATES \
+                    or worker.state == common_pb2.WORKER_STOPPING:  # still running: ask again
                 effects.add_stop(node_id, item.worker_id)
                 continue
             changed = False
@@ -331,12 +357,14 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
                 changed = True
             if changed:
                 self._touch([worker.id])
-        if registering:
-            for worker in self.on_node(node_id):
-                if (worker.state in LIVE_WORKER_STATES
-                        and worker.pid and worker.id not in alive_ids):
-                    self.end(worker, common_pb2.WORKER_EXITED, common_pb2.ExitInfo(
-                        exit_code=-1, reason=f"not running on node {node_id} after it re-registered"))
+        # Registering, a spawned worker the agent no longer lists died with the previous
+        # agent; on any beat, a stopping one it no longer lists is gone (the list is whole).
+        for worker in self.on_node(node_id):
+            if (worker.pid and worker.id not in alive_ids
+                    and (worker.state == common_pb2.WORKER_STOPPING
+                         or (registering and worker.state in LIVE_WORKER_STATES))):
+                self.end(worker, common_pb2.WORKER_EXITED, self._ended_as_asked(worker, common_pb2.ExitInfo(
+                    exit_code=-1, reason=f"not running on node {node_id} after it re-registered")))
         return effects
 
     def end_on_node(self, node_id: str, reason: str) -> None:
@@ -353,7 +381,7 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
         count = 0
         for worker_id in list(self._by_group.get(group_id, ())):
             worker = self._records[worker_id]
-            if worker.state in LIVE_WORKER_STATES:
+            if worker.state in _STOPPABLE:
                 self.stop(worker, reason, effects)
                 count += 1
         return count, effects
@@ -364,7 +392,7 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
         count = 0
         for worker in self._records.values():
             if (worker.owner == session_id and not worker.spec.detached
-                    and worker.state in LIVE_WORKER_STATES):
+                    and worker.state in _STOPPABLE):
                 self.stop(worker, reason, effects)
                 count += 1
         return count, effects

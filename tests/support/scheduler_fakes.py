@@ -83,10 +83,18 @@ class FakeAgent(node_pb2_grpc.NodeAgentServicer):
             self.spawned.append(worker)
             out.workers.add(worker_id=worker.id, pid=pid, log_path=f"/tmp/{worker.id}.log")
             if self.auto_run:
-                task = asyncio.get_running_loop().create_task(self._report(worker.id, pid))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn_task(self._report(worker.id, pid))
         return out
+
+    def _spawn_task(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report_exit(self, worker_id: str) -> None:
+        async with SchedulerClient(self.scheduler, self.token) as client:
+            await client.report_worker(worker_id, common_pb2.WORKER_EXITED, node_id=self.node_id,
+                                       exit=common_pb2.ExitInfo(signal=15))
 
     async def _report(self, worker_id: str, pid: int) -> None:
         async with SchedulerClient(self.scheduler, self.token) as client:
@@ -96,6 +104,11 @@ class FakeAgent(node_pb2_grpc.NodeAgentServicer):
     @rpc.handle_errors
     async def StopWorkers(self, request, context):
         self.stopped.extend(request.worker_ids)
+        if self.auto_run:
+            # A real agent reports the exit once the process ends; until then the
+            # scheduler holds the worker's slot and name.
+            for worker_id in request.worker_ids:
+                self._spawn_task(self._report_exit(worker_id))
         return node_pb2.StopWorkersResponse(stopped=len(request.worker_ids))
 
     @rpc.handle_errors

@@ -8,6 +8,7 @@ import pytest
 from podium import errors
 from podium.v1 import common_pb2
 from tests.support.scheduler_fakes import Cluster
+from tests.support.waiting import eventually_async
 
 
 def _specs(pg_id, n, group="wg", num_gpus=1.0, bundles=None, start=0, world=None, **extra):
@@ -49,9 +50,13 @@ def test_vertical_path_spawn_wait_get_remove(token, arun):
 
             stopped = await c.client.remove_workers([w.id for w in workers[:2]])
             assert stopped == 2 and set(agent.stopped) == {workers[0].id, workers[1].id}
-            gone = await c.client.get_workers(ids=[workers[0].id])
+            # A stopped worker holds its slot until its agent reports the exit.
+            async def exited():
+                found = await c.client.get_workers(ids=[workers[0].id])
+                return found if found[0].state == common_pb2.WORKER_EXITED else None
+            gone = await eventually_async(exited, "the stopped worker's exit")
             assert gone[0].state == common_pb2.WORKER_EXITED and gone[0].exit.requested
-            # The released slots take new workers at once.
+            # The released slots take new workers.
             again = await c.client.create_workers(_specs(pg.id, 2, group="wg2"))
             assert len(again) == 2
     arun(scenario())
