@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -33,10 +33,13 @@ class AgentLinks:
     """Channels to the node agents of ``model``'s nodes (made on first use, remade when a node
     moves to another address) and the background tasks that stop workers on them."""
 
-    def __init__(self, model: ClusterModel, token: str, tls: TlsConfig | None = None) -> None:
+    def __init__(self, model: ClusterModel, token: str, tls: TlsConfig | None = None,
+                 on_stopped: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
         self.model = model
         self.token = token
         self.tls = tls
+        #: Called with the ids an agent answered for: it answers once they are reaped.
+        self.on_stopped = on_stopped
         self._agents: dict[str, tuple[str, grpc.aio.Channel, node_pb2_grpc.NodeAgentStub]] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -61,7 +64,9 @@ class AgentLinks:
 
     async def stop_workers(self, effects: Effects, grace: float = 0.0) -> None:
         """Ask each alive node's agent to stop the workers ``effects`` lists for it; a failure
-        is logged (the workers stay STOPPING, holding their slots; the heartbeat's stop list retries)."""
+        is logged (the workers stay STOPPING, holding their slots; the heartbeat's stop list
+        retries). The ids of each stop that succeeded go to ``on_stopped``: the agent answers
+        only once the processes are reaped, so their slots are free at once."""
         async def stop(node_id: str, ids: list[str]) -> None:
             node = self.model.nodes.get(node_id)
             if node is None or node.state != common_pb2.NODE_ALIVE:
@@ -71,10 +76,13 @@ class AgentLinks:
                     node_pb2.StopWorkersRequest(worker_ids=ids, grace_seconds=grace),
                     timeout=AGENT_TIMEOUT + grace)
             except errors.NotFoundError:
-                pass
+                return  # the agent stopped none: its heartbeat, no longer listing them, ends them
             except grpc.RpcError as exc:
                 log.warning("StopWorkers on node %s failed: %s", node_id,
                             error_from_rpc(exc, what=f"node {node_id}"))
+                return
+            if self.on_stopped is not None:
+                await self.on_stopped(ids)
         await asyncio.gather(*(stop(n, ids) for n, ids in effects.stop.items() if ids))
 
     def stop_later(self, effects: Effects) -> None:

@@ -185,7 +185,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.metrics = Metrics()
         self._changed = asyncio.Condition()
         #: Channels to the node agents; stops workers on them.
-        self.agents = AgentLinks(self.model, config.token, config.tls)
+        self.agents = AgentLinks(self.model, config.token, config.tls, on_stopped=self._stopped)
         #: Open HeartbeatStream calls (see end_streams).
         self.streams = HeartbeatStreams()
         self.leases = LeaseChecker(self.model, self.streams, clock=clock,
@@ -213,6 +213,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._save_readings()
         await self._commit()
         self.agents.stop_later(effects)
+
+    async def _stopped(self, worker_ids: list[str]) -> None:
+        """An agent reaped these workers: their slots are free now."""
+        self.model.workers.stopped(worker_ids)
+        await self._commit()
 
     async def _commit(self) -> None:
         """Persist what changed and wake the waiters (none when nothing changed: every

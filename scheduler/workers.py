@@ -306,6 +306,16 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
             self.end(worker, common_pb2.WORKER_EXITED, requested)
         effects.add_stop(worker.node_id, worker.id)
 
+    def stopped(self, worker_ids: Sequence[str]) -> None:
+        """End EXITED the STOPPING workers among ``worker_ids`` that their agent says it
+        reaped (its exit report, which may come later, fills in how each ended)."""
+        for worker_id in worker_ids:
+            worker = self._records.get(worker_id)
+            if worker is not None and worker.state == common_pb2.WORKER_STOPPING and worker.exit.requested:
+                asked = common_pb2.ExitInfo()
+                asked.CopyFrom(worker.exit)
+                self.end(worker, common_pb2.WORKER_EXITED, asked)
+
     def _ended_as_asked(self, worker: common_pb2.WorkerInfo, how: common_pb2.ExitInfo) -> common_pb2.ExitInfo:
         """A stopping worker's exit: the request's reason, with how the process ended."""
         if worker.state != common_pb2.WORKER_STOPPING or not worker.exit.requested:

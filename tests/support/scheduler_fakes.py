@@ -30,7 +30,7 @@ def node_info(node_id: str, address: str, agent_port: int, gpus: int = 4,
 class FakeAgent(node_pb2_grpc.NodeAgentServicer):
     """A NodeAgent that records calls and reports spawned workers RUNNING.
 
-    ``fail_spawn`` / ``fail_reserve``: SpawnWorkers / ReservePort fail UNAVAILABLE. ``auto_run``: after a spawn,
+    ``fail_spawn`` / ``fail_stop`` / ``fail_reserve``: SpawnWorkers / StopWorkers / ReservePort fail UNAVAILABLE. ``auto_run``: after a spawn,
     report each worker RUNNING to the scheduler (as a real agent does).
     """
 
@@ -40,6 +40,7 @@ class FakeAgent(node_pb2_grpc.NodeAgentServicer):
     scheduler: str = ""
     auto_run: bool = True
     fail_spawn: bool = False
+    fail_stop: bool = False
     fail_reserve: bool = False
     spawned: list = field(default_factory=list)
     stopped: list = field(default_factory=list)
@@ -103,6 +104,8 @@ class FakeAgent(node_pb2_grpc.NodeAgentServicer):
 
     @rpc.handle_errors
     async def StopWorkers(self, request, context):
+        if self.fail_stop:
+            raise errors.UnavailableError(f"{self.node_id}: agent restarting")
         self.stopped.extend(request.worker_ids)
         if self.auto_run:
             # A real agent reports the exit once the process ends; until then the

@@ -6,9 +6,8 @@ import asyncio
 import pytest
 
 from podium import errors
-from podium.v1 import common_pb2
+from podium.v1 import common_pb2, scheduler_pb2
 from tests.support.scheduler_fakes import Cluster
-from tests.support.waiting import eventually_async
 
 
 def _specs(pg_id, n, group="wg", num_gpus=1.0, bundles=None, start=0, world=None, **extra):
@@ -50,15 +49,41 @@ def test_vertical_path_spawn_wait_get_remove(token, arun):
 
             stopped = await c.client.remove_workers([w.id for w in workers[:2]])
             assert stopped == 2 and set(agent.stopped) == {workers[0].id, workers[1].id}
-            # A stopped worker holds its slot until its agent reports the exit.
-            async def exited():
-                found = await c.client.get_workers(ids=[workers[0].id])
-                return found if found[0].state == common_pb2.WORKER_EXITED else None
-            gone = await eventually_async(exited, "the stopped worker's exit")
+            gone = await c.client.get_workers(ids=[workers[0].id])
             assert gone[0].state == common_pb2.WORKER_EXITED and gone[0].exit.requested
-            # The released slots take new workers.
+            # The released slots take new workers at once.
             again = await c.client.create_workers(_specs(pg.id, 2, group="wg2"))
             assert len(again) == 2
+    arun(scenario())
+
+
+def test_a_failed_stop_holds_the_slot_until_the_node_no_longer_runs_the_worker(token, arun):
+    """A StopWorkers that fails (an agent restarting, a link down) leaves the process
+    running: the worker stays STOPPING with its slot, so no replacement can be a second
+    live copy of its rank; each heartbeat that still lists it asks again, and the first
+    that does not ends it EXITED and frees the slot."""
+    async def scenario():
+        async with Cluster(token, agents=1) as c:
+            [agent] = c.agents
+            pg = await c.client.create_placement_group("p", [{"CPU": 1, "GPU": 1}], "PACK")
+            [w] = await c.client.create_workers(_specs(pg.id, 1))
+            [w] = await c.client.wait_workers([w.id], timeout=10)
+            agent.fail_stop = True
+            assert await c.client.remove_workers([w.id]) == 1
+            [held] = await c.client.get_workers(ids=[w.id])
+            assert held.state == common_pb2.WORKER_STOPPING and held.exit.requested
+            with pytest.raises(errors.SlotFullError):
+                await c.client.create_workers(_specs(pg.id, 1, group="again"))
+            listed = scheduler_pb2.RunningWorker(worker_id=w.id, pid=w.pid, port=w.port)
+            reply = await c.client.heartbeat(agent.node_id, running=[listed])
+            assert list(reply.stop_worker_ids) == [w.id]
+            assert (await c.client.get_workers(ids=[w.id]))[0].state == common_pb2.WORKER_STOPPING
+            reply = await c.client.heartbeat(agent.node_id)  # the agent stopped it, late
+            assert not reply.stop_worker_ids
+            [gone] = await c.client.get_workers(ids=[w.id])
+            assert gone.state == common_pb2.WORKER_EXITED and gone.exit.requested
+            assert gone.exit.reason == "stopped by request"
+            assert len(await c.client.create_workers(_specs(pg.id, 1, group="again"))) == 1
     arun(scenario())
 
 
