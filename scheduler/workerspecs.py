@@ -48,7 +48,7 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
         sessions.lookup(owner)
     names: set[str] = set()
     ranks: set[tuple[str, int]] = set()
-    live_names = {w.spec.name for w in workers.values() if w.state in LIVE_WORKER_STATES}
+    live_names = {w.spec.name: w for w in workers.values() if w.state in LIVE_WORKER_STATES}
     live_ranks = {(w.spec.group, w.spec.rank) for w in workers.values()
                   if w.state in LIVE_WORKER_STATES}
     wanted: dict[tuple[str, int], list[int]] = {}
@@ -59,8 +59,12 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
             raise errors.InvalidArgumentError(f"worker spec {i}: name is required")
         if spec.name in names:
             raise errors.InvalidArgumentError(f"{label}: name given twice in one request")
-        if spec.name in live_names:
-            raise errors.AlreadyExistsError(f"worker name {spec.name!r} is already taken")
+        holder = live_names.get(spec.name)
+        if holder is not None:
+            raise errors.AlreadyExistsError(f"worker name {spec.name!r} is already taken" + (
+                f" by a worker still stopping on node {holder.node_id} (its agent has not confirmed "
+                "the stop; the name is free once it does)"
+                if holder.state == common_pb2.WORKER_STOPPING else ""))
         names.add(spec.name)
         if not spec.group:
             raise errors.InvalidArgumentError(f"{label}: group (WG_PREFIX) is required")

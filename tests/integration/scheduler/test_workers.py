@@ -74,6 +74,8 @@ def test_a_failed_stop_holds_the_slot_until_the_node_no_longer_runs_the_worker(t
             assert held.state == common_pb2.WORKER_STOPPING and held.exit.requested
             with pytest.raises(errors.SlotFullError):
                 await c.client.create_workers(_specs(pg.id, 1, group="again"))
+            with pytest.raises(errors.AlreadyExistsError, match="still stopping on node node-a"):
+                await c.client.create_workers(_specs(pg.id, 1))  # its own name is held too
             listed = scheduler_pb2.RunningWorker(worker_id=w.id, pid=w.pid, port=w.port)
             reply = await c.client.heartbeat(agent.node_id, running=[listed])
             assert list(reply.stop_worker_ids) == [w.id]
