@@ -41,8 +41,10 @@ from podium.controller.dispatchdata import chunk as _chunk
 from podium.controller.dispatchdata import concat as _concat
 from podium.controller.dispatchdata import concat_tensordict, split_tensordict
 from podium.controller.dispatchdata import is_data as _is_data
+from podium.controller.dispatchdata import is_proto as _is_proto
+from podium.controller.dispatchdata import padded_copy as _padded_copy
 from podium.controller.dispatchdata import looks_like_ref as _looks_like_ref
-from podium.dataproto import PADDING_SIZE_KEY, DataProto
+from podium.dataproto import PADDING_SIZE_KEY
 from podium.errors import InvalidArgumentAssertion, RankZeroDispatchError, UnimplementedError
 from podium.refs import DataProtoFuture
 from podium.worker.decorator import Dispatch, Execute
@@ -158,7 +160,7 @@ def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs
 
     def pad_and_chunk(value):
         nonlocal data_len, padding_size
-        if isinstance(value, DataProto) and value.is_padding_enabled():
+        if _is_proto(value) and value.is_padding_enabled():
             if data_len is None:
                 data_len = len(value)
                 padding_size = (chunks - data_len % chunks) if data_len % chunks else 0
@@ -166,7 +168,7 @@ def _split_args_kwargs_data_proto_with_auto_padding(chunks: int, *args, **kwargs
                 raise InvalidArgumentAssertion(
                     f"padding-enabled DataProtos must have the same length: {data_len} != {len(value)} rows")
             if padding_size:
-                value = value.padded(padding_size)
+                value = _padded_copy(value, padding_size)
         return _chunk(value, chunks)
 
     split_args = tuple(pad_and_chunk(arg) for arg in args)
@@ -209,7 +211,7 @@ def collect_dp_compute_data_proto(worker_group, output):
         if not (_is_data(value) or _looks_like_ref(value)):
             raise InvalidArgumentAssertion(f"expected DataProto outputs from every rank, got "
                                            f"{type(value).__name__}")
-    if len(output) == 1 and isinstance(output[0], DataProto) and "metrics" not in output[0].meta_info:
+    if len(output) == 1 and _is_proto(output[0]) and "metrics" not in output[0].meta_info:
         # One rank: its reply was decoded for this call alone, so it is the result as is
         # (concat would copy every tensor once more; it only reshapes "metrics").
         return output[0]
@@ -365,10 +367,25 @@ def _check_execute_mode(execute_mode) -> None:
                                        f"Execute.RANK_ZERO")
 
 
+def _verl_mesh_name(dispatch_fn: Any) -> str | None:
+    """The mesh of verl's own ``make_nd_compute_dataproto_dispatch_fn(mesh)`` dispatch
+    function (its functions assert a verl WorkerGroup; this module's do the same job on
+    Podium's), else None."""
+    func = getattr(dispatch_fn, "func", None)
+    if (isinstance(dispatch_fn, functools.partial) and len(dispatch_fn.args) == 1
+            and getattr(func, "__name__", "") == "dispatch_lazy_compute_data_proto"
+            and getattr(func, "__module__", "").startswith("verl.")):
+        return dispatch_fn.args[0]
+    return None
+
+
 def resolve_dispatch_mode(dispatch_mode) -> tuple[Callable, Callable]:
     """``(dispatch_fn, collect_fn)`` for a Dispatch member or a custom dict."""
     if isinstance(dispatch_mode, dict):
         _check_dispatch_mode(dispatch_mode)
+        mesh = _verl_mesh_name(dispatch_mode["dispatch_fn"])
+        if mesh is not None:
+            dispatch_mode = make_nd_compute_dataproto_dispatch_fn(mesh)
         return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
     fns = get_predefined_dispatch_fn(dispatch_mode)
     return fns["dispatch_fn"], fns["collect_fn"]
@@ -401,7 +418,7 @@ def unpad_output(output: Any, padding_size: int, padded_rows: int | None, world_
     """
     if not padding_size:
         return output
-    if isinstance(output, (DataProto, TensorDict)):
+    if _is_proto(output) or isinstance(output, TensorDict):
         return output[:len(output) - padding_size]
     if isinstance(output, DataProtoFuture):
         from podium.controller.futures import unpadded_future

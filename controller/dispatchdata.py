@@ -1,10 +1,17 @@
 """The data side of dispatch: splitting a call's DataProto / TensorDict / DataProtoFuture
 arguments over ranks and concatenating the ranks' outputs back (jagged nested tensors are
 split and re-nested by row). :mod:`podium.controller.dispatch` builds its dispatch and
-collect functions on these."""
+collect functions on these.
+
+A DataProto is Podium's (:mod:`podium.dataproto`) or verl's own ``verl.protocol.DataProto``
+(native verl mode, :mod:`podium.compat.nativeverl`): verl's is chunked, padded and
+concatenated by its own methods, so its rules are verl's.
+"""
 
 from __future__ import annotations
 
+import copy
+import sys
 from typing import Any
 
 import torch
@@ -15,15 +22,34 @@ from podium.errors import InvalidArgumentAssertion
 from podium.refs import DataProtoFuture
 from podium.rowcat import cat_tensordicts
 
-__all__ = ["chunk", "concat", "concat_tensordict", "is_data", "is_future", "looks_like_ref", "split_tensordict"]
+__all__ = ["chunk", "concat", "concat_tensordict", "is_data", "is_future", "is_proto", "looks_like_ref",
+           "padded_copy", "split_tensordict"]
 
 
 def is_future(value: Any) -> bool:
     return isinstance(value, DataProtoFuture)
 
 
+def is_proto(value: Any) -> bool:
+    """A DataProto: Podium's, or verl's own once ``verl.protocol`` is imported."""
+    if isinstance(value, DataProto):
+        return True
+    verl_protocol = sys.modules.get("verl.protocol")
+    return verl_protocol is not None and isinstance(value, verl_protocol.DataProto)
+
+
 def is_data(value: Any) -> bool:
-    return isinstance(value, (DataProto, TensorDict)) or is_future(value)
+    return is_proto(value) or isinstance(value, TensorDict) or is_future(value)
+
+
+def padded_copy(value: Any, padding_size: int) -> Any:
+    """A DataProto with ``padding_size`` more rows; the caller's object is left as it was
+    (verl's ``padding`` pads in place: it gets a shallow copy, whose fields it reassigns)."""
+    if isinstance(value, DataProto):
+        return value.padded(padding_size)
+    out = copy.copy(value)
+    out.padding(padding_size)
+    return out
 
 
 def split_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
@@ -76,7 +102,7 @@ def concat(outputs: list) -> Any:
         return _future_concat(outputs)
     if isinstance(first, TensorDict):
         return concat_tensordict(outputs)
-    return DataProto.concat(outputs)
+    return type(first).concat(outputs)
 
 
 def looks_like_ref(value: Any) -> bool:

@@ -287,14 +287,16 @@ class ResourcePoolManager:
 
     resource_pool_spec: dict[str, list[int]]
     mapping: dict[Any, str]
+    #: Processes per GPU in each pool (verl's field and default).
+    max_colocate_count: int = 3
     resource_pool_dict: dict[str, ResourcePool] = dataclasses.field(default_factory=dict)
 
     def create_resource_pool(self) -> None:
-        """Create one pool per spec entry (max_colocate_count=3, as verl), after checking on
-        the live cluster, node by node, that all of them fit at once."""
+        """Create one pool per spec entry (``max_colocate_count`` processes per GPU), after
+        checking on the live cluster, node by node, that all of them fit at once."""
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.resource_pool_dict[name] = ResourcePool(
-                process_on_nodes=process_on_nodes, use_gpu=True, max_colocate_count=3,
+                process_on_nodes=process_on_nodes, use_gpu=True, max_colocate_count=self.max_colocate_count,
                 name_prefix=name)
         self._check_resource_available()
 

@@ -41,6 +41,11 @@ What round-trips and how:
   objects and are pickled in-band.
 * ``tensordict.TensorDict``: a plain dict of its entries (nested TensorDicts
   recursively) plus batch size, so its tensors move as raw buffers too.
+* verl's own ``verl.protocol.DataProto``: its batch (a TensorDict, as above),
+  ``non_tensor_batch`` and ``meta_info``. verl's ``__getstate__`` would ``torch.save``
+  the batch into one in-band bytes object (a copy each way); this keeps its tensors
+  raw buffers, as Podium's own ``podium.dataproto.DataProto`` does through its
+  ``__getstate__``.
 * Functions and classes defined in ``__main__`` or in a test module
   (``test_*.py``, ``*_test.py``, ``conftest.py``) are pickled *by value* with
   cloudpickle, since the receiving process cannot import them; everything else
@@ -312,6 +317,9 @@ class _Pickler(cloudpickle.Pickler):
         tensordict = sys.modules.get("tensordict")
         if tensordict is not None and type(obj) is getattr(tensordict, "TensorDict", None):
             return _reduce_tensordict(obj)
+        verl_protocol = sys.modules.get("verl.protocol")
+        if verl_protocol is not None and type(obj) is getattr(verl_protocol, "DataProto", None):
+            return _rebuild_verl_dataproto, (obj.batch, obj.non_tensor_batch, obj.meta_info)
         if isinstance(obj, (types.FunctionType, type)):
             _register_test_module_by_value(getattr(obj, "__module__", None))
         if isinstance(obj, types.CodeType):
@@ -430,3 +438,12 @@ def _rebuild_tensordict(entries: dict[str, Any], batch_size: tuple[int, ...], de
     if device is not None and device.startswith("cuda"):
         device = "cuda:0" if cudawire.receive_on_cuda() else None
     return TensorDict(entries, batch_size=batch_size, device=device)
+
+
+def _rebuild_verl_dataproto(batch: Any, non_tensor_batch: dict, meta_info: dict) -> Any:
+    from verl.protocol import DataProto
+
+    # Not through __init__: its consistency check already passed where the value was made.
+    out = DataProto.__new__(DataProto)
+    out.batch, out.non_tensor_batch, out.meta_info = batch, non_tensor_batch, meta_info
+    return out

@@ -338,16 +338,28 @@ def get_registration(func: Any) -> dict | None:
     registered function or bound method, or None when it is not registered.
 
     A function registered by verl's own decorator (MAGIC_ATTR only) reports
-    ``materialize_futures=True``, verl's default.
+    ``materialize_futures=True``, verl's default, and its modes as Podium's members of the
+    same name (verl's ``Dispatch.ONE_TO_ALL`` is this module's).
     """
     attrs = getattr(func, MAGIC_ATTR, None)
     if not isinstance(attrs, dict):
         return None
     extra = getattr(func, PODIUM_ATTR, None) or {}
-    return {"dispatch_mode": attrs.get("dispatch_mode", Dispatch.ALL_TO_ALL),
-            "execute_mode": attrs.get("execute_mode", Execute.ALL),
+    return {"dispatch_mode": _own_member(attrs.get("dispatch_mode", Dispatch.ALL_TO_ALL), Dispatch),
+            "execute_mode": _own_member(attrs.get("execute_mode", Execute.ALL), Execute),
             "blocking": attrs.get("blocking", True),
             "materialize_futures": extra.get("materialize_futures", True)}
+
+
+def _own_member(mode: Any, enum: Any) -> Any:
+    """``mode`` as ``enum``'s member when it is another library's member of an enum of the
+    same class name and member name (verl's own ``Dispatch``/``Execute``); else unchanged."""
+    if isinstance(mode, enum) or isinstance(mode, dict):
+        return mode
+    name = getattr(mode, "name", None)
+    if type(mode).__name__ == enum.__name__ and isinstance(name, str) and name in enum:
+        return enum[name]
+    return mode
 
 
 def _mode_name(mode: Any) -> str:

@@ -20,6 +20,8 @@ import os
 import pathlib
 import sys
 
+from podium.compat.nativeverl import NATIVE_ENV, install
+
 __all__ = ["RAYPATH", "activate", "activated_env"]
 
 #: The folder that holds the stand-in package ``ray``; first on the path, ``import ray`` finds it.
@@ -27,10 +29,11 @@ RAYPATH = str(pathlib.Path(__file__).resolve().parent / "raypath")
 
 
 def activated_env(env: dict[str, str], *, address: str | None = None, num_cpus: float | None = None,
-                  num_gpus: int | None = None) -> dict[str, str]:
+                  num_gpus: int | None = None, native_verl: bool = False) -> dict[str, str]:
     """A copy of ``env`` in which ``import ray`` is Podium's stand-in; ``address`` becomes
     ``PODIUM_ADDRESS``, ``num_cpus``/``num_gpus`` size the embedded cluster the first
-    ``ray.init()`` starts (``PODIUM_RAY_NUM_CPUS``/``PODIUM_RAY_NUM_GPUS``)."""
+    ``ray.init()`` starts (``PODIUM_RAY_NUM_CPUS``/``PODIUM_RAY_NUM_GPUS``); ``native_verl``
+    makes ``verl.single_controller.ray`` Podium's own SDK (:mod:`podium.compat.nativeverl`)."""
     out = dict(env)
     parts = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != RAYPATH]
     out["PYTHONPATH"] = os.pathsep.join([RAYPATH, *parts])
@@ -40,11 +43,15 @@ def activated_env(env: dict[str, str], *, address: str | None = None, num_cpus: 
         out["PODIUM_RAY_NUM_CPUS"] = str(num_cpus)
     if num_gpus is not None:
         out["PODIUM_RAY_NUM_GPUS"] = str(int(num_gpus))
+    if native_verl:
+        out[NATIVE_ENV] = "1"
     return out
 
 
-def activate(*, address: str | None = None, num_cpus: float | None = None, num_gpus: int | None = None) -> None:
-    """Make ``import ray`` in this process (and the workers it starts) Podium's stand-in.
+def activate(*, address: str | None = None, num_cpus: float | None = None, num_gpus: int | None = None,
+             native_verl: bool = False) -> None:
+    """Make ``import ray`` in this process (and the workers it starts) Podium's stand-in;
+    with ``native_verl``, ``verl.single_controller.ray`` Podium's own SDK too.
 
     Call it before the first ``import ray``: a real Ray already imported here stays what
     ``ray`` names (a ``PodiumError`` says so)."""
@@ -54,7 +61,10 @@ def activate(*, address: str | None = None, num_cpus: float | None = None, num_g
     if loaded is not None and not getattr(loaded, "__podium__", False):
         raise FailedPreconditionError("a real `ray` is already imported in this process: call "
                                       "podium.compat.activate() before the first `import ray`")
-    os.environ.update(activated_env(dict(os.environ), address=address, num_cpus=num_cpus, num_gpus=num_gpus))
+    os.environ.update(activated_env(dict(os.environ), address=address, num_cpus=num_cpus, num_gpus=num_gpus,
+                                    native_verl=native_verl))
     if RAYPATH in sys.path:
         sys.path.remove(RAYPATH)
     sys.path.insert(0, RAYPATH)
+    if native_verl:
+        install()

@@ -95,3 +95,48 @@ def test_outside_podium_run_import_ray_is_not_the_stand_in():
             "assert spec is None or 'raypath' not in (spec.origin or ''), spec\n"
             "print('SCENARIO OK')\n")
     _run([sys.executable, "-c", code])
+
+
+def test_native_mode_runs_verls_workers_on_podiums_own_worker_group():
+    # verl.single_controller.ray is Podium's SDK there; the same Counter, verl's DataProto.
+    podium_run("scenario_native.py", "--num-cpus", "16", "--num-gpus", "4", "--native-verl")
+
+
+def test_native_mode_colocated_and_fused_workers():
+    # verl's create_colocated_worker_cls(_fused) + spawn, resolved to Podium's.
+    podium_run("scenario_colocated.py", "--num-cpus", "16", "--num-gpus", "4", "--native-verl")
+
+
+def test_outside_native_mode_verls_own_module_is_imported():
+    code = ("import podium.compat\n"
+            "podium.compat.activate()\n"
+            "import verl.single_controller.ray as m\n"
+            "assert not getattr(m, '__podium__', False) and m.RayWorkerGroup.__module__.startswith('verl.'), m\n"
+            "print('SCENARIO OK')\n")
+    _run([sys.executable, "-c", code])
+
+
+def test_verls_dataproto_travels_as_raw_buffers_and_comes_back_as_verls_type():
+    code = """
+import podium.compat
+podium.compat.activate()
+import numpy as np
+import torch
+from verl import DataProto
+from podium import codec
+
+n = 1 << 16
+data = DataProto.from_dict({"x": torch.arange(n, dtype=torch.float32), "m": torch.ones(n, 2)},
+                           non_tensors={"tag": np.array(["a"] * n, dtype=object)}, meta_info={"step": 3})
+encoded = codec.encode(data)
+# The tensors are out-of-band buffers (verl's __getstate__ would torch.save them in-band).
+assert sum(b.nbytes for b in encoded.buffers) == sum(t.nbytes for t in data.batch.values())
+tensors_only = codec.encode(DataProto.from_dict({"x": data.batch["x"]}))
+assert len(tensors_only.skeleton) < 4096, len(tensors_only.skeleton)  # names, dtypes, shapes
+back = codec.loads(codec.dumps(data))
+assert type(back) is DataProto and back.meta_info == {"step": 3} and len(back) == n
+assert torch.equal(back.batch["x"], data.batch["x"]) and torch.equal(back.batch["m"], data.batch["m"])
+assert back.batch.batch_size == data.batch.batch_size and list(back.non_tensor_batch["tag"][:2]) == ["a", "a"]
+print("SCENARIO OK")
+"""
+    _run([sys.executable, "-c", code])

@@ -19,6 +19,7 @@ if (_os.environ.get("PODIUM_WORKER_ID") and _os.environ.get("PODIUM_SCHEDULER")
         and not _os.environ.get("PODIUM_ADDRESS")):
     _os.environ["PODIUM_ADDRESS"] = _os.environ["PODIUM_SCHEDULER"]
 
+from podium.compat import nativeverl as _nativeverl
 from podium.compat import ray as _compat
 from podium.compat.ray import (
     ObjectRef,
@@ -39,6 +40,11 @@ from podium.compat.ray import (
 )
 from podium.compat.standin import init, remote, timeline
 from ray import _private, actor, cloudpickle, exceptions, experimental, util
+
+# podium run --native-verl: verl's single_controller.ray is Podium's SDK (verl imports
+# ray from verl.protocol, before anything can import single_controller.ray).
+if _nativeverl.wanted():
+    _nativeverl.install()
 
 #: Marks the stand-in (``getattr(ray, "__podium__", False)`` tells it from a real Ray).
 __podium__ = True
