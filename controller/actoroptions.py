@@ -178,12 +178,19 @@ def _strategy(opts: Options, value: Any) -> None:
                                    f"got {value!r}")
 
 
+def unsupported_runtime_env_keys(value: dict) -> list[str]:
+    """The keys of a ``runtime_env`` Podium cannot honour: all but ``env_vars``, except those
+    set to None, which ask for Ray's default (verl's trainer passes ``working_dir: None`` and
+    ``py_executable: None``), and that default is what Podium does."""
+    return sorted(k for k, v in value.items() if k != "env_vars" and v is not None)
+
+
 def _runtime_env(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"runtime_env must be a dict, got {type(value).__name__}")
-    extra = sorted(set(value) - {"env_vars"})
+    extra = unsupported_runtime_env_keys(value)
     if extra:
         raise UnimplementedError(f"runtime_env keys {extra} are not supported by Podium (only env_vars): "
                                  "install packages into the workers' environment beforehand")

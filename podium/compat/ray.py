@@ -55,7 +55,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
     if unknown:
         raise NotImplementedError(f"ray.init arguments {unknown} are not supported by podium.compat.ray")
     env = kwargs.get("runtime_env") or {}
-    extra = sorted(set(env) - {"env_vars"})
+    extra = _options.unsupported_runtime_env_keys(env)
     if extra:
         raise NotImplementedError(f"ray.init(runtime_env=...) keys {extra} are not supported: install "
                                   "packages into the workers' environment beforehand")

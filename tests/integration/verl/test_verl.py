@@ -140,3 +140,16 @@ assert back.batch.batch_size == data.batch.batch_size and list(back.non_tensor_b
 print("SCENARIO OK")
 """
     _run([sys.executable, "-c", code])
+
+
+def test_verls_main_ppo_task_runner_runs_on_podium_as_far_as_a_cpu_allows():
+    # verl's trainer entry and its TaskRunner, unmodified, under `podium run`, with verl's CPU
+    # platform plugin in every process (see scenario_main_ppo.py for where a CPU stops it).
+    podium_run("scenario_main_ppo.py", "--num-cpus", "8", "--num-gpus", "1",
+               VERL_USE_EXTERNAL_MODULES="verl_cpu_platform", VERL_PLATFORM="cpu")
+
+
+@pytest.mark.parametrize("mode", [(), ("--native-verl",)], ids=["ray-mode", "native"])
+def test_verls_checkpoint_engine_manager_updates_the_rollout_weights(mode):
+    # The "naive" backend; verl's nccl engine imports cupy (and needs CUDA) at import.
+    podium_run("scenario_checkpoint_engine.py", "--num-cpus", "16", "--num-gpus", "4", *mode)

@@ -109,3 +109,35 @@ class Peer(Worker):
         collective.destroy_collective_group(group_name)
         out["after"] = collective.is_group_initialized(group_name)
         return out
+
+
+class WeightSync(Worker):
+    """A trainer rank with its colocated rollout copy: verl's "naive" checkpoint engine
+    (``ColocatedCheckpointEngine``) hands the trained weights to the rollout side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+        self.engine = CheckpointEngineRegistry.new("naive", bucket_size=1 << 20)
+        self.params = {"w": torch.full((4,), float(self.rank)), "b": torch.zeros(2)}
+        self.rollout: dict = {}
+        self.version = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def train_step(self, delta: float) -> None:
+        for tensor in self.params.values():
+            tensor += delta
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def update_weights(self, global_steps: int | None = None, mode: str = "naive") -> dict:
+        # What verl's actor does for backend "naive": send into the engine, the rollout reads it.
+        assert mode == "naive", mode
+        self.engine.send_weights(iter(self.params.items()), global_steps=global_steps)
+        self.rollout = {name: tensor.clone() for name, tensor in self.engine.receive_weights(global_steps)}
+        self.version = global_steps
+        return {}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_weights(self) -> tuple:
+        return {name: t.tolist() for name, t in self.rollout.items()}, self.version
