@@ -124,6 +124,31 @@ def test_runtime_env_variables_podium_sets_itself_go_to_the_actors_process():
         check_user_env(parse_options({"runtime_env": {"env_vars": {"PODIUM_TOKEN": "x"}}}, actor=True).env)
 
 
+def test_runtime_env_keys_set_to_none_ask_for_the_default_and_others_are_refused():
+    # verl's trainer passes working_dir=None and py_executable=None: Ray's defaults, Podium's too.
+    opts = parse_options({"runtime_env": {"env_vars": {"A": "1"}, "working_dir": None, "py_executable": None}},
+                         actor=True)
+    assert opts.env == {"A": "1"}
+    with pytest.raises(NotImplementedError, match=r"\['py_executable', 'working_dir'\]"):
+        parse_options({"runtime_env": {"working_dir": "/src", "py_executable": "uv run python"}}, actor=True)
+
+
+def test_native_verl_mode_is_asked_for_in_the_environment_and_inherited_by_workers():
+    plain = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PODIUM_NATIVE_VERL")}
+    assert "PODIUM_NATIVE_VERL" not in activated_env(plain)
+    assert activated_env(plain, native_verl=True)["PODIUM_NATIVE_VERL"] == "1"
+    # Without verl installed the finder is still installed by the stand-in, and only serves
+    # verl.single_controller.ray: every other import is untouched.
+    done = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--native-verl", "--", sys.executable, "-c",
+                           "import os, sys, ray, json\n"
+                           "from podium.compat import nativeverl\n"
+                           "print(os.environ['PODIUM_NATIVE_VERL'], nativeverl.installed(),"
+                           " nativeverl._FINDER.find_spec('json', None) is None)"],
+                          env=plain, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "True", "True"]
+
+
 def test_actor_names_may_hold_colons_but_namespaces_may_not():
     assert parse_options({"name": "pfxWorker_0:1"}, actor=True).name == "pfxWorker_0:1"
     with pytest.raises(ValueError, match="namespace"):
