@@ -75,13 +75,6 @@ class _NativeModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Fill ``module`` with Podium's controller names."""
         import podium.controller as sdk
 
-        for name in NATIVE_NAMES:
-            setattr(module, name, getattr(sdk, name))
-        module.__all__ = list(NATIVE_NAMES)
-        module.__doc__ = (f"Podium's controller SDK as verl's {module.__name__} (podium run --native-verl); "
-                          "see podium.compat.nativeverl.")
-        module.__podium__ = True
-
         def missing(name: str):
             if name.startswith("__"):
                 raise AttributeError(name)
@@ -89,9 +82,13 @@ class _NativeModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 f"{module.__name__}.{name} is not provided in native verl mode (podium run --native-verl): "
                 f"it has {', '.join(NATIVE_NAMES)}; run without --native-verl to use verl's own module")
 
-        module.__getattr__ = missing
+        names = vars(module)
+        names.update({name: getattr(sdk, name) for name in NATIVE_NAMES})
+        names.update(__all__=list(NATIVE_NAMES), __podium__=True, __getattr__=missing,
+                     __doc__=f"Podium's controller SDK as verl's {module.__name__} (podium run --native-verl); "
+                             "see podium.compat.nativeverl.")
         if module.__name__ == PACKAGE:
-            module.base = importlib.import_module(BASE)
+            names["base"] = importlib.import_module(BASE)
 
 
 _FINDER = _NativeModules()
