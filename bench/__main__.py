@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, nargs="+", help="workers per group (default 1 2 4 8)")
     parser.add_argument("--payload-mib", type=int, nargs="+", help="DP_COMPUTE_PROTO payloads (default 1 16 128)")
-    parser.add_argument("--backends", nargs="+", choices=report.BACKENDS, default=list(report.BACKENDS))
+    parser.add_argument("--backends", nargs="+", choices=report.BACKENDS, default=["podium", "ray"])
     parser.add_argument("--repeat", type=int, help="timed DP_COMPUTE_PROTO round trips per payload (default 5)")
     parser.add_argument("--cold-repeat", type=int, default=1, help="fresh groups timed per N (median)")
     parser.add_argument("--latency-calls", type=int, help="no-op calls timed per N (default 500)")

@@ -24,8 +24,25 @@ from bench.measure import MARKER, cells_of
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 IMPORT_CHECK = {"podium": "import podium.controller, podium.worker, torch",
-                "ray": "import ray, verl.single_controller.ray, torch"}
-MODULE = {"podium": "bench.podium_side", "ray": "bench.ray_side"}
+                "ray": "import ray, verl.single_controller.ray, torch",
+                "verl-podium": "import ray, verl.single_controller.ray, torch; assert ray.__podium__",
+                "verl-native": "import ray, verl.single_controller.ray as m, torch; assert m.__podium__"}
+MODULE = {"podium": "bench.podium_side", "ray": "bench.ray_side", "verl-podium": "bench.ray_side",
+          "verl-native": "bench.ray_side"}
+#: verl's own code on Podium: the Ray child under ``podium run`` (Ray mode, native mode).
+PODIUM_RUN = {"verl-podium": ["-m", "podium.cli", "run", "--"],
+              "verl-native": ["-m", "podium.cli", "run", "--native-verl", "--"]}
+
+
+def interpreter(args: argparse.Namespace, backend: str) -> str:
+    """The interpreter a backend's child runs in: the Ray one wherever verl is needed."""
+    return args.podium_python if backend == "podium" else args.ray_python
+
+
+def child_command(python: str, backend: str, module_args: list[str]) -> list[str]:
+    """The child's command line (under ``podium run`` for verl's code on Podium)."""
+    prefix = [python, *PODIUM_RUN[backend]] if backend in PODIUM_RUN else []
+    return [*prefix, python, "-m", MODULE[backend], *module_args]
 
 
 def child_env(run_id: str) -> dict[str, str]:
@@ -40,8 +57,11 @@ def child_env(run_id: str) -> dict[str, str]:
 
 def importable(python: str, backend: str) -> str | None:
     """None if ``backend`` imports under ``python``, else the reason it does not."""
+    cmd = [python, "-c", IMPORT_CHECK[backend]]
+    if backend in PODIUM_RUN:
+        cmd = [python, *PODIUM_RUN[backend], *cmd]
     try:
-        proc = subprocess.run([python, "-c", IMPORT_CHECK[backend]], capture_output=True, text=True,
+        proc = subprocess.run(cmd, capture_output=True, text=True,
                               timeout=180, env=child_env("import-check"), cwd=REPO_ROOT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -56,7 +76,7 @@ def usable_backends(args: argparse.Namespace) -> list[str]:
     (``args.ray_python`` / ``args.podium_python``); each other one is named on stderr."""
     usable = []
     for backend in args.backends:
-        python = args.ray_python if backend == "ray" else args.podium_python
+        python = interpreter(args, backend)
         reason = importable(python, backend)
         if reason is None:
             usable.append(backend)
@@ -99,11 +119,11 @@ def reap_run(run_id: str) -> list[int]:
 
 def run_child(args: argparse.Namespace, backend: str, n: int) -> list[dict]:
     """Run one backend child for one N; returns its cells (missing ones become errors)."""
-    python = args.ray_python if backend == "ray" else args.podium_python
-    cmd = [python, "-m", MODULE[backend], "--n", str(n), "--payload-mib", *map(str, args.payload_mib),
-           "--repeat", str(args.repeat), "--cold-repeat", str(args.cold_repeat),
-           "--latency-calls", str(args.latency_calls), "--nonblocking-calls", str(args.nonblocking_calls),
-           "--step-timeout", str(args.step_timeout)]
+    cmd = child_command(interpreter(args, backend), backend, [
+        "--n", str(n), "--payload-mib", *map(str, args.payload_mib),
+        "--repeat", str(args.repeat), "--cold-repeat", str(args.cold_repeat),
+        "--latency-calls", str(args.latency_calls), "--nonblocking-calls", str(args.nonblocking_calls),
+        "--step-timeout", str(args.step_timeout)])
     steps = 5 + len(args.payload_mib) + 2 * max(1, args.cold_repeat)
     budget = args.step_timeout * steps + 60
     run_id = uuid.uuid4().hex

@@ -94,7 +94,10 @@ def child_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 class Adapter:
     """What a backend child implements; the loop below is the same for both."""
 
+    #: The backend label of its cells.
     name = "?"
+    #: Whose verl-named API the worker class is built from ("ray": verl's; "podium": Podium's).
+    api = "?"
 
     def start(self, max_n: int) -> None:
         """Start the backend's cluster (not timed)."""
@@ -121,7 +124,7 @@ class Adapter:
 def run_child(adapter: Adapter, argv: list[str] | None = None) -> int:
     """Measure every N with ``adapter`` and print BENCHCELL lines; returns the exit code."""
     args = child_arguments(argv)
-    api = workloads.verl_api(adapter.name)
+    api = workloads.verl_api(adapter.api)
     worker_cls = workloads.define_bench_worker(api)
     torch_worker_cls = workloads.define_bench_worker(api, import_torch=True)
     base = {"backend": adapter.name}

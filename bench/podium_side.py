@@ -19,6 +19,7 @@ class PodiumAdapter(Adapter):
     """Podium: init() (embedded scheduler + node agent), ResourcePool, ClassWithInitArgs, WorkerGroup."""
 
     name = "podium"
+    api = "podium"
 
     def versions(self) -> dict:
         """Podium, grpcio and torch versions."""

@@ -16,12 +16,24 @@ from bench.measure import Adapter, run_child
 
 
 class RayAdapter(Adapter):
-    """verl on Ray: RayResourcePool + RayClassWithInitArgs + RayWorkerGroup, CPU workers."""
+    """verl on Ray: RayResourcePool + RayClassWithInitArgs + RayWorkerGroup, CPU workers.
 
-    name = "ray"
+    The same child under ``podium run`` measures verl's own code on Podium: "verl-podium"
+    (Ray mode: verl's RayWorkerGroup on the ``ray`` stand-in's actors) and, with
+    ``--native-verl``, "verl-native" (verl's names resolve to Podium's worker groups).
+    """
+
+    api = "ray"
 
     def __init__(self) -> None:
         self._pools: dict[int, Any] = {}
+        import ray
+
+        from podium.compat import nativeverl
+
+        self.native = nativeverl.wanted()
+        self.name = ("verl-native" if self.native else "verl-podium") if getattr(ray, "__podium__", False) \
+            else "ray"
 
     def versions(self) -> dict:
         """Ray, verl and torch versions."""
@@ -37,10 +49,13 @@ class RayAdapter(Adapter):
 
         # Each bundle is {"CPU": 1} (max_colocate_count=1), so Ray must advertise at least
         # max_n CPUs whatever the machine has; the dashboard is off to spare the 2 cores.
-        ray.init(num_cpus=max(max_n, 1), include_dashboard=False, log_to_driver=False,
-                 configure_logging=True, logging_level="ERROR")
+        # On Podium the ping's pooled task worker keeps its CPU: one more for it.
+        ray.init(num_cpus=max(max_n, 1) + (0 if self.name == "ray" else 1), include_dashboard=False,
+                 log_to_driver=False, configure_logging=True, logging_level="ERROR")
 
-        @ray.remote(num_cpus=0)
+        # Podium refuses a task that reserves nothing outside a placement group (an empty
+        # bundle): there the ping takes one CPU, which its pooled task worker keeps (above).
+        @ray.remote(num_cpus=0 if self.name == "ray" else 1)
         def ping() -> int:
             return 1
 
@@ -53,16 +68,23 @@ class RayAdapter(Adapter):
         from verl.utils.device import get_device_name
 
         pool = RayResourcePool(process_on_nodes=[n], use_gpu=False, max_colocate_count=1)
+        # CPU workers: Podium's group takes "cpu" (as bench.podium_side's); verl's its own name.
+        options = {"device_name": "cpu" if self.native else get_device_name()}
         group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(ray.remote(worker_cls)),
-                               device_name=get_device_name())
+                               **options)
         self._pools[id(group)] = pool
         return group
 
     def destroy_group(self, group: Any) -> None:
-        """Kill the group's actors and remove its placement groups (verl has no teardown of its own)."""
+        """Kill the group's actors and remove its placement groups (verl has no teardown of its own);
+        in native mode, Podium's group shutdown does both."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.native:
+            self._pools.pop(id(group), None)
+            group.shutdown()
+            return
         for worker in group.workers:
             ray.kill(worker, no_restart=True)
         pool = self._pools.pop(id(group), None)

@@ -31,7 +31,9 @@ MEASURES: dict[str, tuple[str, str, str, str]] = {
     "nonblocking_calls_s": ("non-blocking ONE_TO_ALL group calls per second", "calls/s", "higher", "{:,.0f}"),
 }
 
-BACKENDS = ("podium", "ray")
+#: "verl-podium" / "verl-native": verl's own RayWorkerGroup code under ``podium run`` (Ray mode)
+#: and ``podium run --native-verl``; not run unless asked for with --backends.
+BACKENDS = ("podium", "ray", "verl-podium", "verl-native")
 # Keys a cell shares with its JSON line; the rest (samples, breakdown, ...) go under <backend>_detail.
 _COMMON_KEYS = {"backend", "measure", "n", "payload_mib", "value", "unit", "error"}
 

@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, nargs="+", default=DEFAULT_N, help="workers per group")
-    parser.add_argument("--backends", nargs="+", choices=report.BACKENDS, default=list(report.BACKENDS))
+    parser.add_argument("--backends", nargs="+", choices=report.BACKENDS, default=["podium", "ray"])
     parser.add_argument("--payload-mib", type=int, nargs="+", default=[16])
     parser.add_argument("--ray-python", default=os.environ.get("BENCH_RAY_PYTHON", sys.executable),
                         help="interpreter for the Ray child (default: this one, or $BENCH_RAY_PYTHON)")
