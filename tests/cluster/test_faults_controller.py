@@ -87,7 +87,7 @@ def test_vanished_controller_reclaimed_after_lease_detached_survive(scheduler_pr
         def reclaimed():
             groups, workers = fc.busy()
             live_pgs = {g["id"] for g in groups}
-            # A stopped worker holds its slot until its agent reports the exit.
+            # A stopped worker holds its slot until its agent confirms the stop.
             return (not any(alive(pid) for pid in made["plain"])
                     and not live_pgs & set(made["plain_pgs"])
                     and not {w["pid"] for w in workers} & set(made["plain"]))
