@@ -292,8 +292,9 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
 
     def stop(self, worker: common_pb2.WorkerInfo, reason: str, effects: Effects) -> None:
         """Queue a live worker's stop on its node. One that has a process stays STOPPING,
-        holding its name, rank and slot, until its node's agent reports it gone (or the
-        node dies, its workers fenced): a StopWorkers that failed (an agent restarting, a
+        holding its name, rank and slot, until its node's agent answers the stop
+        (:meth:`stopped`), reports it gone or lists it no longer (or the node dies, its
+        workers fenced): a StopWorkers that failed (an agent restarting, a
         link down) leaves the process running, and a replacement placed meanwhile would be
         a second live copy of its rank on a double-booked slot. One without a process yet
         ends EXITED at once."""
