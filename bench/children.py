@@ -39,10 +39,14 @@ def interpreter(args: argparse.Namespace, backend: str) -> str:
     return args.podium_python if backend == "podium" else args.ray_python
 
 
+def _launcher(python: str, backend: str) -> list[str]:
+    """What a backend's command runs under: ``podium run`` for verl's code on Podium, else nothing."""
+    return [python, *PODIUM_RUN[backend]] if backend in PODIUM_RUN else []
+
+
 def child_command(python: str, backend: str, module_args: list[str]) -> list[str]:
-    """The child's command line (under ``podium run`` for verl's code on Podium)."""
-    prefix = [python, *PODIUM_RUN[backend]] if backend in PODIUM_RUN else []
-    return [*prefix, python, "-m", MODULE[backend], *module_args]
+    """The child's command line."""
+    return [*_launcher(python, backend), python, "-m", MODULE[backend], *module_args]
 
 
 def child_env(run_id: str) -> dict[str, str]:
@@ -57,9 +61,7 @@ def child_env(run_id: str) -> dict[str, str]:
 
 def importable(python: str, backend: str) -> str | None:
     """None if ``backend`` imports under ``python``, else the reason it does not."""
-    cmd = [python, "-c", IMPORT_CHECK[backend]]
-    if backend in PODIUM_RUN:
-        cmd = [python, *PODIUM_RUN[backend], *cmd]
+    cmd = [*_launcher(python, backend), python, "-c", IMPORT_CHECK[backend]]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True,
                               timeout=180, env=child_env("import-check"), cwd=REPO_ROOT)

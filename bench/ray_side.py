@@ -31,9 +31,10 @@ class RayAdapter(Adapter):
 
         from podium.compat import nativeverl
 
-        self.native = nativeverl.wanted()
-        self.name = ("verl-native" if self.native else "verl-podium") if getattr(ray, "__podium__", False) \
-            else "ray"
+        #: Under ``podium run`` (the stand-in), and with ``--native-verl``.
+        self.on_podium = bool(getattr(ray, "__podium__", False))
+        self.native = self.on_podium and nativeverl.wanted()
+        self.name = ("verl-native" if self.native else "verl-podium") if self.on_podium else "ray"
 
     def versions(self) -> dict:
         """Ray, verl and torch versions."""
@@ -50,12 +51,12 @@ class RayAdapter(Adapter):
         # Each bundle is {"CPU": 1} (max_colocate_count=1), so Ray must advertise at least
         # max_n CPUs whatever the machine has; the dashboard is off to spare the 2 cores.
         # On Podium the ping's pooled task worker keeps its CPU: one more for it.
-        ray.init(num_cpus=max(max_n, 1) + (0 if self.name == "ray" else 1), include_dashboard=False,
+        ray.init(num_cpus=max(max_n, 1) + int(self.on_podium), include_dashboard=False,
                  log_to_driver=False, configure_logging=True, logging_level="ERROR")
 
         # Podium refuses a task that reserves nothing outside a placement group (an empty
         # bundle): there the ping takes one CPU, which its pooled task worker keeps (above).
-        @ray.remote(num_cpus=0 if self.name == "ray" else 1)
+        @ray.remote(num_cpus=int(self.on_podium))
         def ping() -> int:
             return 1
 
