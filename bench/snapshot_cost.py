@@ -2,7 +2,9 @@
 with ``blocking=False`` (held in the worker, then ``get``), with the snapshot taken as the call
 returns against the same call with the snapshot step switched off (here only: the arguments
 are then read from the caller's tensors when they are sent, as before snapshots), on one host
-(shared memory) and over TCP; the blocking round trip and the machine's memcpy beside them.
+(shared memory) and over TCP; the blocking round trip, the machine's memcpy and how long the
+non-blocking call took to return beside them (over TCP the arguments are sent before the call
+returns, copied only where the send falls behind: :mod:`podium.transport.copyonsend`).
 
     python -m bench.snapshot_cost [--mib 128] [--repeat 15]
 
@@ -74,17 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     memcpy = _median_ms(lambda: dst.copy_(src), args.repeat)
     taken = GroupCaller._snapshot
 
+    returned: list[float] = []  # how long the call took to return, with the snapshot
+
     def later(snapshot: bool):
         def run():
             GroupCaller._snapshot = taken if snapshot else (lambda self, ranks, payload: payload)
             try:
-                wg.later(batch).get()
+                start = time.perf_counter()
+                future = wg.later(batch)
+                if snapshot:
+                    returned.append(time.perf_counter() - start)
+                future.get()
             finally:
                 GroupCaller._snapshot = taken
         return run
 
     print(f"{args.mib} MiB round trip, N=1 (memcpy {memcpy:.1f} ms): blocking; blocking=False without / "
-          "with the snapshot; its cost")
+          "with the snapshot; its cost; when the call returned, with the snapshot")
     # A threshold no payload reaches keeps same-host calls on TCP (the workers read it too).
     for label, threshold in (("one host (shared memory)", ""), ("TCP", str(1 << 60))):
         os.environ["PODIUM_SHM_THRESHOLD_BYTES"] = threshold
@@ -92,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             wg = WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Echo))
             blocking = _median_ms(lambda: wg.same(batch), args.repeat)
+            returned.clear()
             off, on = _alternating_ms(later(False), later(True), args.repeat)
-            print(f"  {label:26s} {blocking:7.1f} ms   {off:7.1f} ms  {on:7.1f} ms   {100 * (on / off - 1):+5.1f}%")
+            back = 1000 * statistics.median(returned)
+            print(f"  {label:26s} {blocking:7.1f} ms   {off:7.1f} ms  {on:7.1f} ms   {100 * (on / off - 1):+5.1f}%"
+                  f"   {back:6.1f} ms")
             wg.shutdown()
         finally:
             podium.shutdown()

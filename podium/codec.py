@@ -146,8 +146,17 @@ class Encoded:
             return self
         if total < MIN_POOLED_BYTES:
             return Encoded(self.skeleton, [memoryview(bytes(buf)) for buf in self.buffers])
+        target = self.pooled_target()
+        copy_segments(target.buffers[0].obj, self.buffers)  # the copies are one mapping, in order
+        return target
+
+    def pooled_target(self) -> "Encoded":
+        """The same skeleton with buffers of the same sizes in one reused mapping of
+        :mod:`podium.memorypool`, back to back in order, not filled yet: where
+        :meth:`snapshot` copies to (:mod:`podium.transport.copyonsend` copies there while
+        sending). Only for buffers of at least ``MIN_POOLED_BYTES`` in all."""
+        total = sum(buf.nbytes for buf in self.buffers)
         view = POOL.lease(POOL.take(total), total)
-        copy_segments(view, self.buffers)
         copies, at = [], 0
         for buf in self.buffers:
             copies.append(view[at:at + buf.nbytes])

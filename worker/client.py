@@ -258,6 +258,9 @@ class WorkerClient(WorkerChannel):
         conn = self._conn
         if conn is None:
             raise errors.FailedPreconditionError(f"client of {self._who()} is not started")
+        if payload.copying is not None:  # still being copied: this path reads the copy
+            await asyncio.shield(payload.copying.copied)
+            payload.copying.check()
         future = self._on_loop().create_future()
         p = PendingCall(future, method)
         call_id = self._pending.add(p, timeout)
@@ -368,13 +371,17 @@ class WorkerClient(WorkerChannel):
         """``payload`` as it is now, for a call to this worker that returns before it is sent
         (:meth:`Payload.snapshot`). One this worker reads from shared memory is written into
         its segment now: the copy sending it makes anyway, so the snapshot costs nothing more.
-        Safe on any thread."""
+        One that goes as a bulk frame on plain TCP is copied while it is sent: the caller runs
+        its ``copying.run()`` once the call is queued, before returning
+        (:meth:`Payload.snapshot_while_sent`). Safe on any thread."""
         conn = self._conn
-        if (self.same_host is True and conn is not None and payload.staged is None
-                and payload.nbytes >= self.shm_threshold):
-            name, pooled = conn.write_segment(payload.segments(), payload.nbytes, True)
-            if name:
-                return Written.payload(payload.nbytes, conn, name, pooled)
+        if conn is not None and payload.staged is None:
+            if self.same_host is True and payload.nbytes >= self.shm_threshold:
+                name, pooled = conn.write_segment(payload.segments(), payload.nbytes, True)
+                if name:
+                    return Written.payload(payload.nbytes, conn, name, pooled)
+            elif self._loop is not None and conn.copies_on_send(payload.nbytes):
+                return payload.snapshot_while_sent(self._loop)
         return payload.snapshot()
 
     def submit_into(self, method: str, payload: Payload, sink: Any, on_error: Any, *, hold: bool = False,
@@ -428,7 +435,7 @@ class WorkerClient(WorkerChannel):
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
                                                reply_in_shm=self.same_host is True, trace_id=trace)
                 conn.write_bulk_nowait(worker_pb2.CallFrame(call_id=call_id, header=header, last=True),
-                                       payload.segments(), payload.nbytes)
+                                       payload.segments(), payload.nbytes, copying=payload.copying)
         except errors.PodiumError as exc:
             self._pending.pop(call_id, None)
             p.resolve(None, exc)

@@ -138,6 +138,11 @@ class GroupCaller:
                 ref._set_exception(exc)
             return refs
         soon(rt.loop, self._submit_all, calls, payloads, True, refs, timeout, None, trace)  # one wake-up per burst
+        # Payloads copied while they are sent (a bulk frame on plain TCP) are copied now, as
+        # the loop starts sending them: the call returns once each is sent or copied.
+        for payload in {id(p): p for p in payloads.values()}.values():
+            if payload.copying is not None:
+                payload.copying.run()
         return refs
 
     def _start_when_resolved(self, calls: list, sinks: list[PendingRef], timeout: float | None = None,

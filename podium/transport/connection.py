@@ -88,13 +88,19 @@ class CallConnection:
         its bytes leave from their own memory and land in their final buffer."""
         return self.writes_nowait and nbytes >= BULK_MIN_BYTES
 
+    def copies_on_send(self, nbytes: int) -> bool:
+        """Whether a snapshot of a payload of ``nbytes`` can be copied while it is sent (a bulk
+        frame on plain TCP, :mod:`podium.transport.copyonsend`)."""
+        return self.takes_bulk(nbytes) and self.carrier.writer.sends_while_copying
+
     def write_bulk_nowait(self, frame: Any, segments: Iterable[memoryview], nbytes: int,
-                          on_sent: Callable[[], None] | None = None) -> None:
+                          on_sent: Callable[[], None] | None = None, copying: Any = None) -> None:
         """Queue ``frame`` (header, ``last``, no data) followed by the payload ``segments``
         as one bulk frame (raw socket only; see :meth:`takes_bulk`). The segments are read
         from their memory as the socket takes them; ``on_sent()`` runs (on the loop) once
-        they are not read any more (:meth:`FrameConnection.write_bulk`)."""
-        self.carrier.write_bulk(frame.SerializeToString(), segments, nbytes, on_sent)
+        they are not read any more (:meth:`FrameConnection.write_bulk`). ``copying``: the
+        :class:`~podium.transport.copyonsend.CopyOnSend` still copying their buffers."""
+        self.carrier.write_bulk(frame.SerializeToString(), segments, nbytes, on_sent, copying)
 
     def abort_threadsafe(self, reason: BaseException) -> None:
         """Close the raw socket at once from any thread (bytes still queued are dropped)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +67,13 @@ class FrameWriter:
         """Write on ``transport`` from now on (connection_made)."""
         self._transport = transport
         self._encrypted = encrypted
+
+    @property
+    def sends_while_copying(self) -> bool:
+        """Whether a bulk payload can be sent from the caller's memory while it is copied
+        (:mod:`podium.transport.copyonsend`): plain TCP only, as uvloop encrypts each write
+        of a TLS connection on the loop, from memory it keeps."""
+        return self._transport is not None and not self._encrypted
 
     # ---------------------------------------------------------------- flow control
 
@@ -131,7 +140,7 @@ class FrameWriter:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def write_bulk(self, message: bytes, segments: Any, nbytes: int,
-                   on_sent: Callable[[], None] | None = None) -> None:
+                   on_sent: Callable[[], None] | None = None, copying: Any = None) -> None:
         """Queue a bulk frame: the serialized ``message``, then the payload ``segments``
         (``nbytes`` in all) as they lie in memory. Never blocks (see :meth:`drain`); the
         event loop keeps a reference to each segment until it is sent.
@@ -139,11 +148,18 @@ class FrameWriter:
         ``on_sent()`` runs on the loop once nothing in this process reads the segments'
         memory any more: their bytes are in the kernel's socket buffer (under TLS: the
         ciphertext was made), or the connection ended. Until then a change to that memory
-        would change what the peer receives."""
+        would change what the peer receives.
+
+        ``copying``: a :class:`~podium.transport.copyonsend.CopyOnSend` still copying the
+        segments' buffers (only where :attr:`sends_while_copying`): a task sends them from
+        the caller's memory meanwhile, with whatever is written after them queued behind."""
         if self.closed:
             raise errors.UnavailableError("the raw call connection is closed")
         self._flush()
         head = _BULK.pack(BULK_FLAG | len(message), nbytes) + message
+        if copying is not None:
+            self._queue_bulk(head, segments, on_sent, copying)
+            return
         if not self._encrypted:
             self._write(head, *[segment for segment in segments if segment.nbytes])
             if on_sent is not None:
@@ -154,7 +170,10 @@ class FrameWriter:
         # it, and a long backlog makes every further write slower: 1 GiB written in one go
         # took 15 s (512 MiB 3.8 s), and the event loop was blocked meanwhile, so the peer's
         # liveness pings went unanswered. So a task writes it in slices as the socket drains.
-        self._outbox.append((head, segments, on_sent))
+        self._queue_bulk(head, segments, on_sent, None)
+
+    def _queue_bulk(self, head: bytes, segments: Any, on_sent: Callable[[], None] | None, copying: Any) -> None:
+        self._outbox.append((head, segments, on_sent, copying))
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send_outbox())
 
@@ -173,13 +192,22 @@ class FrameWriter:
     async def _send_outbox(self) -> None:
         transport = self._transport
         on_sent = None
+        midway = False  # a payload is half-written: the stream cannot go on if this stops
         try:
             while self._outbox and not self.closed:
                 item = self._outbox.popleft()
                 if type(item) is not tuple:
                     transport.write(item)
                     continue
-                head, segments, on_sent = item
+                head, segments, on_sent, copying = item
+                midway = True
+                if copying is not None:
+                    await self._send_copying(head, segments, copying)
+                    midway, done, on_sent = False, on_sent, None
+                    if done is not None:  # the copy's rest may still be in the transport's buffer
+                        self._on_empty.append(done)
+                        self._check_sent()
+                    continue
                 transport.write(head)
                 for segment in segments:
                     view = memoryview(segment).cast("B") if segment.nbytes else segment
@@ -190,14 +218,14 @@ class FrameWriter:
                             return
                         transport.write(view[at:at + _TLS_SLICE])
                 # TLS encrypts each write at once: the plaintext is not read any more.
-                on_sent, done = None, on_sent
+                midway, done, on_sent = False, on_sent, None
                 if done is not None:
                     done()
         finally:
             self._sender = None
-            if on_sent is not None and not self.closed:  # failed mid-payload: the stream cannot go on
+            if midway and not self.closed:
                 self._abort(errors.DataLossError("a bulk write stopped in the middle of its payload"))
-            if self.closed or on_sent is not None:
+            if self.closed or midway:
                 lent = [on_sent] + [item[2] for item in self._outbox if type(item) is tuple]
                 self._outbox.clear()
                 for done in lent:
@@ -205,6 +233,27 @@ class FrameWriter:
                         done()
             elif self._close_when_sent:
                 transport.close()
+
+    async def _send_copying(self, head: bytes, segments: Any, copying: Any) -> None:
+        """Send a bulk frame whose buffers are still being copied (see :meth:`write_bulk`):
+        on a second descriptor of the socket, once what the transport holds has left."""
+        loan = self._loan
+        with loan.lock:  # what a thread's send left unsent goes first
+            if loan.tail is not None:
+                loan.write_tail_locked()
+        if self._transport.get_write_buffer_size():
+            emptied = asyncio.get_running_loop().create_future()
+            self._on_empty.append(lambda: emptied.done() or emptied.set_result(None))
+            self._check_sent()
+            await emptied
+        if self.closed:
+            raise errors.UnavailableError("the raw call connection is closed")
+        sock = socket.socket(fileno=os.dup(self._transport.get_extra_info("socket").fileno()))
+        try:
+            sock.setblocking(False)  # as the transport's own descriptor already is
+            await copying.send(sock, self._transport, [memoryview(head), *segments])
+        finally:
+            sock.close()
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -12,7 +12,9 @@ import weakref
 from typing import Any
 
 from podium import codec
+from podium.memorypool import MIN_POOLED_BYTES
 from podium.transport import chunks, frames, shm
+from podium.transport.copyonsend import CopyOnSend
 from podium.v1 import worker_pb2
 
 __all__ = ["Payload", "Written", "prepare", "shares_shm"]
@@ -29,7 +31,7 @@ class Payload:
     instead, so a huge argument is never held twice.
     """
 
-    __slots__ = ("encoded", "nbytes", "reusable", "staged", "written", "_chunks", "_tails")
+    __slots__ = ("_chunks", "_tails", "copying", "encoded", "nbytes", "reusable", "staged", "written")
 
     def __init__(self, encoded: codec.Encoded, reusable: bool = True) -> None:
         self.encoded = encoded
@@ -40,6 +42,9 @@ class Payload:
         #: Its large buffers copied into a group call's staged segment, for same-host workers
         #: (a :class:`podium.transport.shmstage.Staged`), or None.
         self.staged: Any = None
+        #: Its buffers still being copied while it is sent (a
+        #: :class:`podium.transport.copyonsend.CopyOnSend`), or None.
+        self.copying: Any = None
         self._chunks: list[bytes] | None = None
         self._tails: dict | None = None
 
@@ -49,6 +54,18 @@ class Payload:
         tensors do not reach the workers."""
         encoded = self.encoded.snapshot()
         return self if encoded is self.encoded else Payload(encoded, self.reusable)
+
+    def snapshot_while_sent(self, loop: Any) -> "Payload":
+        """:meth:`snapshot`, copied while a bulk frame on plain TCP sends it from ``loop``
+        (:mod:`podium.transport.copyonsend`): the copy is made by ``copying.run()``, which the
+        caller runs once the call is queued, before it returns. Small buffers are copied now."""
+        encoded = self.encoded
+        if sum(buf.nbytes for buf in encoded.buffers) < MIN_POOLED_BYTES:
+            return self.snapshot()
+        target = encoded.pooled_target()
+        snapshot = Payload(target, self.reusable)
+        snapshot.copying = CopyOnSend(loop, encoded.buffers, target.buffers)
+        return snapshot
 
     def frame_tail(self, method: str, hold: bool, timeout: float, reply_in_shm: bool) -> bytes:
         """The serialized one-frame CALL of this payload minus its call id (see

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 
 import pytest
 import torch
@@ -99,6 +100,30 @@ def test_a_non_blocking_dp_compute_proto_gets_the_batch_as_it_was(group):
     assert torch.equal(out.batch["s"], torch.full((64, 1), float(NUMEL // 64), dtype=torch.float64))
 
 
+def test_a_batch_for_stopped_workers_is_what_it_was_when_the_call_returned(group, path, monkeypatch):
+    """The workers read nothing while the call is made (SIGSTOP): over TCP the send stalls
+    once the socket buffers are full, and the rest is copied before the call returns."""
+    from podium.transport.copyonsend import CopyOnSend
+    made: list[CopyOnSend] = []
+    run = CopyOnSend.run
+    monkeypatch.setattr(CopyOnSend, "run", lambda self: (run(self), made.append(self))[0])
+    data = DataProto.from_dict({"x": torch.ones(64, 4 * NUMEL // 64)})  # 64 MiB per rank
+    pids = [w.pid for w in group.workers]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        future = group.totals(data)
+        data.batch["x"] += 1
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    out = future.get(timeout=120)
+    assert torch.equal(out.batch["s"], torch.full((64, 1), float(4 * NUMEL // 64), dtype=torch.float64))
+    # TCP: each rank's chunk was copied while it was sent, and not all of it went out.
+    assert len(made) == (2 if path == "tcp" else 0)
+    assert all(0 <= cos.sent_directly < cos.total for cos in made)
+
+
 def test_a_task_gets_the_argument_as_it_was(group):
     tensor = torch.ones(NUMEL)
     ref = task_total.remote(tensor)
@@ -130,6 +155,12 @@ def test_a_snapshot_is_the_segment_on_shared_memory_a_copy_elsewhere_and_one_nev
         tensor = torch.ones(NUMEL)
         payload = client.snapshot(prepare(((tensor,), {})))
         assert payload.written is None and payload.encoded.buffers
+        # TCP copies while it sends (the caller runs the copy once the call is queued); with
+        # no send under way the whole payload is copied.
+        assert (payload.copying is not None) == (path == "tcp")
+        if payload.copying is not None:
+            payload.copying.run()
+            assert payload.copying.sent_directly == 0
         tensor += 1
         assert all(bytes(buf[:4]) == torch.ones(1).numpy().tobytes() for buf in payload.encoded.buffers)
         return

@@ -1,0 +1,127 @@
+"""CopyOnSend: a payload sent straight from the caller's memory, the rest copied once the send
+falls behind, on a real loopback TCP connection and a real event loop. What the peer reads is
+the payload as it was when ``run()`` returned, whatever the caller writes afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import uvloop
+
+from podium import codec
+from podium.transport import copyonsend
+from podium.transport.copyonsend import CopyOnSend
+
+pytestmark = pytest.mark.timeout(120)
+
+HEAD = b"HEAD-of-the-frame"
+
+
+@pytest.fixture
+def loop():
+    loop = uvloop.new_event_loop()  # the loop Podium's connections run on
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+
+
+@pytest.fixture
+def link(loop):
+    """(sender transport, a second descriptor of its socket, the receiving socket)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    receiver, _ = listener.accept()
+    listener.close()
+
+    async def attach():
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, sender)
+        return transport
+
+    transport = asyncio.run_coroutine_threadsafe(attach(), loop).result(10)
+    sock = socket.socket(fileno=os.dup(sender.fileno()))
+    sock.setblocking(False)
+    yield transport, sock, receiver
+    sock.close()
+    loop.call_soon_threadsafe(transport.close)
+    receiver.close()
+
+
+def _payload(nbytes: int) -> tuple[bytearray, bytes, CopyOnSend, list[memoryview]]:
+    src = bytearray(np.resize(np.arange(251, dtype=np.uint8), nbytes).tobytes())  # not a multiple of a page
+    target = codec.Encoded(b"", [memoryview(src)]).pooled_target()
+    return src, bytes(src), target, [memoryview(HEAD), *target.buffers]
+
+
+def _read(sock: socket.socket, nbytes: int) -> bytes:
+    out = bytearray(nbytes)
+    view, got = memoryview(out), 0
+    while got < nbytes:
+        n = sock.recv_into(view[got:])
+        assert n, "the connection closed early"
+        got += n
+    return bytes(out)
+
+
+def _wait_for_bytes(sock: socket.socket, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if len(sock.recv(count, socket.MSG_PEEK | socket.MSG_DONTWAIT)) >= count:
+                return
+        except BlockingIOError:
+            pass
+        assert time.monotonic() < deadline, "nothing arrived"
+        time.sleep(0.001)
+
+
+def test_a_stalled_send_gets_the_rest_copied_and_the_peer_reads_the_old_bytes(loop, link):
+    transport, sock, receiver = link
+    nbytes = 64 << 20  # far more than the socket buffers hold while nobody reads
+    src, expected, target, segments = _payload(nbytes)
+    cos = CopyOnSend(loop, [memoryview(src)], target.buffers)
+    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments), loop)
+    _wait_for_bytes(receiver, len(HEAD) + 1)  # the send is under way from the caller's memory
+    cos.run()
+    assert 0 < cos.sent_directly < nbytes
+    src[:] = b"\xff" * nbytes  # the caller's next step writes its buffer
+    assert _read(receiver, len(HEAD) + nbytes) == HEAD + expected
+    sending.result(30)
+
+
+def test_a_send_within_the_grace_period_copies_nothing(loop, link, monkeypatch):
+    monkeypatch.setattr(copyonsend, "_GRACE_BYTES_PER_SECOND", 1 << 20)  # a grace of minutes
+    transport, sock, receiver = link
+    nbytes = 16 << 20
+    src, expected, target, segments = _payload(nbytes)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(_read(receiver, len(HEAD) + nbytes)))
+    reader.start()
+    cos = CopyOnSend(loop, [memoryview(src)], target.buffers)
+    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments), loop)
+    cos.run()
+    assert cos.sent_directly == nbytes  # every byte left from the caller's memory
+    src[:] = b"\xff" * nbytes
+    reader.join(60)
+    sending.result(30)
+    assert received == [HEAD + expected]
+
+
+def test_a_payload_never_sent_is_copied_whole(loop):
+    nbytes = 8 << 20
+    src, expected, target, _ = _payload(nbytes)
+    cos = CopyOnSend(loop, [memoryview(src)], target.buffers)
+    cos.run()
+    assert cos.sent_directly == 0
+    src[:] = b"\xff" * nbytes
+    assert bytes(target.buffers[0]) == expected
+    asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(cos.copied), 10), loop).result(10)
+    cos.check()  # the copy is complete: a path that sends the copy may go on
