@@ -243,7 +243,12 @@ class FrameWriter:
                 loan.write_tail_locked()
         if self._transport.get_write_buffer_size():
             emptied = asyncio.get_running_loop().create_future()
-            self._on_empty.append(lambda: emptied.done() or emptied.set_result(None))
+
+            def sent() -> None:
+                if not emptied.done():
+                    emptied.set_result(None)
+
+            self._on_empty.append(sent)
             self._check_sent()
             await emptied
         if self.closed:
