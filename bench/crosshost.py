@@ -10,6 +10,9 @@ remote worker takes. Here each configuration runs in a child process of its own:
 - ``podium cross-host``: ``PODIUM_DISABLE_SHM=1``, so every client treats its workers as
   remote: every byte crosses a TCP socket (the raw call socket's bulk frames);
 - ``podium cross-host tls``: the same with mutual TLS (the raw call socket under TLS);
+- ``podium same-host 4k-pages`` / ``podium cross-host 4k-pages`` (only when named): the
+  workers without huge pages for torch's buffers (``THP_MEM_ALLOC_ENABLE=0``), the baseline
+  of the ``fresh`` cell;
 - ``ray one-node``: verl's RayWorkerGroup on ``ray.init()``;
 - ``ray two-nodes``: ``ray.cluster_utils.Cluster`` with a head of 0 CPUs and a second raylet
   holding the group, so arguments and results cross Ray's object manager.
@@ -19,6 +22,8 @@ Measures, per N (MB = 10^6 bytes; median of ``--repeat`` after one warm-up):
 - ``dp``: DP_COMPUTE_PROTO round trip of one float32 tensor (MB/s = 2 x payload / time);
 - ``to_worker`` / ``from_worker`` (N=1): the payload one way, as a ONE_TO_ALL argument kept
   by the worker, and as the value it returns;
+- ``fresh`` (N=1): a new tensor the method makes (``torch.ones``) and returns: what a step's
+  log-probs are; the worker's first touch of its pages is in the time;
 - ``w2w``: a DataProtoFuture (the held results of a ``blocking=False`` call on a producer
   group) consumed by a second group of N: every consumer fetches its rows from the
   producers itself (MB/s = payload / time of the consuming call).
@@ -51,10 +56,14 @@ MODES = {
     "podium same-host": ("podium", {}),
     "podium cross-host": ("podium", {"PODIUM_DISABLE_SHM": "1"}),
     "podium cross-host tls": ("podium", {"PODIUM_DISABLE_SHM": "1", "BENCH_TLS": "1"}),
+    # The same two without the workers' huge pages for torch (what workers had before issue
+    # 30): the fresh-result cell beside its baseline. Not in the default run.
+    "podium same-host 4k-pages": ("podium", {"THP_MEM_ALLOC_ENABLE": "0"}),
+    "podium cross-host 4k-pages": ("podium", {"PODIUM_DISABLE_SHM": "1", "THP_MEM_ALLOC_ENABLE": "0"}),
     "ray one-node": ("ray", {}),
     "ray two-nodes": ("ray", {"BENCH_RAY_NODES": "2"}),
 }
-MEASURES = ("dp", "to_worker", "from_worker", "w2w")
+MEASURES = ("dp", "to_worker", "from_worker", "fresh", "w2w")
 
 
 def define_workers(api: Any) -> tuple[type, type]:
@@ -77,6 +86,14 @@ def define_workers(api: Any) -> tuple[type, type]:
         def give(self):
             """Return what was kept (the worker-to-controller measure)."""
             return self.kept
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def fresh(self, nbytes):
+            """A new float32 tensor of ``nbytes`` (the fresh-result measure: log-probs, values
+            and sequences are new tensors every step)."""
+            import torch
+
+            return torch.ones(nbytes // 4)
 
         @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
         def add_one(self, data):
@@ -180,6 +197,7 @@ def child(mode: str, ns: list[int], mibs: list[int], repeat: int, step_timeout: 
                     cell("to_worker", n, mib, lambda: _timed(lambda: movers.keep(tensor), repeat))
                     cell("from_worker", n, mib, lambda: _timed(lambda: movers.give(), repeat))
                     movers.keep(None)
+                    cell("fresh", n, mib, lambda: _timed(lambda: movers.fresh(mib << 20), repeat))
 
                 def w2w() -> float:
                     future = movers.produce(data)  # held by the producers
@@ -230,7 +248,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> list[dict]:
     cmd = [python, "-m", "bench.crosshost", "--child", mode, "--n", *map(str, args.n),
            "--payload-mib", *map(str, args.payload_mib), "--repeat", str(args.repeat),
            "--step-timeout", str(args.step_timeout)]
-    budget = 120 + args.step_timeout * len(args.n) * (len(args.payload_mib) * 4 + 2)
+    budget = 120 + args.step_timeout * len(args.n) * (len(args.payload_mib) * 5 + 2)
     cells: list[dict] = []
     log_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench-crosshost-{run_id[:8]}.log")
     error = None
@@ -326,7 +344,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gib", action="store_true", help="also 1 GiB at N=1 (Podium modes)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--step-timeout", type=float, default=180.0)
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=list(MODES),
+                        default=[mode for mode in MODES if not mode.endswith("4k-pages")])
     parser.add_argument("--ray-python", default=os.environ.get("BENCH_RAY_PYTHON", sys.executable))
     parser.add_argument("--json", metavar="PATH", help="also write the cells here, a JSON line each")
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)

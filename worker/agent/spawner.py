@@ -56,7 +56,7 @@ from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
 from podium.worker.agent.adoption import adopted_worker, record_of
 from podium.worker.agent.managed import ManagedWorker, parse_ready, ready_cap
-from podium.worker.agent.workerenv import launch_argv, worker_env
+from podium.worker.agent.workerenv import ALLOCATOR_DEFAULTS, launch_argv, with_allocator_defaults, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,9 @@ class Spawner:
         self.command = tuple(command or DEFAULT_WORKER_COMMAND)
         self.stop_grace = stop_grace
         self._report = report
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        # Workers' allocator defaults (THP for torch's large CPU buffers) unless this
+        # environment sets them: see workerenv.ALLOCATOR_DEFAULTS.
+        self._base_env = with_allocator_defaults(os.environ if base_env is None else base_env)
         self._workers: dict[str, ManagedWorker] = {}
         self._closed = False
         #: The fork server (podium.worker.agent.forkserver) that starts default-command workers
@@ -239,7 +241,7 @@ class Spawner:
             if known is None or known.ended:
                 self._workers.pop(info.id, None)  # re-insert: start order stays true
                 # Forks are requested back to back (tasks) and answered by the helper in order.
-                started.append(asyncio.ensure_future(self._start_forked(info)) if fork
+                started.append(asyncio.ensure_future(self._start_forked(info)) if fork and self._forkable(info)
                                else self._start(info))
             else:
                 started.append(known)
@@ -249,6 +251,13 @@ class Spawner:
             out.append(node_pb2.SpawnedWorker(worker_id=done.id, pid=done.pid,
                                               log_path=str(done.out_path)))
         return out
+
+    def _forkable(self, info: common_pb2.WorkerInfo) -> bool:
+        """Whether a child of the fork server starts as ``info``'s environment asks: torch in
+        the fork server has read its allocator setting (ALLOCATOR_DEFAULTS) once and for all,
+        so a worker that wants another one starts as a new process."""
+        return all(info.env.get(key, value) == value
+                   for key, value in self._base_env.items() if key in ALLOCATOR_DEFAULTS)
 
     def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
         """Record a worker about to start, and the environment it starts with."""

@@ -8,7 +8,19 @@ from typing import Mapping, Sequence
 from podium.auth import TlsConfig
 from podium.process import die_with_parent_argv
 
-__all__ = ["launch_argv", "worker_env", "TLS_ENV_KEYS"]
+__all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "launch_argv", "with_allocator_defaults", "worker_env"]
+
+#: Allocator settings every worker (and the fork server) gets unless the agent's environment
+#: sets them. ``THP_MEM_ALLOC_ENABLE=1``: torch backs its CPU allocations of 2 MiB and more
+#: with transparent huge pages (``madvise``). glibc serves each allocation over 32 MiB with a
+#: fresh mapping, so a method's new 128 MiB result faulted in 32,768 pages every call: 53 ms
+#: of a 128 MiB ``torch.ones`` here, against 17.5 ms with 2 MiB pages (~580 faults), and a fresh
+#: result went back at 1,964 against 5,110 MB/s on one host (``python -m bench.crosshost``,
+#: the ``fresh`` cell). ``THP_MEM_ALLOC_ENABLE=0`` in the agent's environment switches it off.
+#: (Keeping freed memory in glibc's heap instead, ``MALLOC_MMAP_MAX_=0`` with a high trim
+#: threshold, worked for ``malloc`` but not for torch's ``posix_memalign``: still one fault
+#: per page.)
+ALLOCATOR_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
@@ -18,6 +30,12 @@ def launch_argv(command: Sequence[str], ready_fd: int) -> list[str]:
 
 #: Environment variables naming a worker's mutual-TLS files (read by podium.worker.host.process).
 TLS_ENV_KEYS = ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA")
+
+
+def with_allocator_defaults(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with :data:`ALLOCATOR_DEFAULTS` where it does not set them (the agent's base
+    environment for its workers and fork server)."""
+    return {**ALLOCATOR_DEFAULTS, **base}
 
 
 def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
