@@ -63,6 +63,9 @@ class Liveness:
         #: worker id -> why its last ping got no answer (for the error message).
         self._last_error: dict[str, str] = {}
         self._task: asyncio.Task | None = None
+        #: The stacks of ranks silent for most of the bound, fetched before it runs out so that
+        #: failing them waits for nothing: (loop time started, worker ids, the fetch), or None.
+        self._early: tuple[float, frozenset[str], asyncio.Task] | None = None
         #: How many silent ranks it failed (tests and stats).
         self.found = 0
 
@@ -99,23 +102,40 @@ class Liveness:
         finally:  # the watch ended (nothing watched, or the runtime closed): no channel stays
             for worker_id in list(self._channels):
                 self._drop(worker_id)
+            if self._early is not None:
+                self._early[2].cancel()
+                self._early = None
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         interval = max(0.02, self.silence / 5)
+        # Silent this long (at least half the bound: several pings missed), a rank's stacks
+        # are fetched ahead, so they are in hand when the bound runs out.
+        early = max(self.silence / 2, self.silence - STACKS_SECONDS - interval)
         while self._clients and not self._runtime._closed:
             await asyncio.sleep(interval)
             now = loop.time()
             busy = {wid: c for wid, c in list(self._clients.items()) if c.pending and c.broken is None}
             for worker_id in [w for w in self._heard if w not in busy]:
                 del self._heard[worker_id]  # idle again: its silence counts afresh next time
-            silent = []
+            silent, suspects = [], []
             for worker_id, client in busy.items():
                 heard = self._heard.setdefault(worker_id, now)
                 if now - heard > self.silence:
                     silent.append((worker_id, client, now - heard))
-                elif worker_id not in self._pinging:
+                    continue
+                if now - heard > early:
+                    suspects.append(worker_id)
+                if worker_id not in self._pinging:
                     self._pinging[worker_id] = loop.create_task(self._ping(worker_id, client, interval))
+            if suspects and (self._early is None or not self._early[1].issuperset(suspects)):
+                if self._early is not None:
+                    self._early[2].cancel()
+                ids = frozenset(suspects)
+                self._early = (now, ids, loop.create_task(self._last_stacks(set(ids))))
+            elif not suspects and not silent and self._early is not None:
+                self._early[2].cancel()  # they answered again
+                self._early = None
             if silent:
                 await self._fail(silent)
 
@@ -154,8 +174,16 @@ class Liveness:
     async def _fail(self, silent: list[tuple[str, Any, float]]) -> None:
         infos: dict[str, Any] = {}
         stacks: dict[str, Any] = {}
-        with contextlib.suppress(Exception):  # where they run, if the scheduler answers in time
-            infos, stacks = await self._last_stacks({w for w, _, _ in silent})
+        ids = {w for w, _, _ in silent}
+        early, self._early = self._early, None
+        if early is not None and early[1] >= ids and asyncio.get_running_loop().time() - early[0] <= self.silence:
+            with contextlib.suppress(Exception):  # fetched ahead (see _watch): at most its rest to wait
+                infos, stacks = await early[2]
+        elif early is not None:
+            early[2].cancel()
+        if not ids <= infos.keys():
+            with contextlib.suppress(Exception):  # where they run, if the scheduler answers in time
+                infos, stacks = await self._last_stacks(ids)
         silent.sort(key=lambda item: item[1].rank)
         parts = []
         for worker_id, client, quiet in silent:

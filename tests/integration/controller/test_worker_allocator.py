@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.worker import Dispatch, Worker, register
 
@@ -22,6 +23,15 @@ pytestmark = pytest.mark.timeout(180)
 
 NBYTES = 32 << 20
 PAGES = NBYTES // 4096
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    podium.init()
+    try:
+        yield
+    finally:
+        podium.shutdown()
 
 
 def _thp_mode() -> str:
