@@ -11,7 +11,10 @@ rank that answers no ping for ``silence`` seconds (``PODIUM_LIVENESS_SECONDS``, 
 10; 0 turns it off) fails its pending calls with :class:`~podium.errors.UnresponsiveError`
 listing every silent rank with its node, pid and how long it has been silent, and the last
 stacks that could be had (:mod:`podium.workerstacks`: a stopped rank cannot answer, so its
-/proc state from its node agent stands in; ``UnresponsiveError.stacks``). A method
+/proc state from its node agent stands in; ``UnresponsiveError.stacks``). Those take up to
+``STACKS_SECONDS`` to gather, so they are fetched once a rank has been silent for most of the
+bound, and the calls fail at the bound itself; every busy rank is pinged at once, so 256 ranks
+cost one bound like one rank does. A method
 that runs for hours in a live process is never cut short: its process keeps answering.
 An ``async`` method that blocks its worker's event loop (``time.sleep`` in ``async def``)
 does stop the answers, and is reported like a hung rank.
