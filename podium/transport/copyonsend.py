@@ -86,6 +86,7 @@ class CopyOnSend:
         self.sent_directly = -1
         #: Resolves on ``loop`` once the copy is finished (see :meth:`check`).
         self.copied: asyncio.Future = loop.create_future()
+        self._ended: asyncio.Future | None = None  # resolves when the connection ends (send)
 
     # ---------------------------------------------------------------- the caller's thread
 
@@ -157,17 +158,20 @@ class CopyOnSend:
 
     # ---------------------------------------------------------------- the event loop
 
-    async def send(self, sock: socket.socket, transport: Any, segments: list[memoryview]) -> None:
+    async def send(self, sock: socket.socket, transport: Any, segments: list[memoryview],
+                   ended: asyncio.Future) -> None:
         """Send ``segments`` (the wire form of the copies' payload, whose buffers are
         :attr:`copies`) on ``sock``, a non-blocking descriptor of ``transport``'s socket, while
         :meth:`run` copies; once the rest is copied it goes to ``transport.write`` (whose
         buffer must be empty when this starts). Raises ``DataLossError`` if the copy failed
-        (the payload cannot be finished: end the connection)."""
+        (the payload cannot be finished: end the connection), ``UnavailableError`` once
+        ``ended`` resolves (the connection ended) while it waits for the socket."""
+        self._ended = ended
         index = {id(copy): k for k, copy in enumerate(self.copies)}
         for i, segment in enumerate(segments):
             k = index.get(id(segment))
             if k is None:  # the header, skeleton or padding: memory of the payload's own
-                await _send_all(self._loop, sock, segment)
+                await self._send_all(sock, segment)
                 continue
             start = self._starts[k]
             at = await self._send_from_caller(sock, k, start, start + segment.nbytes)
@@ -209,29 +213,31 @@ class CopyOnSend:
                     cond.notify_all()
             at += sent
             if not sent:
-                await _writable(self._loop, sock)
+                await self._writable(sock)
         return None
+
+    async def _writable(self, sock: socket.socket) -> None:
+        ended = self._ended
+        assert ended is not None  # set by send, the only caller
+        ready = self._loop.create_future()
+        fd = sock.fileno()
+        self._loop.add_writer(fd, _wake, ready)
+        try:
+            await asyncio.wait((ready, ended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._loop.remove_writer(fd)
+        if not ready.done():
+            raise errors.UnavailableError("the raw call connection ended while a payload was sent on it")
+
+    async def _send_all(self, sock: socket.socket, data: memoryview) -> None:
+        view = memoryview(data).cast("B") if data.nbytes else data
+        while view.nbytes:
+            try:
+                view = view[sock.send(view):]
+            except BlockingIOError:
+                await self._writable(sock)
 
 
 def _wake(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-    ready = loop.create_future()
-    fd = sock.fileno()
-    loop.add_writer(fd, _wake, ready)
-    try:
-        await ready
-    finally:
-        loop.remove_writer(fd)
-
-
-async def _send_all(loop: asyncio.AbstractEventLoop, sock: socket.socket, data: memoryview) -> None:
-    view = memoryview(data).cast("B") if data.nbytes else data
-    while view.nbytes:
-        try:
-            view = view[sock.send(view):]
-        except BlockingIOError:
-            await _writable(loop, sock)

@@ -62,6 +62,9 @@ class FrameWriter:
         # Called once everything written so far has left this process (see write_bulk's
         # ``on_sent``), or the connection ended.
         self._on_empty: list[Callable[[], None]] = []
+        # Resolved when the connection ends: a send on a second descriptor of the socket
+        # (_send_copying) waits on that descriptor, which the transport's close leaves open.
+        self._ended: asyncio.Future | None = None
 
     def attach(self, transport: Any, encrypted: bool) -> None:
         """Write on ``transport`` from now on (connection_made)."""
@@ -105,6 +108,8 @@ class FrameWriter:
         and tell every ``on_sent`` that nothing reads lent memory any more."""
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
         self._sent_all()
 
     def holds_output(self) -> bool:
@@ -253,12 +258,14 @@ class FrameWriter:
             await emptied
         if self.closed:
             raise errors.UnavailableError("the raw call connection is closed")
+        if self._ended is None:
+            self._ended = asyncio.get_running_loop().create_future()
         sock = socket.socket(fileno=os.dup(self._transport.get_extra_info("socket").fileno()))
         try:
             sock.setblocking(False)  # as the transport's own descriptor already is
-            await copying.send(sock, self._transport, [memoryview(head), *segments])
+            await copying.send(sock, self._transport, [memoryview(head), *segments], self._ended)
         finally:
-            sock.close()
+            sock.close()  # the socket ends with the transport's descriptor and this one
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import uvloop
 
-from podium import codec
+from podium import codec, errors
 from podium.transport import copyonsend
 from podium.transport.copyonsend import CopyOnSend
 
@@ -61,6 +61,14 @@ def _payload(nbytes: int) -> tuple[bytearray, bytes, CopyOnSend, list[memoryview
     return src, bytes(src), target, [memoryview(HEAD), *target.buffers]
 
 
+def _future(loop) -> asyncio.Future:
+    """A future of ``loop`` (the connection's end, for CopyOnSend.send)."""
+    async def make():
+        return loop.create_future()
+
+    return asyncio.run_coroutine_threadsafe(make(), loop).result(10)
+
+
 def _read(sock: socket.socket, nbytes: int) -> bytes:
     out = bytearray(nbytes)
     view, got = memoryview(out), 0
@@ -88,7 +96,7 @@ def test_a_stalled_send_gets_the_rest_copied_and_the_peer_reads_the_old_bytes(lo
     nbytes = 64 << 20  # far more than the socket buffers hold while nobody reads
     src, expected, target, segments = _payload(nbytes)
     cos = CopyOnSend(loop, [memoryview(src)], target.buffers)
-    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments), loop)
+    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments, _future(loop)), loop)
     _wait_for_bytes(receiver, len(HEAD) + 1)  # the send is under way from the caller's memory
     cos.run()
     assert 0 < cos.sent_directly < nbytes
@@ -106,7 +114,7 @@ def test_a_send_within_the_grace_period_copies_nothing(loop, link, monkeypatch):
     reader = threading.Thread(target=lambda: received.append(_read(receiver, len(HEAD) + nbytes)))
     reader.start()
     cos = CopyOnSend(loop, [memoryview(src)], target.buffers)
-    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments), loop)
+    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments, _future(loop)), loop)
     cos.run()
     assert cos.sent_directly == nbytes  # every byte left from the caller's memory
     src[:] = b"\xff" * nbytes
@@ -125,3 +133,20 @@ def test_a_payload_never_sent_is_copied_whole(loop):
     assert bytes(target.buffers[0]) == expected
     asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(cos.copied), 10), loop).result(10)
     cos.check()  # the copy is complete: a path that sends the copy may go on
+
+
+def test_a_send_waiting_on_a_connection_that_ends_raises_and_the_copy_still_completes(loop, link):
+    transport, sock, receiver = link
+    nbytes = 64 << 20
+    src, expected, target, segments = _payload(nbytes)
+    cos = CopyOnSend(loop, [memoryview(src)], target.buffers)
+    ended = _future(loop)
+    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments, ended), loop)
+    _wait_for_bytes(receiver, len(HEAD) + 1)
+    cos.run()  # the peer reads nothing: the rest is copied
+    assert cos.sent_directly < nbytes
+    src[:] = b"\xff" * nbytes
+    assert bytes(target.buffers[0][cos.sent_directly:]) == expected[cos.sent_directly:]
+    loop.call_soon_threadsafe(ended.set_result, None)  # the connection ends (FrameWriter.end)
+    with pytest.raises(errors.UnavailableError, match="ended while a payload was sent"):
+        sending.result(30)
