@@ -5,8 +5,8 @@ actor method) or before a value is stored (``put``) must not see what the caller
 those arguments afterwards: Ray serializes them at call time, and a verl loop that reuses or
 edits a batch after a non-blocking call relies on that. Each case changes its tensors in
 place right after the call returns, on every path a payload takes: shared memory (the
-embedded cluster is on this host), TCP (``PODIUM_DISABLE_SHM``) and the gRPC stream
-(``PODIUM_RAW_CALLS=0``).
+embedded cluster is on this host), TCP (``PODIUM_DISABLE_SHM``), TCP under mutual TLS and the
+gRPC stream (``PODIUM_RAW_CALLS=0``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ NUMEL = 8 << 20
 PATHS = {
     "shm": {},
     "tcp": {"PODIUM_DISABLE_SHM": "1"},
+    "tls": {"PODIUM_DISABLE_SHM": "1"},
     "grpc": {"PODIUM_DISABLE_SHM": "1", "PODIUM_RAW_CALLS": "0"},
 }
 
@@ -59,10 +60,14 @@ class ActorSummer:
 
 
 @pytest.fixture(scope="module", params=sorted(PATHS))
-def path(request):
+def path(request, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in PATHS[request.param]}
     os.environ.update(PATHS[request.param])
-    podium.init()
+    if request.param == "tls":
+        from tests.support.certs import make_tls
+        podium.init(tls=make_tls(str(tmp_path_factory.mktemp("tls"))))
+    else:
+        podium.init()
     try:
         yield request.param
     finally:
@@ -78,7 +83,7 @@ def path(request):
 def group(path):
     wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Summer),
                      name_prefix=f"snap{path}")
-    expected = {"shm": True, "tcp": False, "grpc": False}[path]
+    expected = {"shm": True, "tcp": False, "tls": False, "grpc": False}[path]
     assert [w.client.same_host for w in wg.workers] == [expected] * 2
     assert {w.client.transport for w in wg.workers} == {"grpc" if path == "grpc" else "socket"}
     yield wg
