@@ -133,7 +133,7 @@ class CopyOnSend:
                 top = self._low
                 while k > 0 and self._starts[k] >= top:
                     k -= 1
-                low = max(self._front, top - _COPY_SLICE, self._starts[k] if k >= 0 else 0)
+                low = max(self._front, top - _COPY_SLICE, self._starts[k])  # within one buffer
                 if low >= top or self._failed:
                     return
                 self._low = low
