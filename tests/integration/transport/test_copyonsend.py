@@ -150,3 +150,23 @@ def test_a_send_waiting_on_a_connection_that_ends_raises_and_the_copy_still_comp
     loop.call_soon_threadsafe(ended.set_result, None)  # the connection ends (FrameWriter.end)
     with pytest.raises(errors.UnavailableError, match="ended while a payload was sent"):
         sending.result(30)
+
+
+def test_several_buffers_with_padding_between_them_arrive_as_they_were(loop, link):
+    transport, sock, receiver = link
+    sizes = (24 << 20, 3, 40 << 20 | 5)  # odd sizes: the wire form pads between buffers
+    sources = [bytearray(np.resize(np.arange(i, 251 + i, dtype=np.uint8), n).tobytes()) for i, n in enumerate(sizes)]
+    encoded = codec.Encoded(b"skeleton", [memoryview(s) for s in sources])
+    expected = b"".join(bytes(s) for s in encoded.to_segments())  # the wire form as it is now
+    target = encoded.pooled_target()
+    cos = CopyOnSend(loop, [memoryview(s) for s in sources], target.buffers)
+    segments = target.to_segments()
+    sending = asyncio.run_coroutine_threadsafe(cos.send(sock, transport, segments, _future(loop)), loop)
+    first = next(i for i, seg in enumerate(segments) if seg is target.buffers[0])
+    _wait_for_bytes(receiver, sum(seg.nbytes for seg in segments[:first]) + 1)  # a buffer byte is out
+    cos.run()
+    assert 0 < cos.sent_directly < sum(sizes)
+    for source in sources:
+        source[:] = b"\xff" * len(source)
+    assert _read(receiver, len(expected)) == expected
+    sending.result(30)
