@@ -256,8 +256,7 @@ class Spawner:
         """Whether a child of the fork server starts as ``info``'s environment asks: torch in
         the fork server has read its allocator setting (ALLOCATOR_DEFAULTS) once and for all,
         so a worker that wants another one starts as a new process."""
-        return all(info.env.get(key, value) == value
-                   for key, value in self._base_env.items() if key in ALLOCATOR_DEFAULTS)
+        return all(info.env.get(key, self._base_env[key]) == self._base_env[key] for key in ALLOCATOR_DEFAULTS)
 
     def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
         """Record a worker about to start, and the environment it starts with."""
