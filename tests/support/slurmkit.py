@@ -42,10 +42,27 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+#: Where the daemons' ports are drawn from: below Linux's ephemeral range (32768-60999), so
+#: no client connection of the rest of the suite takes one between the draw and the bind.
+PORT_RANGE = (20000, 32000)
+#: Starts tried before giving up when a daemon still finds its port taken.
+START_TRIES = 3
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports of :data:`PORT_RANGE` nobody listens on right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = secrets.randbelow(PORT_RANGE[1] - PORT_RANGE[0]) + PORT_RANGE[0]
+        if port in ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 class SlurmCluster:
@@ -68,14 +85,15 @@ class SlurmCluster:
         key = root / "munge" / "munge.key"
         key.write_bytes(os.urandom(128))
         key.chmod(0o600)
-        nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={_free_port()} "
-                          f"CPUs={NODE_CPUS} State=UNKNOWN" for n in NODES)
+        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={port} "
+                          f"CPUs={NODE_CPUS} State=UNKNOWN" for n, port in zip(NODES, node_ports))
         self.conf.write_text(f"""\
 ClusterName={self.name}
 SlurmctldHost={self.host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={_free_port()}
+SlurmctldPort={ctld_port}
 AuthType=auth/munge
 AuthInfo=socket={root}/munge/munge.socket
 CredType=cred/munge
@@ -107,7 +125,22 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         log.close()
 
     def start(self) -> "SlurmCluster":
-        """Start the daemons and wait (deadline) until every node is idle."""
+        """Start the daemons and wait (deadline) until every node is idle; a daemon that
+        finds its port taken after all (another program bound it since the draw) gets the
+        whole cluster restarted on fresh ports, up to :data:`START_TRIES` times."""
+        for _ in range(START_TRIES - 1):
+            try:
+                return self._start_once()
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc):
+                    raise
+            self.stop()
+            self.procs.clear()
+            for sub in ("munge", "state", "spool", "log"):  # a clean start, logs included
+                shutil.rmtree(self.root / sub, ignore_errors=True)
+        return self._start_once()
+
+    def _start_once(self) -> "SlurmCluster":
         self._write_config()
         m = self.root / "munge"
         self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={m}/munge.key",
