@@ -326,6 +326,38 @@ class WorkerDiedError(UnavailableError):
         return text
 
 
+class WeightBroadcastError(UnavailableError):
+    """A weight update did not reach every replica.
+
+    Fields: ``failed`` (replica name -> why), ``updated`` (replicas holding the new
+    weights) and ``kept`` (replicas that kept their previous weights, whole).
+    """
+
+    def __init__(self, message: str = "", *, failed: dict[str, str] | None = None,
+                 updated: list[str] | None = None, kept: list[str] | None = None) -> None:
+        super().__init__(message, details={"failed": json.dumps(failed or {}),
+                                           "updated": json.dumps(updated or []),
+                                           "kept": json.dumps(kept or [])})
+
+    def _field(self, key: str, empty: Any) -> Any:
+        return json.loads(self.details.get(key) or json.dumps(empty))
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Each replica that failed, and why."""
+        return self._field("failed", {})
+
+    @property
+    def updated(self) -> list[str]:
+        """The replicas that hold the new weights."""
+        return self._field("updated", [])
+
+    @property
+    def kept(self) -> list[str]:
+        """The replicas that kept their previous weights."""
+        return self._field("kept", [])
+
+
 class DataLossError(PodiumError):
     """Data was lost or corrupted in transit (a truncated payload)."""
 

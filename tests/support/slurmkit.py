@@ -124,7 +124,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                                            stdout=log, stderr=subprocess.STDOUT))
         log.close()
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         """Start the daemons and wait (deadline) until every node is idle; a daemon that
         finds its port taken after all (another program bound it since the draw) gets the
         whole cluster restarted on fresh ports, up to :data:`START_TRIES` times."""
@@ -140,7 +140,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 shutil.rmtree(self.root / sub, ignore_errors=True)
         return self._start_once()
 
-    def _start_once(self) -> "SlurmCluster":
+    def _start_once(self) -> SlurmCluster:
         self._write_config()
         m = self.root / "munge"
         self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={m}/munge.key",
