@@ -28,7 +28,7 @@ from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchErr
                            InvalidSpecError, NotFoundError, ObjectLostError, OutOfRangeError, PayloadTooLargeError,
                            PermissionDeniedError, PodiumError, RankZeroDispatchError, RemoteError,
                            ResourceExhaustedError, SlotFullError, UnavailableError, UnimplementedError,
-                           UnknownMethodError, UnresponsiveError, WorkerDiedError)
+                           UnknownMethodError, UnresponsiveError, WeightBroadcastError, WorkerDiedError)
 
 __version__ = "0.1.0"
 
@@ -88,6 +88,7 @@ __all__ = [
     "UnimplementedError",
     "UnknownMethodError",
     "UnresponsiveError",
+    "WeightBroadcastError",
     "WorkerDiedError",
     "__version__",
     "call_timeout",

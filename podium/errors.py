@@ -32,7 +32,8 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     │   └── UnknownMethodError (AttributeError) ... the worker has no such method
     ├── InternalError ............................. INTERNAL
     ├── UnavailableError (ConnectionError) ........ UNAVAILABLE
-    │   └── WorkerDiedError ....................... a worker process ended (exit code / signal, stderr tail)
+    │   ├── WorkerDiedError ....................... a worker process ended (exit code / signal, stderr tail)
+    │   └── WeightBroadcastError .................. a weight update missed replicas (which, and who kept what)
     ├── DataLossError ............................. DATA_LOSS
     └── AuthenticationError (PermissionError) ..... UNAUTHENTICATED
 

@@ -25,7 +25,7 @@ FACADES = {
         "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
         "UnavailableError", "UnimplementedError", "UnknownMethodError", "UnresponsiveError",
-        "WorkerDiedError", "__version__", "call_timeout", "get", "get_actor", "init", "is_initialized",
+        "WeightBroadcastError", "WorkerDiedError", "__version__", "call_timeout", "get", "get_actor", "init", "is_initialized",
         "kill", "put", "remote", "shutdown", "stacks", "timeline", "wait",
     ],
     "podium.controller": [
