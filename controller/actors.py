@@ -23,6 +23,7 @@ from typing import Any
 
 from podium.controller.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
 from podium.controller.group import build as _build, life as _life
+from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
 from podium.controller.runtime import get_runtime
 from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
@@ -322,12 +323,20 @@ def _stop(rt: Any, group: Any, pg_id: str = "") -> None:
     group._calls.close()
 
 
-def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+def kill(actor: ActorHandle | WorkerHandle, *, no_restart: bool = True) -> None:
     """Stop ``actor`` now (also a detached or a looked-up one); its pending calls fail with
-    WorkerDiedError and its own placement group is removed."""
-    if not isinstance(actor, ActorHandle):
-        raise InvalidArgumentError(f"kill() takes an actor handle, got {type(actor).__name__}")
+    WorkerDiedError and its own placement group is removed.
+
+    A group's :class:`WorkerHandle` (what ``wg.workers`` holds) is accepted too, as Ray's
+    ``ray.kill`` takes the actor handles of verl's groups: that one worker stops (a detached
+    group's workers outlive their controller otherwise); its placement group stays."""
     rt = get_runtime()
+    if isinstance(actor, WorkerHandle):
+        rt.run(rt.scheduler.remove_workers([actor.worker_id]), timeout=60, what=f"killing worker {actor.name}")
+        return
+    if not isinstance(actor, ActorHandle):
+        raise InvalidArgumentError(f"kill() takes an actor handle or a group's worker handle, "
+                                   f"got {type(actor).__name__}")
     spec = actor.worker.info.spec
     pg_id = spec.placement_group_id
     own = ""

@@ -135,11 +135,13 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
 
 
 def remove_placement_group(pg: PlacementGroup) -> None:
-    """Remove ``pg``; the workers in it stop."""
-    if not isinstance(pg, PlacementGroup):
+    """Remove ``pg``; the workers in it stop. A resource pool's own placement groups
+    (``pool.pgs``, the scheduler's records) are accepted too."""
+    pg_id = getattr(pg, "id", None)
+    if not isinstance(pg_id, str) or not pg_id:
         raise InvalidArgumentError(f"remove_placement_group takes a PlacementGroup, got {type(pg).__name__}")
     rt = get_runtime()
-    rt.run(rt.scheduler.remove_placement_group(pg.id), timeout=60, what="remove placement group")
+    rt.run(rt.scheduler.remove_placement_group(pg_id), timeout=60, what="remove placement group")
 
 
 def get_placement_group(name: str) -> PlacementGroup:

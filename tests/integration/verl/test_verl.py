@@ -55,8 +55,9 @@ def test_colocated_and_fused_workers_spawn_per_role_groups():
     podium_run("scenario_colocated.py")
 
 
-def test_a_remote_task_attaches_to_detached_workers_by_name():
-    podium_run("scenario_detached.py")
+@pytest.mark.parametrize("mode", [(), ("--native-verl",)], ids=["ray-mode", "native"])
+def test_a_remote_task_attaches_to_detached_workers_by_name(mode):
+    podium_run("scenario_detached.py", "--num-cpus", "16", "--num-gpus", "4", *mode)
 
 
 def test_on_a_cluster_started_elsewhere_the_workers_import_the_stand_in_too(tmp_path):
