@@ -48,6 +48,10 @@ log = logging.getLogger("podium.worker.client")
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
 
 
+#: Most held-result ids one call frame carries to release (each ~20 bytes).
+_RELEASE_PER_CALL = 256
+
+
 class WorkerClient(WorkerChannel):
     """Client of one worker: calls over one call connection, plus Describe/Fetch/Release/Shutdown
     (:class:`~podium.worker.channel.WorkerChannel`)."""
@@ -424,19 +428,30 @@ class WorkerClient(WorkerChannel):
         assert conn is not None  # _fast_path_for said so
         p.decode = True
         call_id = self._pending.add(p, timeout)
+        releasable = self.releasable
+        # Held results whose refs died ride along (at most a frame's worth; the rest wait).
+        release = ([releasable.popleft() for _ in range(min(len(releasable), _RELEASE_PER_CALL))]
+                   if releasable else None)
         try:
             if payload.nbytes <= frames.TAIL_MAX_BYTES and not conn.takes_bulk(payload.nbytes):
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)
                 frame = frames.frame_with_call_id(call_id, tail)
-                conn.write_serialized_nowait(frame + frames.trace_suffix(trace) if trace else frame)
+                if trace:
+                    frame += frames.trace_suffix(trace)
+                if release:
+                    frame += frames.release_suffix(release)
+                conn.write_serialized_nowait(frame)
             else:  # the payload's own memory, after a header frame (a ONE_TO_ALL shares it)
                 self.stats["bulk_sent"] += 1
                 header = worker_pb2.CallHeader(kind=_CALL, method=method, payload_size=payload.nbytes,
                                                hold_result=hold, timeout_seconds=timeout or 0.0,
-                                               reply_in_shm=self.same_host is True, trace_id=trace)
+                                               reply_in_shm=self.same_host is True, trace_id=trace,
+                                               release=release or ())
                 conn.write_bulk_nowait(worker_pb2.CallFrame(call_id=call_id, header=header, last=True),
                                        payload.segments(), payload.nbytes, copying=payload.copying)
         except errors.PodiumError as exc:
+            if release:  # not sent: the Releaser's flush takes them
+                releasable.extendleft(reversed(release))
             self._pending.pop(call_id, None)
             p.resolve(None, exc)
 

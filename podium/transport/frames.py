@@ -14,7 +14,7 @@ import struct
 
 from podium.v1 import worker_pb2
 
-__all__ = ["call_frame_tail", "frame_with_call_id", "trace_suffix", "encode_varint", "is_whole_call", "MAX_TAILS",
+__all__ = ["call_frame_tail", "frame_with_call_id", "trace_suffix", "release_suffix", "encode_varint", "is_whole_call", "MAX_TAILS",
            "TAIL_MAX_BYTES", "FRAME_LENGTH", "BULK_FLAG"]
 
 #: The raw call socket's frame prefix: a u32 length, little-endian (``podium.transport.callsocket``).
@@ -54,12 +54,22 @@ def call_frame_tail(kind: worker_pb2.CallKind.ValueType, method: str, data: byte
 # CallFrame.header (field 2, length-delimited) holding only CallHeader.trace_id (field 11,
 # varint): appended to a serialized frame, protobuf merges it into the frame's header.
 _HEADER_TAG, _TRACE_TAG = b"\x12", b"\x58"
+# CallHeader.release: field 12, length-delimited.
+_RELEASE_TAG = b"\x62"
 
 
 def trace_suffix(trace_id: int) -> bytes:
     """Bytes that, appended to a serialized CallFrame, set its ``header.trace_id`` (protobuf
     merges a repeated embedded message): a frame tail cached for many calls stays shared."""
     inner = _TRACE_TAG + encode_varint(trace_id)
+    return _HEADER_TAG + encode_varint(len(inner)) + inner
+
+
+def release_suffix(object_ids: list[str]) -> bytes:
+    """Bytes that, appended to a serialized CallFrame, add ``object_ids`` to its
+    ``header.release`` (field 12, repeated string): the frame tail stays shared, as with
+    :func:`trace_suffix`."""
+    inner = b"".join(_RELEASE_TAG + encode_varint(len(raw)) + raw for raw in (i.encode() for i in object_ids))
     return _HEADER_TAG + encode_varint(len(inner)) + inner
 
 

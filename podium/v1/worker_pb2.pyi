@@ -310,6 +310,7 @@ class CallHeader(_message.Message):
     REFS_SEGMENT_FIELD_NUMBER: _builtins.int
     REFS_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     kind: Global___CallKind.ValueType
     """What the call asks for."""
     method: _builtins.str
@@ -346,6 +347,13 @@ class CallHeader(_message.Message):
     def refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """(buffer index, offset, length) triples into refs_segment, flattened."""
 
+    @_builtins.property
+    def release(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Held results (ObjectRefInfo.object_id) the caller no longer names: the worker drops them
+        as this frame arrives, before the call runs. Releases ride on the next call to the same
+        worker instead of a Release RPC each (a loop of actor calls would pay one per call).
+        """
+
     def __init__(
         self,
         *,
@@ -360,10 +368,11 @@ class CallHeader(_message.Message):
         refs_segment: _builtins.str = ...,
         refs: _abc.Iterable[_builtins.int] | None = ...,
         trace_id: _builtins.int = ...,
+        release: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "refs", b"refs", "refs_segment", b"refs_segment", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_result", b"hold_result", "kind", b"kind", "method", b"method", "payload_size", b"payload_size", "refs", b"refs", "refs_segment", b"refs_segment", "release", b"release", "reply_in_shm", b"reply_in_shm", "shm_name", b"shm_name", "shm_pooled", b"shm_pooled", "timeout_seconds", b"timeout_seconds", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -72,6 +72,7 @@ class CallAdmission:
         The payload is decoded here once (its unpickling may run user code): what the call
         needs beyond that (a ref argument to fetch, an ``async def`` method, a wait for an
         earlier call) sends it to the general path with its value."""
+        self._host.drop_released(header)
         if self._host.construct_state != "done" or not self.gate.done():  # (in_order_now, inline: hot)
             return None, None
         try:

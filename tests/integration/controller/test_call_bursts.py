@@ -31,6 +31,9 @@ class Counter:
     def noop(self):
         return None
 
+    def echo_len(self, data):
+        return len(data)
+
     def boom(self):
         raise ValueError("boom")
 
@@ -79,6 +82,38 @@ def test_a_burst_settles_every_sink_in_call_order(token, arun):
             assert failures == [] and all(isinstance(r, ObjectRef) for r in refs)
             assert [inline_value(r) for r in refs] == list(range(1, 501))  # ran in call order
             assert client.pending == 0
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_released_ids_ride_on_the_next_call_frame(token, arun):
+    # No Releaser and no Release RPC here: only the next call can carry the ids.
+    async def scenario():
+        host, client = await _started(token)
+        failures = []
+        try:
+            held = host.runtime.held
+            sinks = [PendingRef(0, "bump") for _ in range(5)]
+            for sink in sinks:
+                client.submit_into("bump", prepare(((), {})), sink, lambda s, e: failures.append(e), hold=True,
+                                   timeout=60)
+            await eventually_async(lambda: all(s.done() for s in sinks), "the held calls", 60)
+            refs = [s.ref(timeout=0) for s in sinks]
+            assert len(held) == 5 and failures == []
+            client.releasable.extend(r.object_id for r in refs[:3])
+            # a small call frame (a cached tail plus the ids' suffix)
+            assert await client.submit("noop", prepare(((), {})), timeout=60) is None
+            assert len(client.releasable) == 0 and sorted(held._objects) == sorted(r.object_id for r in refs[3:])
+            # a bulk frame (its header built per call) carries them too
+            client.releasable.extend(r.object_id for r in refs[3:])
+            big = prepare(((b"x" * (256 << 10),), {}))
+            assert await client.submit("echo_len", big, timeout=60) == 256 << 10
+            assert len(held) == 0
+            # an id the worker never held (or released already) is ignored
+            client.releasable.append(refs[0].object_id)
+            assert await client.call("bump") == 6
         finally:
             await client.close()
             await host.stop(grace=0.2)

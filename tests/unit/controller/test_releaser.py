@@ -1,8 +1,10 @@
-"""Held results are released in batches, one RPC per worker, whatever thread drops the refs."""
+"""Held results no call took along are released in batches, one RPC per worker, whatever
+thread drops the refs (the ride on the next call: tests/integration/controller/test_call_bursts.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import types
 
@@ -13,6 +15,7 @@ from tests.support.waiting import eventually_async
 class FakeClient:
     def __init__(self):
         self.calls = []
+        self.releasable = collections.deque()
 
     async def release(self, ids):
         self.calls.append(list(ids))
@@ -60,6 +63,9 @@ def test_an_add_inside_an_add_neither_deadlocks_nor_loses_ids():
                     releaser.add(client, "inner")  # an add while the outer one is running
                 return loop.call_soon_threadsafe(fn)
 
+            def call_later(self, delay, fn):
+                return loop.call_later(delay, fn)
+
             def create_task(self, coro):
                 return loop.create_task(coro)
 
@@ -73,3 +79,20 @@ def test_an_add_inside_an_add_neither_deadlocks_nor_loses_ids():
 
     client = asyncio.run(main())
     assert sorted(i for call in client.calls for i in call) == ["inner", "later", "outer"]
+
+
+def test_ids_a_call_took_along_are_not_sent_again():
+    async def main():
+        loop = asyncio.get_running_loop()
+        rt = types.SimpleNamespace(loop=loop, _closed=False, stats={})
+        releaser = Releaser(rt)
+        client = FakeClient()
+        for i in range(4):
+            releaser.add(client, f"id-{i}")
+        taken = [client.releasable.popleft() for _ in range(3)]  # what the next call frame does
+        await eventually_async(lambda: client.calls, "the leftover flushed")
+        await asyncio.sleep(0.2)
+        return taken, client
+
+    taken, client = asyncio.run(main())
+    assert taken == ["id-0", "id-1", "id-2"] and client.calls == [["id-3"]]
