@@ -23,10 +23,12 @@ from podium.transport.payload import shares_shm
 from podium.transport.shm import DEFAULT_SHM_THRESHOLD_BYTES as _DEFAULT_SHM_THRESHOLD
 from podium.v1 import worker_pb2, worker_pb2_grpc
 
-__all__ = ["WorkerChannel", "MAX_REPLY_BYTES"]
+__all__ = ["WorkerChannel", "MAX_REPLY_BYTES", "RELEASE_PER_CALL"]
 
 #: The largest reply a client assembles (a bound against a misbehaving peer).
 MAX_REPLY_BYTES = 1 << 40
+#: Most held-result ids one call frame carries to release (``releasable``; ~20 bytes each).
+RELEASE_PER_CALL = 256
 
 
 class WorkerChannel:

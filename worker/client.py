@@ -36,7 +36,7 @@ from podium.transport import frames, shm, shmstage
 from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, Written, prepare, shares_shm
 from podium.v1 import worker_pb2
-from podium.worker.channel import MAX_REPLY_BYTES, WorkerChannel
+from podium.worker.channel import MAX_REPLY_BYTES, RELEASE_PER_CALL, WorkerChannel
 from podium.worker.host.config import FETCH_CALL
 from podium.worker.pendingcalls import PendingCall, PendingCalls
 from podium.worker.replydecoder import FailedReply, InPlaceReply, ReplyDecoder, ShmReply
@@ -46,10 +46,6 @@ __all__ = ["WorkerClient", "Payload", "prepare"]
 log = logging.getLogger("podium.worker.client")
 
 _CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
-
-
-#: Most held-result ids one call frame carries to release (each ~20 bytes).
-_RELEASE_PER_CALL = 256
 
 
 class WorkerClient(WorkerChannel):
@@ -430,8 +426,7 @@ class WorkerClient(WorkerChannel):
         call_id = self._pending.add(p, timeout)
         releasable = self.releasable
         # Held results whose refs died ride along (at most a frame's worth; the rest wait).
-        release = ([releasable.popleft() for _ in range(min(len(releasable), _RELEASE_PER_CALL))]
-                   if releasable else None)
+        release = [releasable.popleft() for _ in range(min(len(releasable), RELEASE_PER_CALL))] if releasable else None
         try:
             if payload.nbytes <= frames.TAIL_MAX_BYTES and not conn.takes_bulk(payload.nbytes):
                 tail = payload.frame_tail(method, hold, timeout or 0.0, self.same_host is True)

@@ -45,10 +45,15 @@ class AdmittingHost(Protocol):
     def lookup(self, name: str) -> tuple[Any, bool, bool]:
         """(bound method, is_async, materialize_futures) or UnknownMethodError."""
 
+    @property
+    def held(self) -> Any:
+        """The held results (a thread-safe ``HeldStore``): a call's header may release some."""
+
 
 class CallAdmission:
     """One host's admission of calls (see the module docstring); on the loop, except
-    :meth:`admit`, which the execution thread also runs (it reads the loop's state, changes none)."""
+    :meth:`admit`, which the execution thread also runs (it reads the loop's state, changes none;
+    it releases the held results the header lists, which the store's lock guards)."""
 
     def __init__(self, host: AdmittingHost, loop: asyncio.AbstractEventLoop) -> None:
         self._host = host
@@ -72,7 +77,7 @@ class CallAdmission:
         The payload is decoded here once (its unpickling may run user code): what the call
         needs beyond that (a ref argument to fetch, an ``async def`` method, a wait for an
         earlier call) sends it to the general path with its value."""
-        self._host.drop_released(header)
+        self._host.held.release(header.release)  # held results the caller dropped ride on its calls
         if self._host.construct_state != "done" or not self.gate.done():  # (in_order_now, inline: hot)
             return None, None
         try:

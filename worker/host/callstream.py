@@ -346,7 +346,7 @@ class CallStream:
             return
         if frame.HasField("header"):
             header = frame.header
-            self.host.drop_released(header)  # also when the call is refused below
+            self.host.held.release(header.release)  # dropped by the caller; also when refused below
             if header.kind == _CANCEL:
                 await self.cancel(call_id)
                 return
@@ -404,8 +404,7 @@ class CallStream:
         final buffer; refused (the payload dropped) when it was too large."""
         frame = bulk.message
         call_id = frame.call_id
-        if frame.HasField("header"):
-            self.host.drop_released(frame.header)
+        self.host.held.release(frame.header.release)  # (an absent header has none)
         if not frame.HasField("header") or frame.header.kind not in (_CALL, _CONSTRUCT):
             await self.send_error(call_id, errors.InvalidArgumentError(
                 "a bulk frame must carry the header of a CALL or CONSTRUCT"))

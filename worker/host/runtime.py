@@ -120,12 +120,6 @@ class HostRuntime:
         """Release held values (on the loop); how many there were."""
         return self.held.release(object_ids)
 
-    def drop_released(self, header: worker_pb2.CallHeader) -> None:
-        """Release what a call's header lists (``CallHeader.release``: held results its caller
-        no longer names), on whichever way the call came in; idempotent, any thread."""
-        if header.release:
-            self.held.release(header.release)
-
     def _decode_payload(self, header: worker_pb2.CallHeader, payload: Any, stream: CallOrigin) -> Any:
         if header.shm_name:
             payload = stream.conn.read_segment(header.shm_name, header.shm_pooled, header.payload_size,
