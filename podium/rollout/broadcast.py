@@ -12,9 +12,11 @@ the metadata to rendezvous (its address, and a one-update token the upstream mus
 async generator of ``(name, tensor)``) move them. :func:`podium.rollout.broadcastgroups`
 drives the same steps over Podium worker groups.
 
-The stream, per update: a HELLO frame (token, step), BUCKET frames (a JSON manifest of
-``[name, dtype, shape, offset, nbytes]`` and the raw bytes, each tensor 64-byte aligned),
-an END frame (counts). No frame is ever unpickled, every length has a bound, every socket
+The stream, per update: a HELLO frame (token, step, and the shared-memory domain when the
+buckets come as segments), BUCKET frames (a JSON manifest of ``[name, dtype, shape, offset,
+nbytes]`` and the raw bytes, each tensor 64-byte aligned; or, on a link within one host, the
+name of a shared-memory segment holding them: :mod:`podium.rollout.broadcastshm`), an END
+frame (counts). No frame is ever unpickled, every length has a bound, every socket
 wait has a deadline. A receiver hands over its weights only once the END frame checked out,
 so a replica whose upstream vanished keeps its previous weights; a replica whose downstream
 vanished keeps receiving (its own copy completes) and reports the downstream's failure.
@@ -32,6 +34,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
+from podium.rollout.broadcastshm import SegmentWriter, local_domain, map_bucket
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology"]
 
@@ -136,22 +139,26 @@ class WeightSender:
         ``{"tensors", "bytes", "buckets"}``. CPU tensors go out of their own memory (no copy);
         others are copied to CPU bucket by bucket."""
         sock = _connect(head, self.timeout, "replica")
+        domain = local_domain()
+        # The head sees this host's /dev/shm: buckets go as segments, written once for the chain.
+        segments = SegmentWriter() if domain and head.get("shm_domain") == domain else None
         try:
-            sock.sendall(_frame_head(_HELLO, {"token": head.get("token", ""), "step": step}))
+            sock.sendall(_frame_head(_HELLO, {"token": head.get("token", ""), "step": step,
+                                              "shm_domain": domain if segments else ""}))
             tensors = total = buckets = 0
             pending: list[tuple[str, Any, Any]] = []  # (name, tensor, its bytes)
             size = 0
             for name, tensor in weights:
                 flat = self._bytes_of(name, tensor)
                 if pending and size + _aligned(flat.numel()) > self.bucket_bytes:
-                    total += self._send_bucket(sock, pending, head)
+                    total += self._send_bucket(sock, pending, segments)
                     buckets += 1
                     pending, size = [], 0
                 pending.append((name, tensor, flat))
                 size += _aligned(flat.numel())
                 tensors += 1
             if pending:
-                total += self._send_bucket(sock, pending, head)
+                total += self._send_bucket(sock, pending, segments)
                 buckets += 1
             sock.sendall(_frame_head(_END, {"tensors": tensors, "bytes": total, "buckets": buckets}))
             self._await_ack(sock, head)
@@ -161,6 +168,8 @@ class WeightSender:
                                    f"{head.get('port')} ended the connection mid-update: {exc}") from None
         finally:
             sock.close()
+            if segments is not None:  # acknowledged (every replica mapped them) or failed
+                segments.close()
 
     async def send_weights(self, weights: Iterable[tuple[str, Any]], head: dict,
                            global_steps: int | None = None) -> dict:
@@ -181,11 +190,15 @@ class WeightSender:
             tensor = tensor.cpu()
         return tensor.contiguous().reshape(-1).view(torch.uint8)
 
-    def _send_bucket(self, sock: socket.socket, pending: list, head: dict) -> int:
+    def _send_bucket(self, sock: socket.socket, pending: list, segments: SegmentWriter | None) -> int:
         entries, offset = [], 0
         for name, tensor, flat in pending:
             entries.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, flat.numel()])
             offset = _aligned(offset + flat.numel())
+        if segments is not None:
+            segment = segments.write([(entry[3], flat) for (_, _, flat), entry in zip(pending, entries)], offset)
+            sock.sendall(_frame_head(_BUCKET, {"tensors": entries, "shm": segment, "size": offset}))
+            return sum(entry[4] for entry in entries)
         sock.sendall(_frame_head(_BUCKET, {"tensors": entries}, offset))
         for (_, _, flat), entry in zip(pending, entries):
             sock.sendall(memoryview(flat.numpy()))
@@ -208,7 +221,8 @@ class WeightReceiver:
     """A replica's side: listens for its upstream, forwards to its downstream, stages the update.
 
     Tensors handed over are views into this receiver's staging buffers, reused by the next
-    update of the same layout: load them (copy into the model) before receiving again.
+    update of the same layout (or, on a link within one host, into the sender's shared-memory
+    segment): load them (copy into the model) before receiving again.
     """
 
     def __init__(self, host: str | None = None, name: str = "", timeout: float = 120.0) -> None:
@@ -235,7 +249,8 @@ class WeightReceiver:
         listener.settimeout(self.timeout)
         self._listener = listener
         self._token = secrets.token_hex(16)
-        return {"name": self.name, "host": self.host, "port": listener.getsockname()[1], "token": self._token}
+        return {"name": self.name, "host": self.host, "port": listener.getsockname()[1], "token": self._token,
+                "shm_domain": local_domain()}
 
     def finalize(self) -> None:
         """Close the listening socket (the staging buffers stay for the next update)."""
@@ -288,8 +303,14 @@ class WeightReceiver:
         if step is not None and hello.get("step") != step:
             raise DataLossError(f"weight broadcast: {who} sends step {hello.get('step')}, "
                                 f"replica {self.name} expected {step}")
+        shared = hello.get("shm_domain") or ""
+        if shared and shared != local_domain():
+            raise DataLossError(f"weight broadcast: {who} sends shared-memory segments of another host")
+        # Segment names go on only to a downstream of the same host; another gets the bytes.
+        shared_out = bool(shared) and (downstream or {}).get("shm_domain") == shared
         forward = _Forward(down, downstream, self.timeout)
-        forward.send(_frame_head(_HELLO, {"token": (downstream or {}).get("token", ""), "step": hello.get("step")}))
+        forward.send(_frame_head(_HELLO, {"token": (downstream or {}).get("token", ""), "step": hello.get("step"),
+                                          "shm_domain": shared if shared_out else ""}))
         dtypes = _dtypes()
         items: list[tuple[str, Any]] = []
         total = index = 0
@@ -299,11 +320,22 @@ class WeightReceiver:
                 break
             if kind != _BUCKET:
                 raise DataLossError(f"weight broadcast: {who} sent a frame of kind {kind} mid-update")
-            forward.send(_frame_head(_BUCKET, manifest, body_len))
-            buffer = self._buffer(index, body_len)
-            self._read_body(conn, memoryview(buffer.numpy()), who, forward)
+            if shared and "shm" in manifest:
+                size = manifest.get("size")
+                if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BUCKET_BYTES:
+                    raise DataLossError(f"weight broadcast: {who} announced a segment of {size!r} bytes")
+                buffer = map_bucket(manifest["shm"], size, who)
+                if shared_out:
+                    forward.send(_frame_head(_BUCKET, manifest))
+                else:
+                    forward.send(_frame_head(_BUCKET, {"tensors": manifest.get("tensors")}, size))
+                    forward.send(memoryview(buffer.numpy()))
+            else:
+                forward.send(_frame_head(_BUCKET, manifest, body_len))
+                buffer = self._buffer(index, body_len)
+                self._read_body(conn, memoryview(buffer.numpy()), who, forward)
+                index += 1
             total += self._views(buffer, manifest, dtypes, items, who)
-            index += 1
         if manifest.get("tensors") != len(items) or manifest.get("bytes") != total or len(items) > MAX_TENSORS:
             raise DataLossError(f"weight broadcast: {who} announced {manifest.get('tensors')} tensors / "
                                 f"{manifest.get('bytes')} bytes, replica {self.name} got {len(items)} / {total}")

@@ -4,6 +4,7 @@ and peers that send the wrong token, cut the stream, lie in a manifest or stall.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 
@@ -13,6 +14,7 @@ import torch
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
 from podium.rollout import broadcast
 from podium.rollout.broadcast import WeightReceiver, WeightSender, build_topology
+from podium.transport import shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,10 +40,23 @@ def _receive_in_thread(receiver: WeightReceiver, downstream=None, step=None) -> 
     return thread, out
 
 
-def test_a_chain_of_four_gets_every_dtype_exactly_and_reuses_its_buffers():
+def _segments_of_this_process() -> list[str]:
+    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"{shm.PREFIX}{os.getpid()}-")]
+
+
+@pytest.mark.parametrize("links", ["tcp", "shm", "mixed"])
+def test_a_chain_of_four_gets_every_dtype_exactly_and_reuses_its_buffers(links, monkeypatch):
+    # tcp: every link a stream of bytes; shm: one host, so the buckets go as segment names;
+    # mixed: replica 2 counts as on another host, so replica 1 forwards it the bytes (and
+    # replica 2 streams them on to 3).
+    if links == "tcp":
+        monkeypatch.setenv("PODIUM_DISABLE_SHM", "1")
     receivers = [WeightReceiver(name=f"r{i}", timeout=30) for i in range(4)]
     for step in (1, 2):
-        head, downs = build_topology([r.prepare() for r in receivers])
+        metadata = [r.prepare() for r in receivers]
+        if links == "mixed":
+            metadata[2]["shm_domain"] = ""
+        head, downs = build_topology(metadata)
         threads = [_receive_in_thread(r, d, step) for r, d in zip(receivers, downs)]
         state = {k: v + step if v.dtype != torch.bool else v for k, v in _state().items()}
         sent = WeightSender(bucket_bytes=4 << 10, timeout=30).send(state.items(), head, step)
@@ -52,11 +67,30 @@ def test_a_chain_of_four_gets_every_dtype_exactly_and_reuses_its_buffers():
             assert list(got) == list(state)
             for name, tensor in state.items():
                 assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+        # Raw buckets are read into each receiver's own buffers; segments are mapped.
+        assert [bool(r._buffers) for r in receivers] == {"tcp": [True] * 4, "shm": [False] * 4,
+                                                          "mixed": [False, False, True, True]}[links]
         if step == 1:
             first = [b.data_ptr() for b in receivers[3]._buffers]
         else:
             assert [b.data_ptr() for b in receivers[3]._buffers] == first  # same layout: same buffers
+        assert _segments_of_this_process() == []  # the sender removed its segments
     assert all(r.downstream_error is None for r in receivers)
+
+
+def test_a_segment_name_from_a_peer_is_checked():
+    # A shared-memory upstream that names a path outside /dev/shm, or a missing segment.
+    for name, why in (("../etc/passwd", "cannot be mapped"), (f"{shm.PREFIX}1-gone", "cannot be mapped")):
+        receiver = WeightReceiver(name="r", timeout=10)
+        meta = receiver.prepare()
+        thread, out = _receive_in_thread(receiver)
+        hello = broadcast._frame_head(broadcast._HELLO, {"token": meta["token"], "step": None,
+                                                         "shm_domain": meta["shm_domain"]})
+        entry = ["w", "float32", [2], 0, 8]
+        bucket = broadcast._frame_head(broadcast._BUCKET, {"tensors": [entry], "shm": name, "size": 64})
+        with _raw_peer(meta, [hello, bucket]):
+            thread.join(10)
+        assert isinstance(out[0], DataLossError) and why in str(out[0]), out
 
 
 def test_a_wrong_token_is_refused_and_hands_over_nothing():
