@@ -36,7 +36,7 @@ from typing import Any
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
 from podium.rollout.broadcastshm import SegmentWriter, local_domain, map_bucket
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology", "tensor_views"]
 
 #: Default bucket: big enough that a manifest per bucket costs nothing, small next to a model.
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -335,7 +335,7 @@ class WeightReceiver:
                 buffer = self._buffer(index, body_len)
                 self._read_body(conn, memoryview(buffer.numpy()), who, forward)
                 index += 1
-            total += self._views(buffer, manifest, dtypes, items, who)
+            total += tensor_views(buffer, manifest.get("tensors"), dtypes, items, who)
         if manifest.get("tensors") != len(items) or manifest.get("bytes") != total or len(items) > MAX_TENSORS:
             raise DataLossError(f"weight broadcast: {who} announced {manifest.get('tensors')} tensors / "
                                 f"{manifest.get('bytes')} bytes, replica {self.name} got {len(items)} / {total}")
@@ -372,28 +372,32 @@ class WeightReceiver:
                 forward.send(view[sent:got])
                 sent = got
 
-    def _views(self, buffer: Any, manifest: dict, dtypes: dict, items: list, who: str) -> int:
-        import math
 
-        entries = manifest.get("tensors")
-        if not isinstance(entries, list) or len(items) + len(entries) > MAX_TENSORS:
-            raise DataLossError(f"weight broadcast: {who} sent a bucket manifest without a tensor list")
-        total = 0
-        for entry in entries:
-            try:
-                name, dtype, shape, offset, nbytes = entry
-                kind = dtypes[dtype]
-                count = math.prod(int(s) for s in shape)
-                ok = (isinstance(name, str) and offset % ALIGN == 0 and 0 <= offset
-                      and offset + nbytes <= buffer.numel() and count * kind.itemsize == nbytes)
-            except (TypeError, ValueError, KeyError):
-                ok = False
-            if not ok:
-                raise DataLossError(f"weight broadcast: {who} sent a tensor entry that does not fit its "
-                                    f"bucket: {str(entry)[:200]}")
-            items.append((name, buffer[offset:offset + nbytes].view(kind).view(tuple(shape))))
-            total += nbytes
-        return total
+def tensor_views(buffer: Any, entries: Any, dtypes: dict, items: list, who: str) -> int:
+    """Append to ``items`` a ``(name, tensor)`` view of ``buffer`` (a uint8 tensor) for each
+    ``[name, dtype, shape, offset, nbytes]`` of a bucket manifest; the bytes they cover.
+    DataLossError for an entry that does not fit the bucket (a peer's manifest is checked,
+    never trusted)."""
+    import math
+
+    if not isinstance(entries, list) or len(items) + len(entries) > MAX_TENSORS:
+        raise DataLossError(f"weight broadcast: {who} sent a bucket manifest without a tensor list")
+    total = 0
+    for entry in entries:
+        try:
+            name, dtype, shape, offset, nbytes = entry
+            kind = dtypes[dtype]
+            count = math.prod(int(s) for s in shape)
+            ok = (isinstance(name, str) and offset % ALIGN == 0 and 0 <= offset
+                  and offset + nbytes <= buffer.numel() and count * kind.itemsize == nbytes)
+        except (TypeError, ValueError, KeyError):
+            ok = False
+        if not ok:
+            raise DataLossError(f"weight broadcast: {who} sent a tensor entry that does not fit its "
+                                f"bucket: {str(entry)[:200]}")
+        items.append((name, buffer[offset:offset + nbytes].view(kind).view(tuple(shape))))
+        total += nbytes
+    return total
 
 
 class _Forward:
