@@ -17,11 +17,13 @@ Each mode runs in a child process of its own (its cluster and environment apart)
 
 A trainer holds ``--mib`` MiB of float32 in 32 MiB tensors, each replica the same shapes;
 a cell is the median wall time of one update (start to every replica's tensors loaded, after
-a warm-up). Floors, measured before the modes and after: one loopback TCP stream
-(:mod:`bench.floors`, uvloop, median of 3), and N such streams at once (:func:`parallel_streams`):
-a chain to N replicas moves exactly that, so on fewer cores than streams it is the chain's
-floor. Cells whose replicas would hold more than ``--max-gib`` GiB in all are skipped. Not a
-test: nothing here asserts a time.
+a warm-up). The floor, measured before the modes and after: one loopback TCP stream
+(:mod:`bench.floors`, uvloop, median of 3). A chain to N replicas over TCP moves N streams'
+worth of bytes (each replica receives once; the sender and N - 1 replicas send once); a
+stream takes about both cores here (sender and receiver), so N of them take N times one:
+the table's "N streams" column is N x the size at the measured floor. Cells whose replicas
+would hold more than ``--max-gib`` GiB in all are skipped. Not a test: nothing here asserts
+a time.
 """
 
 from __future__ import annotations
@@ -38,24 +40,6 @@ from bench.broadcast_ray import shapes
 
 MODES = ["podium cross-host", "podium same-host", "ray put", "ray put-two-nodes", "ray collective"]
 MARK = "BCAST "
-
-
-def parallel_streams(n: int, size: int) -> float:
-    """Seconds for ``n`` loopback TCP streams of ``size`` bytes at once (``n`` forked
-    sender/receiver pairs, median of 3): a chain to ``n`` replicas moves exactly that (each
-    replica receives once; the sender and ``n - 1`` replicas send once)."""
-    import multiprocessing
-
-    from bench.floors import _stream
-
-    ctx = multiprocessing.get_context("fork")
-    times = []
-    for _ in range(3):
-        with ctx.Pool(n) as pool:
-            start = time.perf_counter()
-            pool.starmap(_stream, [(size, 1, False)] * n)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def podium_child(mibs: list[int], replicas: list[int], repeat: int, max_gib: float, bucket_mib: int) -> None:
@@ -182,15 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     floor_mib = min(512, max(args.mib))
     floors = [_stream(floor_mib << 20, 3, False)]
     print(f"loopback TCP floor ({floor_mib} MiB, one stream, median of 3): {floors[0]:,.0f} MB/s", flush=True)
-    streams = {(mib, n): parallel_streams(n, mib << 20) for mib in args.mib for n in args.replicas
-               if n * 2 * mib / 1024 <= args.max_gib}
     cells = [cell for mode in args.modes for cell in _run_mode(mode, args)]
     floors.append(_stream(floor_mib << 20, 3, False))
     floor = statistics.mean(floors)
+    streams = {(mib, n): n * (mib << 20) / 1e6 / floor for mib in args.mib for n in args.replicas
+               if n * 2 * mib / 1024 <= args.max_gib}
     print(f"\nloopback TCP floor after: {floors[1]:,.0f} MB/s (before {floors[0]:,.0f})\n")
     by = {(c["backend"], c["mib"], c["replicas"]): c for c in cells}
     one = {(c["backend"], c["mib"]): c["seconds"] for c in cells if c["replicas"] == min(args.replicas)}
-    print(f"| MiB | replicas | N TCP streams at once (ms) | {' | '.join(f'{m} (ms)' for m in args.modes)} | "
+    print(f"| MiB | replicas | N streams at the floor (ms) | {' | '.join(f'{m} (ms)' for m in args.modes)} | "
           f"podium cross-host / floor | cross-host / {min(args.replicas)} replica | same-host / ray put |")
     print("|" + "---|" * (6 + len(args.modes)))
     for (mib, n), secs in streams.items():
@@ -200,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         vs_one = f"{cross['seconds'] / one[('podium cross-host', mib)]:.2f}x" \
             if cross and ("podium cross-host", mib) in one else "-"
         vs_ray = f"{put['seconds'] / same['seconds']:.1f}x faster" if same and put else "-"
-        print(f"| {mib} | {n} | {secs * 1e3:,.0f} | {' | '.join(row)} | {vs_floor} | {vs_one} | {vs_ray} |")
+        vs_streams = f" ({cross['seconds'] / secs:.2f}x)" if cross else ""
+        print(f"| {mib} | {n} | {secs * 1e3:,.0f}{vs_streams} | {' | '.join(row)} | {vs_floor} | {vs_one} | {vs_ray} |")
     if args.json:
         with open(args.json, "w") as out:
             for cell in cells:
                 out.write(json.dumps(cell) + "\n")
-            out.write(json.dumps({"floor_tcp_mb_s": floors, "streams_s": {f"{k[0]}x{k[1]}": v
-                                                                          for k, v in streams.items()}}) + "\n")
+            out.write(json.dumps({"floor_tcp_mb_s": floors}) + "\n")
     return 0
 
 

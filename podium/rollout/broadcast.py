@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
-from podium.rollout.broadcastshm import SegmentWriter, local_domain, map_bucket
+from podium.rollout.broadcastshm import SENDER, SENDER_LOCK, SegmentWriter, local_domain, map_bucket
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology", "tensor_views"]
 
@@ -141,7 +141,10 @@ class WeightSender:
         sock = _connect(head, self.timeout, "replica")
         domain = local_domain()
         # The head sees this host's /dev/shm: buckets go as segments, written once for the chain.
-        segments = SegmentWriter() if domain and head.get("shm_domain") == domain else None
+        segments = SENDER if domain and head.get("shm_domain") == domain else None
+        if segments is not None and not SENDER_LOCK.acquire(timeout=self.timeout):
+            raise UnavailableError(f"weight broadcast: another update from this process held the shared-memory "
+                                   f"segments for {self.timeout:g} s")
         try:
             sock.sendall(_frame_head(_HELLO, {"token": head.get("token", ""), "step": step,
                                               "shm_domain": domain if segments else ""}))
@@ -151,15 +154,17 @@ class WeightSender:
             for name, tensor in weights:
                 flat = self._bytes_of(name, tensor)
                 if pending and size + _aligned(flat.numel()) > self.bucket_bytes:
-                    total += self._send_bucket(sock, pending, segments)
+                    total += self._send_bucket(sock, pending, segments, buckets)
                     buckets += 1
                     pending, size = [], 0
                 pending.append((name, tensor, flat))
                 size += _aligned(flat.numel())
                 tensors += 1
             if pending:
-                total += self._send_bucket(sock, pending, segments)
+                total += self._send_bucket(sock, pending, segments, buckets)
                 buckets += 1
+            if segments is not None:
+                segments.trim(buckets)
             sock.sendall(_frame_head(_END, {"tensors": tensors, "bytes": total, "buckets": buckets}))
             self._await_ack(sock, head)
             return {"tensors": tensors, "bytes": total, "buckets": buckets}
@@ -168,8 +173,8 @@ class WeightSender:
                                    f"{head.get('port')} ended the connection mid-update: {exc}") from None
         finally:
             sock.close()
-            if segments is not None:  # acknowledged (every replica mapped them) or failed
-                segments.close()
+            if segments is not None:
+                SENDER_LOCK.release()
 
     async def send_weights(self, weights: Iterable[tuple[str, Any]], head: dict,
                            global_steps: int | None = None) -> dict:
@@ -190,13 +195,13 @@ class WeightSender:
             tensor = tensor.cpu()
         return tensor.contiguous().reshape(-1).view(torch.uint8)
 
-    def _send_bucket(self, sock: socket.socket, pending: list, segments: SegmentWriter | None) -> int:
+    def _send_bucket(self, sock: socket.socket, pending: list, segments: SegmentWriter | None, index: int) -> int:
         entries, offset = [], 0
         for name, tensor, flat in pending:
             entries.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, flat.numel()])
             offset = _aligned(offset + flat.numel())
         if segments is not None:
-            segment = segments.write([(entry[3], flat) for (_, _, flat), entry in zip(pending, entries)], offset)
+            segment = segments.write(index, [(entry[3], flat) for (_, _, flat), entry in zip(pending, entries)], offset)
             sock.sendall(_frame_head(_BUCKET, {"tensors": entries, "shm": segment, "size": offset}))
             return sum(entry[4] for entry in entries)
         sock.sendall(_frame_head(_BUCKET, {"tensors": entries}, offset))
@@ -236,6 +241,8 @@ class WeightReceiver:
         self._listener: socket.socket | None = None
         self._token = ""
         self._buffers: list[Any] = []
+        #: Segments mapped last update, by name: the sender rewrites the same ones.
+        self._mapped: dict[str, Any] = {}
         #: Why the downstream stopped receiving in the last update (None: it did not, or none).
         self.downstream_error: str | None = None
 
@@ -313,6 +320,7 @@ class WeightReceiver:
                                           "shm_domain": shared if shared_out else ""}))
         dtypes = _dtypes()
         items: list[tuple[str, Any]] = []
+        mapped, now = self._mapped, {}
         total = index = 0
         while True:
             kind, manifest, body_len = _read_frame_head(conn, who)
@@ -324,7 +332,11 @@ class WeightReceiver:
                 size = manifest.get("size")
                 if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BUCKET_BYTES:
                     raise DataLossError(f"weight broadcast: {who} announced a segment of {size!r} bytes")
-                buffer = map_bucket(manifest["shm"], size, who)
+                name = manifest["shm"]
+                buffer = mapped.get(name)
+                if buffer is None or buffer.numel() != size:
+                    buffer = map_bucket(name, size, who)
+                now[name] = buffer
                 if shared_out:
                     forward.send(_frame_head(_BUCKET, manifest))
                 else:
@@ -340,6 +352,7 @@ class WeightReceiver:
             raise DataLossError(f"weight broadcast: {who} announced {manifest.get('tensors')} tensors / "
                                 f"{manifest.get('bytes')} bytes, replica {self.name} got {len(items)} / {total}")
         del self._buffers[index:]  # a smaller model than last time: drop the buffers it no longer needs
+        self._mapped = now  # and the segments it no longer names
         forward.send(_frame_head(_END, manifest))
         forward.settle()
         self.downstream_error = forward.error

@@ -6,22 +6,25 @@ bytes: every replica on that host maps the same segment and reads its tensors fr
 forwards the name on to a downstream replica of the same host (or the bytes, to one that is
 not). One copy into shared memory replaces a TCP stream through every replica.
 
-The sender removes its segments once the update is acknowledged (every replica has mapped
-them by then; a mapping outlives the name), and whatever happens to the update; a sender
-killed first leaves them to :func:`podium.transport.shm.cleanup_stale`, which removes the
-segments of dead processes.
+The sender keeps its segments from one update to the next (same bucket sizes: the same
+segments, rewritten) and each replica keeps its mappings, so after the first update a bucket
+costs one copy in and one copy out, with no page faults. Segments go when the sender's
+process exits, or, when it is killed, by :func:`podium.transport.shm.cleanup_stale`, which
+removes the segments of dead processes (node agents run it).
 """
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
+import threading
 from typing import Any
 
 from podium.errors import DataLossError
 from podium.transport import shm
 
-__all__ = ["SegmentWriter", "local_domain", "map_bucket"]
+__all__ = ["SENDER", "SENDER_LOCK", "SegmentWriter", "local_domain", "map_bucket"]
 
 
 def local_domain() -> str:
@@ -31,37 +34,54 @@ def local_domain() -> str:
 
 
 class SegmentWriter:
-    """The sender's segments of one update: :meth:`write` one per bucket, :meth:`close` all."""
+    """The sender's segments, one per bucket of the update, kept for the next update of the
+    same layout: a new segment costs the kernel its pages (zeroed, then faulted in by every
+    reader), a kept one only the copy. Not thread-safe: the module's :data:`SENDER` is used
+    under :data:`SENDER_LOCK`."""
 
     def __init__(self) -> None:
-        self._names: list[str] = []
+        self._segments: list[tuple[str, int, Any]] = []  # (name, size, uint8 tensor over its mapping)
 
-    def write(self, pieces: list[tuple[int, Any]], size: int) -> str:
-        """A new segment of ``size`` bytes holding each ``(offset, uint8 tensor)`` of
-        ``pieces``; its name."""
+    def write(self, index: int, pieces: list[tuple[int, Any]], size: int) -> str:
+        """Bucket ``index`` of ``size`` bytes holding each ``(offset, uint8 tensor)`` of
+        ``pieces``, in the segment bucket ``index`` had last time when its size matches
+        (else a new one); the segment's name."""
         import torch
 
-        with shm.new_file() as (name, fd):
-            # Reserve the pages: a sparse file on a full tmpfs would SIGBUS on first touch.
-            os.posix_fallocate(fd, 0, max(size, 1))
-            mapping = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        self._names.append(name)
-        target = torch.frombuffer(mapping, dtype=torch.uint8)
+        if index < len(self._segments) and self._segments[index][1] == size:
+            name, _, target = self._segments[index]
+        else:
+            with shm.new_file() as (name, fd):
+                # Reserve the pages: a sparse file on a full tmpfs would SIGBUS on first touch.
+                os.posix_fallocate(fd, 0, max(size, 1))
+                mapping = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            target = torch.frombuffer(mapping, dtype=torch.uint8)
+            if index < len(self._segments):
+                shm.remove_segment(self._segments[index][0])
+                self._segments[index] = (name, size, target)
+            else:
+                self._segments.append((name, size, target))
         for offset, flat in pieces:
             target[offset:offset + flat.numel()].copy_(flat)
-        del target  # the readers map it themselves; this process needs no view
-        try:
-            mapping.close()
-        except BufferError:  # a view torch still holds: unmapped once it is gone
-            pass
         return name
 
-    def close(self) -> None:
-        """Remove every segment written (mappings in the replicas stay valid)."""
-        for name in self._names:
+    def trim(self, count: int) -> None:
+        """Remove the segments past the first ``count`` (a smaller update than the last)."""
+        for name, _, _ in self._segments[count:]:
             shm.remove_segment(name)
-        self._names.clear()
+        del self._segments[count:]
+
+    def close(self) -> None:
+        """Remove every segment (mappings in the replicas stay valid)."""
+        self.trim(0)
+
+
+#: This process's sender segments (a trainer rank sends one update at a time).
+SENDER = SegmentWriter()
+#: Held while an update writes :data:`SENDER`.
+SENDER_LOCK = threading.Lock()
+atexit.register(SENDER.close)
 
 
 def map_bucket(name: Any, nbytes: int, who: str) -> Any:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
-from podium.rollout import broadcast
+from podium.rollout import broadcast, broadcastshm
 from podium.rollout.broadcast import WeightReceiver, WeightSender, build_topology
 from podium.transport import shm
 
@@ -41,7 +41,7 @@ def _receive_in_thread(receiver: WeightReceiver, downstream=None, step=None) -> 
 
 
 def _segments_of_this_process() -> list[str]:
-    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"{shm.PREFIX}{os.getpid()}-")]
+    return sorted(n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"{shm.PREFIX}{os.getpid()}-"))
 
 
 @pytest.mark.parametrize("links", ["tcp", "shm", "mixed"])
@@ -70,12 +70,17 @@ def test_a_chain_of_four_gets_every_dtype_exactly_and_reuses_its_buffers(links, 
         # Raw buckets are read into each receiver's own buffers; segments are mapped.
         assert [bool(r._buffers) for r in receivers] == {"tcp": [True] * 4, "shm": [False] * 4,
                                                           "mixed": [False, False, True, True]}[links]
+        segments = _segments_of_this_process()
+        assert len(segments) == (0 if links == "tcp" else sent["buckets"])  # kept for the next update
         if step == 1:
             first = [b.data_ptr() for b in receivers[3]._buffers]
+            first_segments = segments
         else:
             assert [b.data_ptr() for b in receivers[3]._buffers] == first  # same layout: same buffers
-        assert _segments_of_this_process() == []  # the sender removed its segments
+            assert segments == first_segments  # and the same segments, rewritten
     assert all(r.downstream_error is None for r in receivers)
+    broadcastshm.SENDER.close()
+    assert _segments_of_this_process() == []
 
 
 def test_a_segment_name_from_a_peer_is_checked():
