@@ -1,0 +1,253 @@
+"""``RolloutServerManager``: the client side of a pool of rollout replicas (verl's
+``LLMServerManager`` shape).
+
+It holds one :class:`~podium.rollout.server.RolloutServer` actor per replica and:
+
+* **balances by load**: each request goes to the replica with the fewest requests in flight
+  from this manager (ties: the one used least recently), at most ``max_requests`` per
+  replica; :meth:`generate` blocks, :meth:`submit` returns a future;
+* **runs weight updates** (:meth:`update_weights`): new requests are held back, every replica
+  aborts or drains its requests in flight (the ``policy``), the trainer's weights go down the
+  broadcast chain (:mod:`podium.rollout.broadcast`) into every replica's vLLM, then requests
+  flow again, on the new policy version.
+
+An aborted request raises :class:`~podium.errors.AbortedError` whose ``details`` name the
+request and the replica; the caller decides whether to resubmit it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+import time
+from typing import Any
+
+import podium.errors as errors
+from podium.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    PodiumError,
+    RemoteError,
+)
+from podium.rollout.broadcast import DEFAULT_BUCKET_BYTES, build_topology
+from podium.rollout.broadcastgroups import conclude_broadcast
+from podium.rollout.config import RolloutConfig
+from podium.rollout.server import CONTROL_THREADS, UPDATE_POLICIES, RolloutServer, _check_seconds
+
+__all__ = ["RolloutServerManager", "MAX_REPLICAS"]
+
+#: Most replicas one manager drives.
+MAX_REPLICAS = 256
+
+
+def _typed(exc: BaseException) -> BaseException:
+    """A replica's error as the Podium error it was raised as (an AbortedError stays one
+    across the process boundary); others unchanged."""
+    if isinstance(exc, RemoteError) and exc.remote_type:
+        cls = getattr(errors, exc.remote_type.rsplit(".", 1)[-1], None)
+        if isinstance(cls, type) and issubclass(cls, PodiumError) and cls is not RemoteError:
+            details = dict(exc.details)
+            details.pop("remote_type", None)
+            return cls(exc.message, details=details)
+    return exc
+
+
+class RolloutServerManager:
+    """Load-balanced generation over rollout replicas, and their weight updates.
+
+    Build it with :meth:`launch` (starts the actors and their engines) or from existing
+    ``replicas`` (actor handles of :class:`RolloutServer`) and their ``names``.
+    """
+
+    def __init__(self, replicas: list[Any], names: list[str], max_requests: int = 8) -> None:
+        if not replicas or len(replicas) != len(names) or len(replicas) > MAX_REPLICAS:
+            raise InvalidArgumentError(f"need 1..{MAX_REPLICAS} replicas, one name each; got {len(replicas)} "
+                                       f"replicas and {len(names)} names")
+        self.replicas, self.names = list(replicas), list(names)
+        self.max_requests = max_requests
+        self.version = 0
+        self._cond = threading.Condition()
+        self._load = [0] * len(replicas)  # requests in flight per replica, from this manager
+        self._last_used = [0] * len(replicas)
+        self._tick = itertools.count(1)
+        self._ids = itertools.count()
+        self._updating = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(replicas) * max_requests,
+                                                           thread_name_prefix="podium-rollout-client")
+
+    @classmethod
+    def launch(cls, config: RolloutConfig | dict, replicas: int = 2, max_requests: int = 8,
+               name_prefix: str = "rollout", num_cpus: float = 1.0, timeout: float = 600.0) -> RolloutServerManager:
+        """Start ``replicas`` :class:`RolloutServer` actors (each holding ``max_requests``
+        requests at once, on ``max_requests`` + a few control threads) and build their engines
+        in parallel."""
+        import podium
+
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgumentError(f"replicas must be an int in [1, {MAX_REPLICAS}], got {replicas!r}")
+        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or not 1 <= max_requests <= 1024:
+            raise InvalidArgumentError(f"max_requests must be an int in [1, 1024], got {max_requests!r}")
+        config = RolloutConfig.from_value(config)
+        actor_cls = podium.remote(RolloutServer).options(max_concurrency=max_requests + CONTROL_THREADS,
+                                                          num_cpus=num_cpus)
+        names = [f"{name_prefix}-{i}" for i in range(replicas)]
+        # Replica i samples with seed + i: replicas must not return the same samples.
+        handles = [actor_cls.remote(config, name=name, max_requests=max_requests, seed=config.seed + i)
+                   for i, name in enumerate(names)]
+        starts = [h.start.remote() for h in handles]
+        podium.get(starts, timeout=_check_seconds(timeout, "timeout"))
+        return cls(handles, names, max_requests)
+
+    # ------------------------------------------------------------------ requests
+
+    def load(self) -> list[int]:
+        """Requests in flight per replica (sent by this manager, not yet answered)."""
+        with self._cond:
+            return list(self._load)
+
+    def _acquire(self, deadline: float) -> int:
+        with self._cond:
+            while True:
+                if not self._updating:
+                    free = [i for i, n in enumerate(self._load) if n < self.max_requests]
+                    if free:
+                        best = min(free, key=lambda i: (self._load[i], self._last_used[i]))
+                        self._load[best] += 1
+                        self._last_used[best] = next(self._tick)
+                        return best
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadlineExceededError("no replica could take the request before its deadline "
+                                                + ("(a weight update was running)" if self._updating else
+                                                   f"(all at {self.max_requests} requests)"))
+                self._cond.wait(left)
+
+    def _release(self, replica: int) -> None:
+        with self._cond:
+            self._load[replica] -= 1
+            self._cond.notify_all()
+
+    def generate(self, prompt_ids: list[int], n: int | None = None, width: int | None = None, index: int = 0,
+                 request_id: str | None = None, timeout: float = 300.0) -> Any:
+        """``n`` samples of one prompt from the least-loaded replica: a DataProto of n rows
+        (:meth:`RolloutServer.generate`'s fields, ``policy_version`` among them).
+
+        Raises AbortedError (``details``: ``request_id``, ``replica``) when a weight update
+        aborted it, DeadlineExceededError past ``timeout`` seconds."""
+        timeout = _check_seconds(timeout, "timeout")
+        deadline = time.monotonic() + timeout
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        replica = self._acquire(deadline)
+        try:
+            ref = self.replicas[replica].generate.remote(rid, list(prompt_ids), n=n, width=width, index=index,
+                                                         timeout=max(deadline - time.monotonic(), 1e-3))
+            try:
+                return ref.get(timeout=max(deadline - time.monotonic(), 0) + 10)
+            except PodiumError as exc:
+                raise _typed(exc) from None
+        finally:
+            self._release(replica)
+
+    def submit(self, prompt_ids: list[int], **kwargs: Any) -> concurrent.futures.Future:
+        """:meth:`generate` on the manager's threads: a future of its result."""
+        return self._pool.submit(self.generate, prompt_ids, **kwargs)
+
+    # ------------------------------------------------------------------ weight updates
+
+    def update_weights(self, source: Any, version: int, policy: str = "drain", timeout: float = 120.0,
+                       bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
+        """Move ``source``'s weights (a trainer role with ``broadcast_send``, as
+        :class:`~podium.rollout.broadcastgroups.BroadcastSource` has) to every replica as
+        policy ``version``; requests in flight are aborted or drained first (``policy``).
+
+        Returns ``{"version", "aborted", "drained", "wait_s", "broadcast_s", "bytes", ...}``.
+        Raises WeightBroadcastError when a replica failed (the others run on the new
+        version, the failed ones keep theirs); requests flow again either way."""
+        if policy not in UPDATE_POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {UPDATE_POLICIES}, got {policy!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or version <= self.version:
+            raise InvalidArgumentError(f"version must be an int above the current {self.version}, got {version!r}")
+        timeout = _check_seconds(timeout, "timeout")
+        with self._cond:
+            if self._updating:
+                raise errors.FailedPreconditionError("a weight update is already running")
+            self._updating = True  # requests not yet sent wait here
+        start = time.monotonic()
+        began: list[int] = []
+        new_version: dict[str, int] = {}
+        try:
+            refs = [r.begin_update.remote(policy, timeout=timeout) for r in self.replicas]
+            begun = self._gather(refs, timeout + 10, began)
+            wait_s = time.monotonic() - start
+            result = self._broadcast(source, version, timeout, bucket_bytes, new_version)
+            self.version = version
+        finally:
+            ends = [self.replicas[i].end_update.remote(new_version.get(self.names[i])) for i in began]
+            try:
+                self._gather(ends, timeout + 10)
+            finally:
+                with self._cond:
+                    self._updating = False
+                    self._cond.notify_all()
+        return {"version": version, "aborted": sum(len(b["aborted"]) for b in begun),
+                "drained": sum(b["drained"] for b in begun), "wait_s": wait_s,
+                "broadcast_s": result["seconds"], **{k: result[k] for k in ("bytes", "tensors", "replicas")}}
+
+    def _gather(self, refs: list, timeout: float, ok: list[int] | None = None) -> list:
+        # Every ref is waited for (none left running unseen); the first error is raised after.
+        values: list = []
+        first: BaseException | None = None
+        for i, ref in enumerate(refs):
+            try:
+                values.append(ref.get(timeout=timeout))
+                if ok is not None:
+                    ok.append(i)
+            except PodiumError as exc:
+                first = first or _typed(exc)
+        if first is not None:
+            raise first
+        return values
+
+    def _broadcast(self, source: Any, version: int, timeout: float, bucket_bytes: int,
+                   new_version: dict[str, int]) -> dict:
+        """One chain update over the replica actors (as broadcast_weights does over a group)."""
+        start = time.monotonic()
+        metadata = self._gather([r.broadcast_prepare.remote(timeout) for r in self.replicas], timeout + 10)
+        head, downstreams = build_topology(metadata)
+        pending = [r.broadcast_receive.remote(d, version) for r, d in zip(self.replicas, downstreams)]
+        sent: dict | None = None
+        send_error: BaseException | None = None
+        try:
+            out = source.broadcast_send(head, step=version, bucket_bytes=bucket_bytes, timeout=timeout)
+            sent = out[0] if isinstance(out, (list, tuple)) else out
+        except PodiumError as exc:
+            send_error = exc
+        deadline = timeout * (3 + len(metadata))  # as broadcast_weights: one timeout per replica behind
+        outcomes: list = []
+        for ref in pending:
+            try:
+                outcomes.append(ref.get(timeout=deadline))
+            except PodiumError as exc:
+                outcomes.append(exc)
+        for name, out in zip(self.names, outcomes):
+            if isinstance(out, dict):
+                new_version[name] = version
+        return conclude_broadcast(self.names, outcomes, sent, send_error, version, start)
+
+    # ------------------------------------------------------------------ life
+
+    def stats(self) -> list[dict]:
+        """Each replica's :meth:`RolloutServer.stats`."""
+        return self._gather([r.stats.remote() for r in self.replicas], 60)
+
+    def shutdown(self) -> None:
+        """Stop the engines and the actors, and this manager's threads."""
+        import podium
+
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self._gather([r.shutdown.remote() for r in self.replicas], 60)
+        finally:
+            for r in self.replicas:
+                podium.kill(r)
