@@ -41,15 +41,16 @@ __all__ = ["RolloutServerManager", "MAX_REPLICAS"]
 MAX_REPLICAS = 256
 
 
-def _typed(exc: BaseException) -> BaseException:
+def _typed(exc: BaseException, **details: str) -> BaseException:
     """A replica's error as the Podium error it was raised as (an AbortedError stays one
-    across the process boundary); others unchanged."""
+    across the process boundary), with ``details`` added (the request and replica, which the
+    remote error's own details do not carry across); others unchanged."""
     if isinstance(exc, RemoteError) and exc.remote_type:
         cls = getattr(errors, exc.remote_type.rsplit(".", 1)[-1], None)
         if isinstance(cls, type) and issubclass(cls, PodiumError) and cls is not RemoteError:
-            details = dict(exc.details)
-            details.pop("remote_type", None)
-            return cls(exc.message, details=details)
+            merged = {k: v for k, v in exc.details.items() if k != "remote_type"}
+            merged.update(details)
+            return cls(exc.message, details=merged)
     return exc
 
 
@@ -145,7 +146,7 @@ class RolloutServerManager:
             try:
                 return ref.get(timeout=max(deadline - time.monotonic(), 0) + 10)
             except PodiumError as exc:
-                raise _typed(exc) from None
+                raise _typed(exc, request_id=rid, replica=self.names[replica]) from None
         finally:
             self._release(replica)
 
