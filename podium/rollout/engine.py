@@ -226,9 +226,9 @@ class EngineLoop:
                 continue
             for out in outputs:
                 if getattr(out, "finished", False):
-                    future = self._pending.pop(out.request_id, None)
-                    if future is not None:  # None: aborted meanwhile, its waiter already told
-                        future.set_result(out)
+                    done = self._pending.pop(out.request_id, None)
+                    if done is not None:  # None: aborted meanwhile, its waiter already told
+                        done.set_result(out)
 
     def _fail_all(self, error: BaseException) -> None:
         pending, self._pending = self._pending, {}
