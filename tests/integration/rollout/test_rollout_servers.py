@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from podium.rollout.broadcast import WeightSender
 from podium.worker import Dispatch, Worker, register
