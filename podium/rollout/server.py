@@ -141,10 +141,16 @@ class RolloutServer:
         self._held_lock = threading.Lock()
         self._counts = {"served": 0, "aborted": 0, "updates": 0}
 
-    def start(self, model_path: str | None = None) -> dict:
-        """Build the engine; ``{"replica", "pid", "model_path", "weights", "build_s"}``."""
+    def start(self, model_path: str | None = None, warmup: bool = True) -> dict:
+        """Build the engine; ``{"replica", "pid", "model_path", "weights", "build_s", "warmup_s"}``.
+
+        ``warmup`` runs one short request first: vLLM's first step costs seconds (kernels,
+        buffers), which would otherwise land on the first real request."""
         info = self.engine.start(model_path)
-        return {"replica": self.name, "pid": os.getpid(), **info}
+        start = time.monotonic()
+        if warmup:
+            self.engine.generate("podium-warmup", [0], 1, timeout=_check_seconds(600.0, "timeout"))
+        return {"replica": self.name, "pid": os.getpid(), **info, "warmup_s": time.monotonic() - start}
 
     def shutdown(self) -> None:
         """Stop the engine (requests still waiting fail with FailedPreconditionError)."""
