@@ -263,6 +263,6 @@ class RolloutServer:
         return self.stats()
 
     def stats(self) -> dict:
-        """``{"replica", "version", "updating", "in_flight", "held", "served", "aborted", "updates"}``."""
-        return {"replica": self.name, "version": self.gate.version, "updating": self.gate.updating,
+        """``{"replica", "pid", "version", "updating", "in_flight", "held", "served", "aborted", "updates"}``."""
+        return {"replica": self.name, "pid": os.getpid(), "version": self.gate.version, "updating": self.gate.updating,
                 "in_flight": self.engine.in_flight(), "held": self._held, **self._counts}

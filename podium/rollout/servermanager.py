@@ -12,7 +12,9 @@ It holds one :class:`~podium.rollout.server.RolloutServer` actor per replica and
   flow again, on the new policy version.
 
 An aborted request raises :class:`~podium.errors.AbortedError` whose ``details`` name the
-request and the replica; the caller decides whether to resubmit it.
+request and the replica; the caller decides whether to resubmit it. A replica whose process
+died, or that an update did not reach, leaves the rotation (:attr:`RolloutServerManager.dropped`
+says why): the others serve on, and every answer comes from the current policy version.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from podium.errors import (
     InvalidArgumentError,
     PodiumError,
     RemoteError,
+    UnavailableError,
+    WorkerDiedError,
 )
 from podium.rollout.broadcast import DEFAULT_BUCKET_BYTES, build_topology
 from podium.rollout.broadcastgroups import conclude_broadcast
@@ -74,6 +78,10 @@ class RolloutServerManager:
         self._tick = itertools.count(1)
         self._ids = itertools.count()
         self._updating = False
+        #: Why each replica left the rotation (absent: it serves). A replica leaves when its
+        #: process died, or when an update left it without the new weights: it must not
+        #: answer with a policy older than the others.
+        self.dropped: dict[str, str] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(len(replicas) * max_requests,
                                                            thread_name_prefix="podium-rollout-client")
 
@@ -111,7 +119,10 @@ class RolloutServerManager:
         with self._cond:
             while True:
                 if not self._updating:
-                    free = [i for i, n in enumerate(self._load) if n < self.max_requests]
+                    serving = self._serving()
+                    if not serving:
+                        raise UnavailableError(f"no rollout replica is serving: {self.dropped}")
+                    free = [i for i in serving if self._load[i] < self.max_requests]
                     if free:
                         best = min(free, key=lambda i: (self._load[i], self._last_used[i]))
                         self._load[best] += 1
@@ -123,6 +134,19 @@ class RolloutServerManager:
                                                 + ("(a weight update was running)" if self._updating else
                                                    f"(all at {self.max_requests} requests)"))
                 self._cond.wait(left)
+
+    def _serving(self) -> list[int]:
+        return [i for i, name in enumerate(self.names) if name not in self.dropped]
+
+    def serving(self) -> list[str]:
+        """The replicas requests go to (the others are in :attr:`dropped`, with why)."""
+        with self._cond:
+            return [self.names[i] for i in self._serving()]
+
+    def _drop(self, replica: int, why: str) -> None:
+        with self._cond:
+            self.dropped.setdefault(self.names[replica], why)
+            self._cond.notify_all()  # requests waiting for a slot re-check what is left
 
     def _release(self, replica: int) -> None:
         with self._cond:
@@ -145,6 +169,9 @@ class RolloutServerManager:
                                                          timeout=max(deadline - time.monotonic(), 1e-3))
             try:
                 return ref.get(timeout=max(deadline - time.monotonic(), 0) + 10)
+            except WorkerDiedError as exc:
+                self._drop(replica, f"its process died: {exc.message}")
+                raise
             except PodiumError as exc:
                 raise _typed(exc, request_id=rid, replica=self.names[replica]) from None
         finally:
@@ -162,9 +189,12 @@ class RolloutServerManager:
         :class:`~podium.rollout.broadcastgroups.BroadcastSource` has) to every replica as
         policy ``version``; requests in flight are aborted or drained first (``policy``).
 
-        Returns ``{"version", "aborted", "drained", "wait_s", "broadcast_s", "bytes", ...}``.
-        Raises WeightBroadcastError when a replica failed (the others run on the new
-        version, the failed ones keep theirs); requests flow again either way."""
+        Goes to the replicas in the rotation; one whose process died is left out (named in
+        :attr:`dropped` and the result's ``dropped``). Returns ``{"version", "aborted",
+        "drained", "wait_s", "broadcast_s", "dropped", "bytes", "tensors", "replicas"}``.
+        Raises WeightBroadcastError when the broadcast failed at a replica: the others run on
+        the new version, the failed ones leave the rotation (they hold the old weights).
+        Requests flow again either way."""
         if policy not in UPDATE_POLICIES:
             raise InvalidArgumentError(f"policy must be one of {UPDATE_POLICIES}, got {policy!r}")
         if isinstance(version, bool) or not isinstance(version, int) or version <= self.version:
@@ -173,27 +203,61 @@ class RolloutServerManager:
         with self._cond:
             if self._updating:
                 raise errors.FailedPreconditionError("a weight update is already running")
+            targets = self._serving()
+            if not targets:
+                raise UnavailableError(f"no rollout replica is serving: {self.dropped}")
             self._updating = True  # requests not yet sent wait here
         start = time.monotonic()
         began: list[int] = []
         new_version: dict[str, int] = {}
+        dropped_before = set(self.dropped)
         try:
-            refs = [r.begin_update.remote(policy, timeout=timeout) for r in self.replicas]
-            begun = self._gather(refs, timeout + 10, began)
+            begun = self._begin(targets, policy, timeout, began)
             wait_s = time.monotonic() - start
-            result = self._broadcast(source, version, timeout, bucket_bytes, new_version)
-            self.version = version
-        finally:
-            ends = [self.replicas[i].end_update.remote(new_version.get(self.names[i])) for i in began]
             try:
-                self._gather(ends, timeout + 10)
+                result = self._broadcast(source, version, timeout, bucket_bytes, began, new_version)
+            finally:
+                for i in began:  # without the new weights a replica would serve an old policy
+                    if self.names[i] not in new_version:
+                        self._drop(i, f"the update to version {version} did not reach it")
+                if new_version:
+                    self.version = version
+        finally:
+            ends = [(i, self.replicas[i].end_update.remote(new_version.get(self.names[i]))) for i in began]
+            try:
+                for i, ref in ends:
+                    try:
+                        ref.get(timeout=timeout + 10)
+                    except WorkerDiedError as exc:
+                        self._drop(i, f"its process died: {exc.message}")
             finally:
                 with self._cond:
                     self._updating = False
                     self._cond.notify_all()
         return {"version": version, "aborted": sum(len(b["aborted"]) for b in begun),
                 "drained": sum(b["drained"] for b in begun), "wait_s": wait_s,
-                "broadcast_s": result["seconds"], **{k: result[k] for k in ("bytes", "tensors", "replicas")}}
+                "broadcast_s": result["seconds"], "dropped": sorted(set(self.dropped) - dropped_before),
+                **{k: result[k] for k in ("bytes", "tensors", "replicas")}}
+
+    def _begin(self, targets: list[int], policy: str, timeout: float, began: list[int]) -> list[dict]:
+        """``begin_update`` on every target; a replica whose process died leaves the rotation
+        (the update goes on without it), any other failure is raised once all answered."""
+        refs = [(i, self.replicas[i].begin_update.remote(policy, timeout=timeout)) for i in targets]
+        begun: list[dict] = []
+        first: BaseException | None = None
+        for i, ref in refs:
+            try:
+                begun.append(ref.get(timeout=timeout + 10))
+                began.append(i)
+            except WorkerDiedError as exc:
+                self._drop(i, f"its process died: {exc.message}")
+            except PodiumError as exc:
+                first = first or _typed(exc, replica=self.names[i])
+        if first is not None:
+            raise first
+        if not began:
+            raise UnavailableError(f"no rollout replica is left to update: {self.dropped}")
+        return begun
 
     def _gather(self, refs: list, timeout: float, ok: list[int] | None = None) -> list:
         # Every ref is waited for (none left running unseen); the first error is raised after.
@@ -210,13 +274,16 @@ class RolloutServerManager:
             raise first
         return values
 
-    def _broadcast(self, source: Any, version: int, timeout: float, bucket_bytes: int,
+    def _broadcast(self, source: Any, version: int, timeout: float, bucket_bytes: int, targets: list[int],
                    new_version: dict[str, int]) -> dict:
-        """One chain update over the replica actors (as broadcast_weights does over a group)."""
+        """One chain update over the ``targets`` replicas (as broadcast_weights does over a
+        group); the names that took it go into ``new_version``."""
         start = time.monotonic()
-        metadata = self._gather([r.broadcast_prepare.remote(timeout) for r in self.replicas], timeout + 10)
+        replicas = [self.replicas[i] for i in targets]
+        names = [self.names[i] for i in targets]
+        metadata = self._gather([r.broadcast_prepare.remote(timeout) for r in replicas], timeout + 10)
         head, downstreams = build_topology(metadata)
-        pending = [r.broadcast_receive.remote(d, version) for r, d in zip(self.replicas, downstreams)]
+        pending = [r.broadcast_receive.remote(d, version) for r, d in zip(replicas, downstreams)]
         sent: dict | None = None
         send_error: BaseException | None = None
         try:
@@ -231,16 +298,16 @@ class RolloutServerManager:
                 outcomes.append(ref.get(timeout=deadline))
             except PodiumError as exc:
                 outcomes.append(exc)
-        for name, out in zip(self.names, outcomes):
-            if isinstance(out, dict):
+        for name, out in zip(names, outcomes):
+            if isinstance(out, dict):  # its own copy completed even if its downstream failed
                 new_version[name] = version
-        return conclude_broadcast(self.names, outcomes, sent, send_error, version, start)
+        return conclude_broadcast(names, outcomes, sent, send_error, version, start)
 
     # ------------------------------------------------------------------ life
 
     def stats(self) -> list[dict]:
-        """Each replica's :meth:`RolloutServer.stats`."""
-        return self._gather([r.stats.remote() for r in self.replicas], 60)
+        """:meth:`RolloutServer.stats` of each replica in the rotation."""
+        return self._gather([self.replicas[i].stats.remote() for i in self._serving()], 60)
 
     def shutdown(self) -> None:
         """Stop the engines and the actors, and this manager's threads."""
@@ -248,7 +315,9 @@ class RolloutServerManager:
 
         self._pool.shutdown(wait=False, cancel_futures=True)
         try:
-            self._gather([r.shutdown.remote() for r in self.replicas], 60)
+            refs = [self.replicas[i].shutdown.remote() for i, name in enumerate(self.names)
+                    if not self.dropped.get(name, "").startswith("its process died")]
+            self._gather(refs, 60)
         finally:
             for r in self.replicas:
                 podium.kill(r)

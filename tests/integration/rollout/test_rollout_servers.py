@@ -179,3 +179,23 @@ def test_bad_input_is_a_typed_error_and_the_pool_keeps_serving(manager, holder):
         RolloutServerManager.launch({}, replicas=0)
     assert len(manager.generate(PROMPT, n=2, width=6)) == 2
     assert manager.load() == [0, 0]
+
+
+def test_a_dead_replica_leaves_the_rotation_and_the_update_goes_on(manager, holder, model_dir):
+    # Last in this module: it kills a replica of the shared pool.
+    import os
+    import signal
+
+    victim_name, victim_pid = manager.names[1], manager.stats()[1]["pid"]
+    os.kill(victim_pid, signal.SIGKILL)
+    holder.set_state(forcing_state_dict(model_dir, FORCED))
+    version = manager.version
+    update = manager.update_weights(holder, version=version + 1, policy="drain", timeout=60)
+    assert update["dropped"] == [victim_name] and update["replicas"] == 1
+    assert victim_name in manager.dropped and "died" in manager.dropped[victim_name]
+    assert manager.serving() == [manager.names[0]]
+    for _ in range(4):  # every request now goes to the survivor, on the new weights
+        r = manager.generate(PROMPT, n=2, width=6)
+        assert set(r.batch["policy_version"].tolist()) == {version + 1}
+        assert (r.batch["responses"] == FORCED).all()
+    assert manager.load() == [0, 0]
