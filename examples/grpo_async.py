@@ -91,6 +91,7 @@ class Producer(threading.Thread):
             self.cond.notify_all()
 
     def run(self) -> None:
+        """Generate the batches in order, each within the staleness bound."""
         try:
             for step in range(1, self.steps + 1):
                 deadline = time.monotonic() + WAIT_S
@@ -186,6 +187,7 @@ def train(model_dir: str, steps: int, max_staleness: int, replicas: int = 2, pol
 
 
 def main() -> None:
+    """Parse the arguments, build the model offline, train, print the summary."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30, choices=range(1, 1001), metavar="1..1000")
     parser.add_argument("--max-staleness", type=int, default=1, choices=range(0, 17), metavar="0..16",

@@ -140,6 +140,8 @@ class EngineLoop:
 
         if self.llm is None:
             raise FailedPreconditionError(f"{self.name}: the engine is not running")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 256:
+            raise InvalidArgumentError(f"n must be an int in [1, 256], got {n!r}")
         cfg = self.config
         if len(prompt_ids) + cfg.max_tokens > cfg.max_model_len:
             raise InvalidArgumentError(f"request {request_id}: a prompt of {len(prompt_ids)} tokens plus max_tokens "

@@ -58,6 +58,11 @@ def _typed(exc: BaseException, **details: str) -> BaseException:
     return exc
 
 
+def _check_max_requests(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise InvalidArgumentError(f"max_requests must be an int in [1, 1024], got {value!r}")
+
+
 class RolloutServerManager:
     """Load-balanced generation over rollout replicas, and their weight updates.
 
@@ -69,6 +74,7 @@ class RolloutServerManager:
         if not replicas or len(replicas) != len(names) or len(replicas) > MAX_REPLICAS:
             raise InvalidArgumentError(f"need 1..{MAX_REPLICAS} replicas, one name each; got {len(replicas)} "
                                        f"replicas and {len(names)} names")
+        _check_max_requests(max_requests)
         self.replicas, self.names = list(replicas), list(names)
         self.max_requests = max_requests
         self.version = 0
@@ -95,8 +101,7 @@ class RolloutServerManager:
 
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
             raise InvalidArgumentError(f"replicas must be an int in [1, {MAX_REPLICAS}], got {replicas!r}")
-        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or not 1 <= max_requests <= 1024:
-            raise InvalidArgumentError(f"max_requests must be an int in [1, 1024], got {max_requests!r}")
+        _check_max_requests(max_requests)
         config = RolloutConfig.from_value(config)
         actor_cls = podium.remote(RolloutServer).options(max_concurrency=max_requests + CONTROL_THREADS,
                                                           num_cpus=num_cpus)
