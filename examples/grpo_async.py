@@ -38,7 +38,7 @@ import torch
 from podium import init, shutdown
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
-from podium.errors import AbortedError, DeadlineExceededError
+from podium.errors import AbortedError, DeadlineExceededError, FailedPreconditionError
 from podium.rollout.asyncgrpo import AsyncGRPOTrainer
 from podium.rollout.grpo import group_advantages, target_token_reward
 from podium.rollout.servermanager import RolloutServerManager
@@ -156,6 +156,10 @@ def train(model_dir: str, steps: int, max_staleness: int, replicas: int = 2, pol
             if got is None:
                 raise batch
             waited = time.monotonic() - t0
+            oldest = int(batch.batch["policy_version"].min())
+            if step - 1 - oldest > max_staleness:  # the producer's bound, checked where it matters
+                raise FailedPreconditionError(f"batch {step} holds samples of version {oldest}, "
+                                              f"{step - 1 - oldest} behind the trainer (bound {max_staleness})")
             rewards = target_token_reward(batch, TARGET_ID)
             batch.batch["advantages"] = group_advantages(rewards, N_SAMPLES)
             t1 = time.monotonic()

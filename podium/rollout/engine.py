@@ -58,6 +58,7 @@ class EngineLoop:
         self.llm: Any = None
         self.expected: dict[str, tuple[int, ...]] = {}
         self.pad_id = 0
+        self.vocab_size = 1 << 62
         # Calls for the engine thread, and the requests it steps: touched by it alone,
         # except _calls, which callers append to under _wake.
         self._wake = threading.Condition(threading.Lock())
@@ -85,6 +86,9 @@ class EngineLoop:
             self.close()
             raise
         self.expected = expected_weight_shapes(path)
+        embed = self.expected.get("model.embed_tokens.weight") or self.expected.get("lm_head.weight")
+        #: Token ids a prompt may hold (vLLM's own check would raise a plain ValueError).
+        self.vocab_size = embed[0] if embed else 1 << 62
         tok = self.llm.get_tokenizer()
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         return {"model_path": path, "weights": len(self.expected), "build_s": time.monotonic() - start}
@@ -142,6 +146,10 @@ class EngineLoop:
             raise FailedPreconditionError(f"{self.name}: the engine is not running")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 256:
             raise InvalidArgumentError(f"n must be an int in [1, 256], got {n!r}")
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidArgumentError(f"request {request_id}: token ids {bad[:5]} are outside the vocabulary "
+                                       f"[0, {self.vocab_size})")
         cfg = self.config
         if len(prompt_ids) + cfg.max_tokens > cfg.max_model_len:
             raise InvalidArgumentError(f"request {request_id}: a prompt of {len(prompt_ids)} tokens plus max_tokens "

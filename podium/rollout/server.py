@@ -69,17 +69,21 @@ class UpdateGate:
         self.updating = False
         self.active = 0
         self.version = 0
+        #: Why the replica stopped serving for good (None: it serves).
+        self.retired: str | None = None
 
     def admit(self, deadline: float, start: Any) -> tuple[int, Any]:
         """Wait (until ``deadline``, a monotonic time) for the gate to be open, then run
         ``start()`` while holding it, so no update begins between the check and the start;
         ``(version, start's result)``."""
         with self.cond:
-            while self.updating:
+            while self.updating and self.retired is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DeadlineExceededError("a weight update held the request past its deadline")
                 self.cond.wait(left)
+            if self.retired is not None:
+                raise AbortedError(f"the replica no longer serves: {self.retired}")
             result = start()
             self.active += 1
             return self.version, result
@@ -108,6 +112,13 @@ class UpdateGate:
                     raise DeadlineExceededError(f"{self.active} requests still running after a drain of {timeout:g} s")
                 self.cond.wait(left)
             return count
+
+    def retire(self, why: str) -> None:
+        """Stop serving for good: waiting and later requests fail with AbortedError."""
+        with self.cond:
+            self.retired = why
+            self.updating = False
+            self.cond.notify_all()
 
     def open(self, version: int | None = None) -> None:
         """Admit requests again (on ``version``, when given)."""
@@ -138,7 +149,7 @@ class RolloutServer:
         self.receiver = WeightReceiver(name=self.name)
         self.gate = UpdateGate()
         self._held = 0  # requests in generate(), waiting or running: bounded by max_requests
-        self._held_lock = threading.Lock()
+        self._held_lock = threading.Lock()  # _held and _counts: updated from the actor's threads
         self._counts = {"served": 0, "aborted": 0, "updates": 0}
 
     def start(self, model_path: str | None = None, warmup: bool = True) -> dict:
@@ -178,6 +189,8 @@ class RolloutServer:
         if not isinstance(request_id, str) or not 0 < len(request_id) <= 256:
             raise InvalidArgumentError(f"request_id must be a non-empty string of at most 256 characters, "
                                        f"got {request_id!r}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 1 << 62:
+            raise InvalidArgumentError(f"request {request_id}: index must be an int in [0, 2**62), got {index!r}")
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise InvalidArgumentError(f"request {request_id}: the prompt is empty")
@@ -199,7 +212,8 @@ class RolloutServer:
                 raise DeadlineExceededError(f"request {request_id} on replica {self.name} did not finish in "
                                             f"{timeout:g} s") from None
             except AbortedError:
-                self._counts["aborted"] += 1
+                with self._held_lock:
+                    self._counts["aborted"] += 1
                 raise
             finally:
                 self.gate.done()
@@ -212,7 +226,8 @@ class RolloutServer:
         batch = DataProto.from_dict(tensors={"input_ids": prompt, "attention_mask": mask,
                                              "index": torch.tensor([index]),
                                              "policy_version": torch.tensor([version])})
-        self._counts["served"] += 1
+        with self._held_lock:
+            self._counts["served"] += 1
         return build_output(batch, [ids], [out], n=n, max_tokens=self.config.max_tokens, pad_id=self.engine.pad_id)
 
     # ------------------------------------------------------------------ weight updates
@@ -249,7 +264,8 @@ class RolloutServer:
         pairs = self.receiver.receive(downstream, step)
         received = time.monotonic() - start
         self.engine.load_weights(pairs)
-        self._counts["updates"] += 1
+        with self._held_lock:
+            self._counts["updates"] += 1
         return {"replica": self.name, "tensors": len(pairs), "receive_s": received,
                 "load_s": time.monotonic() - start - received, "downstream_error": self.receiver.downstream_error}
 
@@ -262,7 +278,18 @@ class RolloutServer:
         self.gate.open(version)
         return self.stats()
 
+    def retire(self, why: str) -> dict:
+        """Stop serving (an update did not reach this replica, so it holds an old policy):
+        requests in flight, waiting or sent later fail with AbortedError naming ``why``."""
+        why = str(why)[:500]
+        self.receiver.finalize()
+        self.gate.retire(why)
+        self.engine.abort(why=f"the replica was retired: {why}")
+        return self.stats()
+
     def stats(self) -> dict:
-        """``{"replica", "pid", "version", "updating", "in_flight", "held", "served", "aborted", "updates"}``."""
+        """``{"replica", "pid", "version", "updating", "retired", "in_flight", "held", "served", "aborted",
+        "updates"}``."""
         return {"replica": self.name, "pid": os.getpid(), "version": self.gate.version, "updating": self.gate.updating,
+                "retired": self.gate.retired,
                 "in_flight": self.engine.in_flight(), "held": self._held, **self._counts}

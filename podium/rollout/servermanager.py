@@ -109,8 +109,12 @@ class RolloutServerManager:
         # Replica i samples with seed + i: replicas must not return the same samples.
         handles = [actor_cls.remote(config, name=name, max_requests=max_requests, seed=config.seed + i)
                    for i, name in enumerate(names)]
-        starts = [h.start.remote() for h in handles]
-        podium.get(starts, timeout=_check_seconds(timeout, "timeout"))
+        try:
+            podium.get([h.start.remote() for h in handles], timeout=_check_seconds(timeout, "timeout"))
+        except BaseException:
+            for h in handles:  # no half-started pool left holding processes
+                podium.kill(h)
+            raise
         return cls(handles, names, max_requests)
 
     # ------------------------------------------------------------------ requests
@@ -216,9 +220,11 @@ class RolloutServerManager:
         began: list[int] = []
         new_version: dict[str, int] = {}
         dropped_before = set(self.dropped)
+        sent = False
         try:
             begun = self._begin(targets, policy, timeout, began)
             wait_s = time.monotonic() - start
+            sent = True
             try:
                 result = self._broadcast(source, version, timeout, bucket_bytes, began, new_version)
             finally:
@@ -228,7 +234,13 @@ class RolloutServerManager:
                 if new_version:
                     self.version = version
         finally:
-            ends = [(i, self.replicas[i].end_update.remote(new_version.get(self.names[i]))) for i in began]
+            # Replicas with the new weights serve on; once weights were sent, one without them
+            # is retired, so that requests waiting at its gate fail (AbortedError) rather than
+            # run on an old policy. No weights sent (a begin failed): all reopen as they were.
+            ends = [(i, self.replicas[i].retire.remote(self.dropped.get(self.names[i], "missed an update"))
+                     if sent and self.names[i] not in new_version
+                     else self.replicas[i].end_update.remote(new_version.get(self.names[i])))
+                    for i in began]
             try:
                 for i, ref in ends:
                     try:

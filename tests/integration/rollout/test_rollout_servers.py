@@ -175,6 +175,8 @@ def test_bad_input_is_a_typed_error_and_the_pool_keeps_serving(manager, holder):
         manager.generate(PROMPT, n=10**6)
     with pytest.raises(InvalidArgumentError, match="max_model_len"):
         manager.generate([1] * 100)
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        manager.generate([1, 10_000])
     with pytest.raises(InvalidArgumentError, match="replicas"):
         RolloutServerManager.launch({}, replicas=0)
     assert len(manager.generate(PROMPT, n=2, width=6)) == 2

@@ -75,3 +75,26 @@ def test_the_gate_holds_requests_during_an_update_and_drains_admitted_ones():
     gate.close()
     with pytest.raises(DeadlineExceededError, match="weight update"):
         gate.admit(0.0, lambda: None)
+
+
+def test_a_retired_gate_fails_waiting_and_later_requests():
+    from podium.errors import AbortedError
+
+    gate = UpdateGate()
+    gate.close()
+    failed: list = []
+
+    def wait() -> None:
+        try:
+            gate.admit(time.monotonic() + WAIT_S, lambda: "ran")
+        except AbortedError as exc:
+            failed.append(str(exc))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    gate.retire("missed version 3")
+    waiter.join(WAIT_S)
+    assert failed == ["the replica no longer serves: missed version 3"]
+    with pytest.raises(AbortedError, match="missed version 3"):
+        gate.admit(time.monotonic() + WAIT_S, lambda: "ran")
+    assert gate.active == 0
