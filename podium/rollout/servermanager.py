@@ -332,9 +332,11 @@ class RolloutServerManager:
 
         self._pool.shutdown(wait=False, cancel_futures=True)
         try:
-            refs = [self.replicas[i].shutdown.remote() for i, name in enumerate(self.names)
-                    if not self.dropped.get(name, "").startswith("its process died")]
-            self._gather(refs, 60)
+            for ref in [r.shutdown.remote() for r in self.replicas]:
+                try:
+                    ref.get(timeout=60)
+                except WorkerDiedError:  # a replica that died earlier: nothing left to stop
+                    pass
         finally:
             for r in self.replicas:
                 podium.kill(r)

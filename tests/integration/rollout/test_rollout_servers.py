@@ -6,6 +6,9 @@ load and served concurrently, weight updates down the broadcast chain into vLLM 
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -29,17 +32,30 @@ class Holder(Worker):
     def __init__(self) -> None:
         super().__init__()
         self.state: dict = {}
+        self.gate: tuple[str, str] | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def set_state(self, state: dict) -> None:
-        """The weights the next broadcast sends."""
-        self.state = state
+    def set_state(self, state: dict, gate: tuple[str, str] | None = None) -> None:
+        """The weights the next broadcast sends; with ``gate`` (two paths), it writes the
+        first and waits for the second before the last tensor."""
+        self.state, self.gate = state, gate
+
+    def _pairs(self):
+        items = list(self.state.items())
+        for i, pair in enumerate(items):
+            if self.gate and i == len(items) - 1:
+                waiting, gate = self.gate
+                open(waiting, "w").close()
+                deadline = time.monotonic() + WAIT_S
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            yield pair
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def broadcast_send(self, head: dict, step: int | None = None, bucket_bytes: int = 1 << 20,
                        timeout: float = 60.0) -> dict:
-        """Send the held weights to the chain's head."""
-        return WeightSender(bucket_bytes, timeout).send(self.state.items(), head, step)
+        """Send the held weights to the chain's head (small buckets: several go out before the gate)."""
+        return WeightSender(4 << 10, timeout).send(self._pairs(), head, step)
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +74,16 @@ def cluster():
     podium.shutdown()
 
 
+def _config(model_dir):
+    return dict(model_path=model_dir, n=4, max_tokens=MAX_TOKENS, max_model_len=128, ignore_eos=True,
+                kv_cache_memory_bytes=16 << 20, seed=5)
+
+
 @pytest.fixture(scope="module")
 def manager(cluster, model_dir):
     from podium.rollout.servermanager import RolloutServerManager
 
-    config = dict(model_path=model_dir, n=4, max_tokens=MAX_TOKENS, max_model_len=128, ignore_eos=True,
-                  kv_cache_memory_bytes=16 << 20, seed=5)
-    mgr = RolloutServerManager.launch(config, replicas=2, max_requests=3, name_prefix="srv")
+    mgr = RolloutServerManager.launch(_config(model_dir), replicas=2, max_requests=3, name_prefix="srv")
     yield mgr
     mgr.shutdown()
 
@@ -185,9 +204,6 @@ def test_bad_input_is_a_typed_error_and_the_pool_keeps_serving(manager, holder):
 
 def test_a_dead_replica_leaves_the_rotation_and_the_update_goes_on(manager, holder, model_dir):
     # Last in this module: it kills a replica of the shared pool.
-    import os
-    import signal
-
     victim_name, victim_pid = manager.names[1], manager.stats()[1]["pid"]
     os.kill(victim_pid, signal.SIGKILL)
     holder.set_state(forcing_state_dict(model_dir, FORCED))
@@ -201,3 +217,46 @@ def test_a_dead_replica_leaves_the_rotation_and_the_update_goes_on(manager, hold
         assert set(r.batch["policy_version"].tolist()) == {version + 1}
         assert (r.batch["responses"] == FORCED).all()
     assert manager.load() == [0, 0]
+
+
+def test_a_replica_dying_mid_broadcast_fails_the_update_and_the_one_behind_it_is_retired(
+        cluster, holder, model_dir, tmp_path):
+    from podium.errors import AbortedError, RemoteError, WeightBroadcastError
+    from podium.rollout.servermanager import RolloutServerManager
+
+    mgr = RolloutServerManager.launch(_config(model_dir), replicas=3, max_requests=2, name_prefix="chain")
+    try:
+        pids = [s["pid"] for s in mgr.stats()]
+        waiting, gate = str(tmp_path / "waiting"), str(tmp_path / "gate")
+        holder.set_state(forcing_state_dict(model_dir, FORCED), gate=(waiting, gate))
+        outcome: list = []
+
+        def update():
+            try:
+                outcome.append(mgr.update_weights(holder, version=1, policy="drain", timeout=10))
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                outcome.append(exc)
+
+        thread = threading.Thread(target=update)
+        thread.start()
+        _poll("the first buckets down the chain", lambda: os.path.exists(waiting))
+        # Sent straight to the last replica while its gate is closed: it waits there.
+        held = mgr.replicas[2].generate.remote("held-1", PROMPT, n=1, width=6)
+        os.kill(pids[1], signal.SIGKILL)  # the chain 0 -> 1 -> 2 breaks in the middle
+        open(gate, "w").close()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        error = outcome[0]
+        assert isinstance(error, WeightBroadcastError), error
+        assert "chain-1" in error.failed and error.updated == ["chain-0"]
+        assert sorted(error.kept) == ["chain-1", "chain-2"]
+        # chain-2 is alive but holds the old weights: retired, and its waiting request aborted.
+        assert set(mgr.dropped) == {"chain-1", "chain-2"} and "version 1" in mgr.dropped["chain-2"]
+        with pytest.raises(RemoteError) as info:
+            held.get(timeout=WAIT_S)
+        assert info.value.remote_type.endswith(AbortedError.__name__) and "version 1" in info.value.message
+        assert mgr.serving() == ["chain-0"] and mgr.version == 1
+        r = mgr.generate(PROMPT, n=2, width=6)
+        assert set(r.batch["policy_version"].tolist()) == {1} and (r.batch["responses"] == FORCED).all()
+    finally:
+        mgr.shutdown()
