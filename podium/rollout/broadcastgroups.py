@@ -24,7 +24,7 @@ from podium.rollout.broadcast import (
 from podium.rollout.weights import state_dict_of
 from podium.worker.decorator import Dispatch, Execute, register
 
-__all__ = ["BroadcastSource", "BroadcastTarget", "broadcast_weights"]
+__all__ = ["BroadcastSource", "BroadcastTarget", "broadcast_weights", "conclude_broadcast"]
 
 
 class BroadcastSource:
@@ -116,7 +116,15 @@ def broadcast_weights(source: Any, replicas: Any, step: int | None = None,
             outcomes.append(ref.get(timeout=deadline))
         except PodiumError as exc:
             outcomes.append(exc)
-    names = [m["name"] for m in metadata]
+    return conclude_broadcast([m["name"] for m in metadata], outcomes, sent, send_error, step, start)
+
+
+def conclude_broadcast(names: list[str], outcomes: list, sent: dict | None, send_error: BaseException | None,
+                       step: int | None, start: float) -> dict:
+    """The result of one update from each replica's outcome (its ``broadcast_receive`` dict,
+    or the error it ended with) and the sender's: the summary :func:`broadcast_weights`
+    returns, or :class:`WeightBroadcastError` naming the failed replicas and which kept
+    their weights. Shared by drivers over worker groups and over actors."""
     updated = [name for name, out in zip(names, outcomes) if isinstance(out, dict)]
     failed = {name: str(out) for name, out in zip(names, outcomes) if not isinstance(out, dict)}
     for out in outcomes:  # a replica that lost its downstream says so; the downstream's own error may be vaguer

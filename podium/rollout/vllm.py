@@ -36,7 +36,7 @@ from podium.rollout.weights import check_weights, sibling_state_dict
 from podium.worker.base import Worker
 from podium.worker.decorator import Dispatch, register
 
-__all__ = ["VLLMRollout", "expected_weight_shapes"]
+__all__ = ["VLLMRollout", "expected_weight_shapes", "check_model_dir", "build_llm", "load_into_engine"]
 
 log = logging.getLogger("podium.rollout")
 
@@ -80,6 +80,69 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def check_model_dir(cfg: RolloutConfig, path: str) -> None:
+    """Raise InvalidArgumentError when ``path`` is no model directory, or when
+    ``cfg.kv_cache_memory_bytes`` cannot hold one sequence of ``max_model_len``."""
+    if not os.path.isdir(path):
+        raise InvalidArgumentError(f"model directory {path!r} does not exist")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise InvalidArgumentError(f"model directory {path!r} has no config.json")
+    try:
+        per_token = kv_bytes_per_token(path, cfg.dtype_bytes)
+    except (KeyError, ValueError, OSError) as exc:
+        raise InvalidArgumentError(f"model directory {path!r}: config.json does not describe a "
+                                   f"decoder model ({exc!r})") from None
+    blocks = -(-cfg.max_model_len // _BLOCK_TOKENS)
+    need = blocks * _BLOCK_TOKENS * per_token
+    if cfg.kv_cache_memory_bytes < need:
+        raise InvalidArgumentError(
+            f"kv_cache_memory_bytes {cfg.kv_cache_memory_bytes} cannot hold one sequence of "
+            f"max_model_len {cfg.max_model_len}: that needs {need} bytes ({per_token} per token)")
+
+
+def build_llm(cfg: RolloutConfig, path: str, seed: int) -> Any:
+    """An in-process vLLM ``LLM`` over the model directory ``path`` with ``cfg``'s settings.
+
+    Raises what :func:`check_model_dir` raises, and InvalidArgumentError when the directory
+    does not load. Shared by :class:`VLLMRollout` and :class:`podium.rollout.engine.EngineLoop`.
+    """
+    check_model_dir(cfg, path)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in THIS process
+    # vLLM's INFO lines (a dozen per engine) would flood the controller's terminal.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(model=path, tokenizer=path, dtype=cfg.dtype, enforce_eager=True,
+                                      max_model_len=cfg.max_model_len, seed=seed,
+                                      kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+                                      tensor_parallel_size=1, logprobs_mode="processed_logprobs")
+        if _on_gpu():
+            kwargs["enable_sleep_mode"] = True
+        return LLM(**kwargs)
+    except ImportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; say which model
+        _cleanup_vllm_process_state()  # a half-built engine leaves its process groups behind
+        raise InvalidArgumentError(f"model directory {path!r} does not load in vLLM: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+
+
+def load_into_engine(llm: Any, items: list) -> None:
+    """Load ``(name, tensor)`` pairs (the whole model, Hugging Face names) into ``llm`` in
+    place with vLLM's ``reload_weights``, then reset the prefix cache (it holds KV of the old
+    weights)."""
+    # collective_rpc runs the worker's reload_weights in this process (in-process engine),
+    # so the tensors are read where they are: no serialisation.
+    reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    reload_log.addFilter(_quiet_derived_layers)
+    try:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+    finally:
+        reload_log.removeFilter(_quiet_derived_layers)
+    llm.reset_prefix_cache()
+
+
 class VLLMRollout(Worker):
     """A vLLM engine per rank: generation with ``n`` samples and log-probs, weight sync.
 
@@ -110,43 +173,10 @@ class VLLMRollout(Worker):
         Returns :meth:`engine_info` plus ``build_s``.
         """
         path = str(model_path if model_path is not None else self.config.model_path)
-        if not os.path.isdir(path):
-            raise InvalidArgumentError(f"model directory {path!r} does not exist")
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise InvalidArgumentError(f"model directory {path!r} has no config.json")
-        cfg = self.config
-        try:
-            per_token = kv_bytes_per_token(path, cfg.dtype_bytes)
-        except (KeyError, ValueError, OSError) as exc:
-            raise InvalidArgumentError(f"model directory {path!r}: config.json does not describe a "
-                                       f"decoder model ({exc!r})") from None
-        blocks = -(-cfg.max_model_len // _BLOCK_TOKENS)
-        need = blocks * _BLOCK_TOKENS * per_token
-        if cfg.kv_cache_memory_bytes < need:
-            raise InvalidArgumentError(
-                f"kv_cache_memory_bytes {cfg.kv_cache_memory_bytes} cannot hold one sequence of "
-                f"max_model_len {cfg.max_model_len}: that needs {need} bytes ({per_token} per token)")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in THIS process
-        # vLLM's INFO lines (a dozen per engine) would flood the controller's terminal.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        check_model_dir(self.config, path)  # before the old engine goes: a bad path keeps it
         self._shutdown_engine()
         start = time.monotonic()
-        try:
-            from vllm import LLM
-
-            kwargs: dict[str, Any] = dict(model=path, tokenizer=path, dtype=cfg.dtype, enforce_eager=True,
-                                          max_model_len=cfg.max_model_len, seed=cfg.seed + self.rank,
-                                          kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-                                          tensor_parallel_size=1, logprobs_mode="processed_logprobs")
-            if _on_gpu():
-                kwargs["enable_sleep_mode"] = True
-            llm = LLM(**kwargs)
-        except ImportError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; say which model
-            _cleanup_vllm_process_state()  # a half-built engine leaves its process groups behind
-            raise InvalidArgumentError(f"model directory {path!r} does not load in vLLM: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+        llm = build_llm(self.config, path, seed=self.config.seed + self.rank)
         self.llm = llm
         self._expected = expected_weight_shapes(path)
         tok = llm.get_tokenizer()
@@ -292,15 +322,7 @@ class VLLMRollout(Worker):
                 "load_s": time.monotonic() - start, "fetch_s": fetch_s, "staged": False}
 
     def _load(self, llm: Any, items: list) -> None:
-        # collective_rpc runs the worker's reload_weights in this process (in-process engine),
-        # so the tensors are read where they are: no serialisation.
-        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        reload_log.addFilter(_quiet_derived_layers)
-        try:
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
-        finally:
-            reload_log.removeFilter(_quiet_derived_layers)
-        llm.reset_prefix_cache()
+        load_into_engine(llm, items)
 
     # ------------------------------------------------------------------ sleep mode
 

@@ -1,0 +1,342 @@
+"""``RolloutServerManager``: the client side of a pool of rollout replicas (verl's
+``LLMServerManager`` shape).
+
+It holds one :class:`~podium.rollout.server.RolloutServer` actor per replica and:
+
+* **balances by load**: each request goes to the replica with the fewest requests in flight
+  from this manager (ties: the one used least recently), at most ``max_requests`` per
+  replica; :meth:`generate` blocks, :meth:`submit` returns a future;
+* **runs weight updates** (:meth:`update_weights`): new requests are held back, every replica
+  aborts or drains its requests in flight (the ``policy``), the trainer's weights go down the
+  broadcast chain (:mod:`podium.rollout.broadcast`) into every replica's vLLM, then requests
+  flow again, on the new policy version.
+
+An aborted request raises :class:`~podium.errors.AbortedError` whose ``details`` name the
+request and the replica; the caller decides whether to resubmit it. A replica whose process
+died, or that an update did not reach, leaves the rotation (:attr:`RolloutServerManager.dropped`
+says why): the others serve on, and every answer comes from the current policy version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+import time
+from typing import Any
+
+import podium.errors as errors
+from podium.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    PodiumError,
+    RemoteError,
+    UnavailableError,
+    WorkerDiedError,
+)
+from podium.rollout.broadcast import DEFAULT_BUCKET_BYTES, build_topology
+from podium.rollout.broadcastgroups import conclude_broadcast
+from podium.rollout.config import RolloutConfig
+from podium.rollout.server import CONTROL_THREADS, UPDATE_POLICIES, RolloutServer, _check_seconds
+
+__all__ = ["RolloutServerManager", "MAX_REPLICAS"]
+
+#: Most replicas one manager drives.
+MAX_REPLICAS = 256
+
+
+def _typed(exc: BaseException, **details: str) -> BaseException:
+    """A replica's error as the Podium error it was raised as (an AbortedError stays one
+    across the process boundary), with ``details`` added (the request and replica, which the
+    remote error's own details do not carry across); others unchanged."""
+    if isinstance(exc, RemoteError) and exc.remote_type:
+        cls = getattr(errors, exc.remote_type.rsplit(".", 1)[-1], None)
+        if isinstance(cls, type) and issubclass(cls, PodiumError) and cls is not RemoteError:
+            merged = {k: v for k, v in exc.details.items() if k != "remote_type"}
+            merged.update(details)
+            return cls(exc.message, details=merged)
+    return exc
+
+
+def _check_max_requests(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise InvalidArgumentError(f"max_requests must be an int in [1, 1024], got {value!r}")
+
+
+class RolloutServerManager:
+    """Load-balanced generation over rollout replicas, and their weight updates.
+
+    Build it with :meth:`launch` (starts the actors and their engines) or from existing
+    ``replicas`` (actor handles of :class:`RolloutServer`) and their ``names``.
+    """
+
+    def __init__(self, replicas: list[Any], names: list[str], max_requests: int = 8) -> None:
+        if not replicas or len(replicas) != len(names) or len(replicas) > MAX_REPLICAS:
+            raise InvalidArgumentError(f"need 1..{MAX_REPLICAS} replicas, one name each; got {len(replicas)} "
+                                       f"replicas and {len(names)} names")
+        _check_max_requests(max_requests)
+        self.replicas, self.names = list(replicas), list(names)
+        self.max_requests = max_requests
+        self.version = 0
+        self._cond = threading.Condition()
+        self._load = [0] * len(replicas)  # requests in flight per replica, from this manager
+        self._last_used = [0] * len(replicas)
+        self._tick = itertools.count(1)
+        self._ids = itertools.count()
+        self._updating = False
+        #: Why each replica left the rotation (absent: it serves). A replica leaves when its
+        #: process died, or when an update left it without the new weights: it must not
+        #: answer with a policy older than the others.
+        self.dropped: dict[str, str] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(replicas) * max_requests,
+                                                           thread_name_prefix="podium-rollout-client")
+
+    @classmethod
+    def launch(cls, config: RolloutConfig | dict, replicas: int = 2, max_requests: int = 8,
+               name_prefix: str = "rollout", num_cpus: float = 1.0, timeout: float = 600.0) -> RolloutServerManager:
+        """Start ``replicas`` :class:`RolloutServer` actors (each holding ``max_requests``
+        requests at once, on ``max_requests`` + a few control threads) and build their engines
+        in parallel."""
+        import podium
+
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgumentError(f"replicas must be an int in [1, {MAX_REPLICAS}], got {replicas!r}")
+        _check_max_requests(max_requests)
+        config = RolloutConfig.from_value(config)
+        actor_cls = podium.remote(RolloutServer).options(max_concurrency=max_requests + CONTROL_THREADS,
+                                                          num_cpus=num_cpus)
+        names = [f"{name_prefix}-{i}" for i in range(replicas)]
+        # Replica i samples with seed + i: replicas must not return the same samples.
+        handles = [actor_cls.remote(config, name=name, max_requests=max_requests, seed=config.seed + i)
+                   for i, name in enumerate(names)]
+        try:
+            podium.get([h.start.remote() for h in handles], timeout=_check_seconds(timeout, "timeout"))
+        except BaseException:
+            for h in handles:  # no half-started pool left holding processes
+                podium.kill(h)
+            raise
+        return cls(handles, names, max_requests)
+
+    # ------------------------------------------------------------------ requests
+
+    def load(self) -> list[int]:
+        """Requests in flight per replica (sent by this manager, not yet answered)."""
+        with self._cond:
+            return list(self._load)
+
+    def _acquire(self, deadline: float) -> int:
+        with self._cond:
+            while True:
+                if not self._updating:
+                    serving = self._serving()
+                    if not serving:
+                        raise UnavailableError(f"no rollout replica is serving: {self.dropped}")
+                    free = [i for i in serving if self._load[i] < self.max_requests]
+                    if free:
+                        best = min(free, key=lambda i: (self._load[i], self._last_used[i]))
+                        self._load[best] += 1
+                        self._last_used[best] = next(self._tick)
+                        return best
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadlineExceededError("no replica could take the request before its deadline "
+                                                + ("(a weight update was running)" if self._updating else
+                                                   f"(all at {self.max_requests} requests)"))
+                self._cond.wait(left)
+
+    def _serving(self) -> list[int]:
+        return [i for i, name in enumerate(self.names) if name not in self.dropped]
+
+    def serving(self) -> list[str]:
+        """The replicas requests go to (the others are in :attr:`dropped`, with why)."""
+        with self._cond:
+            return [self.names[i] for i in self._serving()]
+
+    def _drop(self, replica: int, why: str) -> None:
+        with self._cond:
+            self.dropped.setdefault(self.names[replica], why)
+            self._cond.notify_all()  # requests waiting for a slot re-check what is left
+
+    def _release(self, replica: int) -> None:
+        with self._cond:
+            self._load[replica] -= 1
+            self._cond.notify_all()
+
+    def generate(self, prompt_ids: list[int], n: int | None = None, width: int | None = None, index: int = 0,
+                 request_id: str | None = None, timeout: float = 300.0) -> Any:
+        """``n`` samples of one prompt from the least-loaded replica: a DataProto of n rows
+        (:meth:`RolloutServer.generate`'s fields, ``policy_version`` among them).
+
+        Raises AbortedError (``details``: ``request_id``, ``replica``) when a weight update
+        aborted it, DeadlineExceededError past ``timeout`` seconds."""
+        timeout = _check_seconds(timeout, "timeout")
+        deadline = time.monotonic() + timeout
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        replica = self._acquire(deadline)
+        try:
+            ref = self.replicas[replica].generate.remote(rid, list(prompt_ids), n=n, width=width, index=index,
+                                                         timeout=max(deadline - time.monotonic(), 1e-3))
+            try:
+                return ref.get(timeout=max(deadline - time.monotonic(), 0) + 10)
+            except WorkerDiedError as exc:
+                self._drop(replica, f"its process died: {exc.message}")
+                raise
+            except PodiumError as exc:
+                raise _typed(exc, request_id=rid, replica=self.names[replica]) from None
+        finally:
+            self._release(replica)
+
+    def submit(self, prompt_ids: list[int], **kwargs: Any) -> concurrent.futures.Future:
+        """:meth:`generate` on the manager's threads: a future of its result."""
+        return self._pool.submit(self.generate, prompt_ids, **kwargs)
+
+    # ------------------------------------------------------------------ weight updates
+
+    def update_weights(self, source: Any, version: int, policy: str = "drain", timeout: float = 120.0,
+                       bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
+        """Move ``source``'s weights (a trainer role with ``broadcast_send``, as
+        :class:`~podium.rollout.broadcastgroups.BroadcastSource` has) to every replica as
+        policy ``version``; requests in flight are aborted or drained first (``policy``).
+
+        Goes to the replicas in the rotation; one whose process died is left out (named in
+        :attr:`dropped` and the result's ``dropped``). Returns ``{"version", "aborted",
+        "drained", "wait_s", "broadcast_s", "dropped", "bytes", "tensors", "replicas"}``.
+        Raises WeightBroadcastError when the broadcast failed at a replica: the others run on
+        the new version, the failed ones leave the rotation (they hold the old weights).
+        Requests flow again either way."""
+        if policy not in UPDATE_POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {UPDATE_POLICIES}, got {policy!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or version <= self.version:
+            raise InvalidArgumentError(f"version must be an int above the current {self.version}, got {version!r}")
+        timeout = _check_seconds(timeout, "timeout")
+        with self._cond:
+            if self._updating:
+                raise errors.FailedPreconditionError("a weight update is already running")
+            targets = self._serving()
+            if not targets:
+                raise UnavailableError(f"no rollout replica is serving: {self.dropped}")
+            self._updating = True  # requests not yet sent wait here
+        start = time.monotonic()
+        began: list[int] = []
+        new_version: dict[str, int] = {}
+        dropped_before = set(self.dropped)
+        sent = False
+        try:
+            begun = self._begin(targets, policy, timeout, began)
+            wait_s = time.monotonic() - start
+            sent = True
+            try:
+                result = self._broadcast(source, version, timeout, bucket_bytes, began, new_version)
+            finally:
+                for i in began:  # without the new weights a replica would serve an old policy
+                    if self.names[i] not in new_version:
+                        self._drop(i, f"the update to version {version} did not reach it")
+                if new_version:
+                    self.version = version
+        finally:
+            # Replicas with the new weights serve on; once weights were sent, one without them
+            # is retired, so that requests waiting at its gate fail (AbortedError) rather than
+            # run on an old policy. No weights sent (a begin failed): all reopen as they were.
+            ends = [(i, self.replicas[i].retire.remote(self.dropped.get(self.names[i], "missed an update"))
+                     if sent and self.names[i] not in new_version
+                     else self.replicas[i].end_update.remote(new_version.get(self.names[i])))
+                    for i in began]
+            try:
+                for i, ref in ends:
+                    try:
+                        ref.get(timeout=timeout + 10)
+                    except WorkerDiedError as exc:
+                        self._drop(i, f"its process died: {exc.message}")
+            finally:
+                with self._cond:
+                    self._updating = False
+                    self._cond.notify_all()
+        return {"version": version, "aborted": sum(len(b["aborted"]) for b in begun),
+                "drained": sum(b["drained"] for b in begun), "wait_s": wait_s,
+                "broadcast_s": result["seconds"], "dropped": sorted(set(self.dropped) - dropped_before),
+                **{k: result[k] for k in ("bytes", "tensors", "replicas")}}
+
+    def _begin(self, targets: list[int], policy: str, timeout: float, began: list[int]) -> list[dict]:
+        """``begin_update`` on every target; a replica whose process died leaves the rotation
+        (the update goes on without it), any other failure is raised once all answered."""
+        refs = [(i, self.replicas[i].begin_update.remote(policy, timeout=timeout)) for i in targets]
+        begun: list[dict] = []
+        first: BaseException | None = None
+        for i, ref in refs:
+            try:
+                begun.append(ref.get(timeout=timeout + 10))
+                began.append(i)
+            except WorkerDiedError as exc:
+                self._drop(i, f"its process died: {exc.message}")
+            except PodiumError as exc:
+                first = first or _typed(exc, replica=self.names[i])
+        if first is not None:
+            raise first
+        if not began:
+            raise UnavailableError(f"no rollout replica is left to update: {self.dropped}")
+        return begun
+
+    def _gather(self, refs: list, timeout: float, ok: list[int] | None = None) -> list:
+        # Every ref is waited for (none left running unseen); the first error is raised after.
+        values: list = []
+        first: BaseException | None = None
+        for i, ref in enumerate(refs):
+            try:
+                values.append(ref.get(timeout=timeout))
+                if ok is not None:
+                    ok.append(i)
+            except PodiumError as exc:
+                first = first or _typed(exc)
+        if first is not None:
+            raise first
+        return values
+
+    def _broadcast(self, source: Any, version: int, timeout: float, bucket_bytes: int, targets: list[int],
+                   new_version: dict[str, int]) -> dict:
+        """One chain update over the ``targets`` replicas (as broadcast_weights does over a
+        group); the names that took it go into ``new_version``."""
+        start = time.monotonic()
+        replicas = [self.replicas[i] for i in targets]
+        names = [self.names[i] for i in targets]
+        metadata = self._gather([r.broadcast_prepare.remote(timeout) for r in replicas], timeout + 10)
+        head, downstreams = build_topology(metadata)
+        pending = [r.broadcast_receive.remote(d, version) for r, d in zip(replicas, downstreams)]
+        sent: dict | None = None
+        send_error: BaseException | None = None
+        try:
+            out = source.broadcast_send(head, step=version, bucket_bytes=bucket_bytes, timeout=timeout)
+            sent = out[0] if isinstance(out, (list, tuple)) else out
+        except PodiumError as exc:
+            send_error = exc
+        deadline = timeout * (3 + len(metadata))  # as broadcast_weights: one timeout per replica behind
+        outcomes: list = []
+        for ref in pending:
+            try:
+                outcomes.append(ref.get(timeout=deadline))
+            except PodiumError as exc:
+                outcomes.append(exc)
+        for name, out in zip(names, outcomes):
+            if isinstance(out, dict):  # its own copy completed even if its downstream failed
+                new_version[name] = version
+        return conclude_broadcast(names, outcomes, sent, send_error, version, start)
+
+    # ------------------------------------------------------------------ life
+
+    def stats(self) -> list[dict]:
+        """:meth:`RolloutServer.stats` of each replica in the rotation."""
+        return self._gather([self.replicas[i].stats.remote() for i in self._serving()], 60)
+
+    def shutdown(self) -> None:
+        """Stop the engines and the actors, and this manager's threads."""
+        import podium
+
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            for ref in [r.shutdown.remote() for r in self.replicas]:
+                try:
+                    ref.get(timeout=60)
+                except WorkerDiedError:  # a replica that died earlier: nothing left to stop
+                    pass
+        finally:
+            for r in self.replicas:
+                podium.kill(r)

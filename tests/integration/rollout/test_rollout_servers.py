@@ -1,0 +1,262 @@
+"""Disaggregated rollout replicas: two RolloutServer actors (real worker processes, each a
+real in-process vLLM engine on CPU) behind a RolloutServerManager: requests balanced by
+load and served concurrently, weight updates down the broadcast chain into vLLM with the
+"drain" and "abort" policies, and bad input. Skipped, naming vLLM, where it is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from podium.rollout.broadcast import WeightSender
+from podium.worker import Dispatch, Worker, register
+from podium.worker.decorator import Execute
+from tests.support.rollout_kit import forcing_state_dict, original_state_dict, vllm_marks
+
+pytestmark = [*vllm_marks, pytest.mark.timeout(300)]
+
+FORCED = 9            # a plain word's id
+MAX_TOKENS = 96       # long responses: requests stay in flight while an update starts
+WAIT_S = 120          # the longest any poll of this module waits
+PROMPT = [1, 4, 5, 6]
+
+
+class Holder(Worker):
+    """A trainer stand-in: holds a state dict the test sets, sends it down the chain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: dict = {}
+        self.gate: tuple[str, str] | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_state(self, state: dict, gate: tuple[str, str] | None = None) -> None:
+        """The weights the next broadcast sends; with ``gate`` (two paths), it writes the
+        first and waits for the second before the last tensor."""
+        self.state, self.gate = state, gate
+
+    def _pairs(self):
+        items = list(self.state.items())
+        for i, pair in enumerate(items):
+            if self.gate and i == len(items) - 1:
+                waiting, gate = self.gate
+                open(waiting, "w").close()
+                deadline = time.monotonic() + WAIT_S
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            yield pair
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def broadcast_send(self, head: dict, step: int | None = None, bucket_bytes: int = 1 << 20,
+                       timeout: float = 60.0) -> dict:
+        """Send the held weights to the chain's head (small buckets: several go out before the gate)."""
+        return WeightSender(4 << 10, timeout).send(self._pairs(), head, step)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from podium.rollout.tinymodel import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny"), words=[f"w{i}" for i in range(8)], seed=1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import podium
+
+    podium.init(num_cpus=8)
+    yield
+    podium.shutdown()
+
+
+def _config(model_dir):
+    return dict(model_path=model_dir, n=4, max_tokens=MAX_TOKENS, max_model_len=128, ignore_eos=True,
+                kv_cache_memory_bytes=16 << 20, seed=5)
+
+
+@pytest.fixture(scope="module")
+def manager(cluster, model_dir):
+    from podium.rollout.servermanager import RolloutServerManager
+
+    mgr = RolloutServerManager.launch(_config(model_dir), replicas=2, max_requests=3, name_prefix="srv")
+    yield mgr
+    mgr.shutdown()
+
+
+@pytest.fixture(scope="module")
+def holder(cluster):
+    from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+
+    wg = WorkerGroup(ResourcePool([1], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Holder),
+                     name_prefix="holder")
+    yield wg
+    wg.shutdown()
+
+
+def _poll(what, check):
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def _in_engines(manager, count):
+    _poll(f"{count} requests in the engines", lambda: sum(s["in_flight"] for s in manager.stats()) >= count)
+
+
+def test_requests_balanced_by_load_and_served_concurrently(manager):
+    import podium
+
+    before = {s["replica"]: s["served"] for s in manager.stats()}
+    # Close both replicas' gates (as an update would) so requests pile up there: the
+    # manager's per-replica load is then exactly what it dispatched.
+    podium.get([r.begin_update.remote("drain") for r in manager.replicas])
+    futures = [manager.submit(PROMPT, n=1, width=6, index=i) for i in range(6)]
+    _poll("6 requests held at the replicas", lambda: sum(s["held"] for s in manager.stats()) == 6)
+    assert manager.load() == [3, 3]
+    assert [s["held"] for s in manager.stats()] == [3, 3]
+    # A 7th waits in the manager: both replicas are at max_requests.
+    seventh = manager.submit(PROMPT, n=1, width=6, index=6)
+    time.sleep(0.2)
+    assert not seventh.done() and manager.load() == [3, 3]
+    podium.get([r.end_update.remote() for r in manager.replicas])
+    results = [f.result(WAIT_S) for f in [*futures, seventh]]
+    assert [int(r.batch["index"][0]) for r in results] == list(range(7))
+    assert all(tuple(r.batch["responses"].shape) == (1, MAX_TOKENS) for r in results)
+    after = {s["replica"]: s["served"] for s in manager.stats()}
+    served = sorted(after[name] - before[name] for name in manager.names)
+    assert served == [3, 4]
+    assert manager.load() == [0, 0]
+
+
+def test_drain_lets_requests_finish_on_the_old_weights(manager, holder, model_dir):
+    version = manager.version
+    futures = [manager.submit(PROMPT, n=4, width=6) for _ in range(6)]
+    _in_engines(manager, 1)
+    holder.set_state(forcing_state_dict(model_dir, FORCED))
+    update = manager.update_weights(holder, version=version + 1, policy="drain", timeout=60)
+    assert update["aborted"] == 0 and update["drained"] >= 1 and update["replicas"] == 2
+    old = [f.result(WAIT_S) for f in futures]
+    # Every request sent before the update ran on the old policy, start to end.
+    assert all(set(r.batch["policy_version"].tolist()) == {version} for r in old)
+    assert not all((r.batch["responses"] == FORCED).all() for r in old)
+    # Afterwards both replicas generate with the forcing weights.
+    new = [manager.generate(PROMPT, n=2, width=6) for _ in range(4)]
+    for r in new:
+        assert set(r.batch["policy_version"].tolist()) == {version + 1}
+        assert (r.batch["responses"] == FORCED).all()
+        assert r.batch["old_log_probs"].abs().max().item() < 1e-4
+    assert {s["version"] for s in manager.stats()} == {version + 1}
+
+
+def test_abort_fails_requests_in_flight_with_a_typed_error(manager, holder, model_dir):
+    from podium.errors import AbortedError
+
+    version = manager.version
+    futures = [manager.submit(PROMPT, n=4, width=6, request_id=f"ab-{i}") for i in range(6)]
+    _in_engines(manager, 1)
+    holder.set_state(original_state_dict(model_dir))
+    update = manager.update_weights(holder, version=version + 1, policy="abort", timeout=60)
+    assert update["aborted"] >= 1
+    aborted = 0
+    for i, f in enumerate(futures):
+        try:
+            r = f.result(WAIT_S)
+        except AbortedError as exc:
+            aborted += 1
+            assert exc.details["request_id"] == f"ab-{i}" and exc.details["replica"] in manager.names
+            assert f"ab-{i}" in str(exc) and exc.details["replica"] in str(exc)
+        else:  # finished before the update began, or sent after it ended
+            assert set(r.batch["policy_version"].tolist()) <= {version, version + 1}
+    assert aborted == update["aborted"]
+    r = manager.generate(PROMPT, n=4, width=6)
+    assert set(r.batch["policy_version"].tolist()) == {version + 1}
+    assert not (r.batch["responses"] == FORCED).all()  # the original weights are back
+    assert manager.load() == [0, 0]
+
+
+def test_bad_input_is_a_typed_error_and_the_pool_keeps_serving(manager, holder):
+    from podium.errors import InvalidArgumentError
+    from podium.rollout.servermanager import RolloutServerManager
+
+    with pytest.raises(InvalidArgumentError, match="policy"):
+        manager.update_weights(holder, version=manager.version + 1, policy="later")
+    with pytest.raises(InvalidArgumentError, match="version"):
+        manager.update_weights(holder, version=manager.version, policy="drain")
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        manager.generate(PROMPT, timeout=-1)
+    with pytest.raises(InvalidArgumentError, match="n must be"):
+        manager.generate(PROMPT, n=10**6)
+    with pytest.raises(InvalidArgumentError, match="max_model_len"):
+        manager.generate([1] * 100)
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        manager.generate([1, 10_000])
+    with pytest.raises(InvalidArgumentError, match="replicas"):
+        RolloutServerManager.launch({}, replicas=0)
+    assert len(manager.generate(PROMPT, n=2, width=6)) == 2
+    assert manager.load() == [0, 0]
+
+
+def test_a_dead_replica_leaves_the_rotation_and_the_update_goes_on(manager, holder, model_dir):
+    # Last in this module: it kills a replica of the shared pool.
+    victim_name, victim_pid = manager.names[1], manager.stats()[1]["pid"]
+    os.kill(victim_pid, signal.SIGKILL)
+    holder.set_state(forcing_state_dict(model_dir, FORCED))
+    version = manager.version
+    update = manager.update_weights(holder, version=version + 1, policy="drain", timeout=60)
+    assert update["dropped"] == [victim_name] and update["replicas"] == 1
+    assert victim_name in manager.dropped and "died" in manager.dropped[victim_name]
+    assert manager.serving() == [manager.names[0]]
+    for _ in range(4):  # every request now goes to the survivor, on the new weights
+        r = manager.generate(PROMPT, n=2, width=6)
+        assert set(r.batch["policy_version"].tolist()) == {version + 1}
+        assert (r.batch["responses"] == FORCED).all()
+    assert manager.load() == [0, 0]
+
+
+def test_a_replica_dying_mid_broadcast_fails_the_update_and_the_one_behind_it_is_retired(
+        cluster, holder, model_dir, tmp_path):
+    from podium.errors import AbortedError, RemoteError, WeightBroadcastError
+    from podium.rollout.servermanager import RolloutServerManager
+
+    mgr = RolloutServerManager.launch(_config(model_dir), replicas=3, max_requests=2, name_prefix="chain")
+    try:
+        pids = [s["pid"] for s in mgr.stats()]
+        waiting, gate = str(tmp_path / "waiting"), str(tmp_path / "gate")
+        holder.set_state(forcing_state_dict(model_dir, FORCED), gate=(waiting, gate))
+        outcome: list = []
+
+        def update():
+            try:
+                outcome.append(mgr.update_weights(holder, version=1, policy="drain", timeout=10))
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                outcome.append(exc)
+
+        thread = threading.Thread(target=update)
+        thread.start()
+        _poll("the first buckets down the chain", lambda: os.path.exists(waiting))
+        # Sent straight to the last replica while its gate is closed: it waits there.
+        held = mgr.replicas[2].generate.remote("held-1", PROMPT, n=1, width=6)
+        os.kill(pids[1], signal.SIGKILL)  # the chain 0 -> 1 -> 2 breaks in the middle
+        open(gate, "w").close()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        error = outcome[0]
+        assert isinstance(error, WeightBroadcastError), error
+        assert "chain-1" in error.failed and error.updated == ["chain-0"]
+        assert sorted(error.kept) == ["chain-1", "chain-2"]
+        # chain-2 is alive but holds the old weights: retired, and its waiting request aborted.
+        assert set(mgr.dropped) == {"chain-1", "chain-2"} and "version 1" in mgr.dropped["chain-2"]
+        with pytest.raises(RemoteError) as info:
+            held.get(timeout=WAIT_S)
+        assert info.value.remote_type.endswith(AbortedError.__name__) and "version 1" in info.value.message
+        assert mgr.serving() == ["chain-0"] and mgr.version == 1
+        r = mgr.generate(PROMPT, n=2, width=6)
+        assert set(r.batch["policy_version"].tolist()) == {1} and (r.batch["responses"] == FORCED).all()
+    finally:
+        mgr.shutdown()
