@@ -58,6 +58,25 @@ if [ "$status_install" = ok ]; then
     status_bench="failed (see $OUT/gpu-bench.log)"
   fi
   grep -v '^GPUBENCH ' "$OUT/gpu-bench.log" | tail -30
+
+  # Weight broadcast over NCCL beside NCCL's own broadcast busbw (two GPUs; one GPU: says so).
+  step "bench.broadcast_gpu"
+  timeout 240 python -m bench.broadcast_gpu --json "$OUT/broadcast-gpu.json" > "$OUT/broadcast-gpu.log" 2>&1 \
+    || echo "broadcast_gpu failed (see $OUT/broadcast-gpu.log)"
+  tail -8 "$OUT/broadcast-gpu.log"
+
+  # The asynchronous GRPO example on the GPU build of vLLM, synchronous and with staleness 2,
+  # where vLLM is installed (pip install -e ".[vllm]": several GB, not part of this check).
+  if timeout 120 python -c "import vllm" 2>/dev/null; then
+    step "examples/grpo_async.py (vLLM on the GPU)"
+    for k in 0 2; do
+      timeout 300 python examples/grpo_async.py --steps 1000 --time-budget 30 --max-staleness "$k" \
+        > "$OUT/grpo-async-$k.log" 2>&1 || echo "grpo_async --max-staleness $k failed (see $OUT/grpo-async-$k.log)"
+      grep '^max-staleness' "$OUT/grpo-async-$k.log"
+    done
+  else
+    echo "vLLM is not installed in $VENV: the async GRPO example is not run"
+  fi
 fi
 
 step "summary"
