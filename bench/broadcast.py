@@ -51,7 +51,11 @@ def podium_child(mibs: list[int], replicas: list[int], repeat: int, max_gib: flo
     from podium.rollout.broadcastgroups import BroadcastSource, BroadcastTarget, broadcast_weights
     from podium.worker import Dispatch, Worker, register
 
-    class Trainer(BroadcastSource, Worker):
+    class Holder(Worker):
+        """Holds ``mib`` MiB of float32 weights, all ``fill``."""
+
+        fill = 0.0
+
         def __init__(self):
             super().__init__()
             self.state: dict = {}
@@ -61,20 +65,14 @@ def podium_child(mibs: list[int], replicas: list[int], repeat: int, max_gib: flo
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def build(self, mib: int) -> None:
-            self.state = {k: torch.full(s, 1.5) for k, s in shapes(mib).items()}
-
-    class Replica(BroadcastTarget, Worker):
-        def __init__(self):
-            super().__init__()
-            self.state: dict = {}
-
-        def rollout_state_dict(self):
-            return self.state
-
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def build(self, mib: int) -> None:
-            self.state = {k: torch.zeros(s) for k, s in shapes(mib).items()}
+            self.state = {k: torch.full(s, self.fill) for k, s in shapes(mib).items()}
             self._podium_receiver = None  # a new layout: new staging buffers
+
+    class Trainer(BroadcastSource, Holder):
+        fill = 1.5
+
+    class Replica(BroadcastTarget, Holder):
+        pass
 
     mode = "podium cross-host" if os.environ.get("PODIUM_DISABLE_SHM") else "podium same-host"
     podium.init(num_cpus=max(replicas) + 2)
