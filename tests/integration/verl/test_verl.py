@@ -153,3 +153,10 @@ def test_verls_main_ppo_task_runner_runs_on_podium_as_far_as_a_cpu_allows():
 def test_verls_checkpoint_engine_manager_updates_the_rollout_weights(mode):
     # The "naive" backend; verl's nccl engine imports cupy (and needs CUDA) at import.
     podium_run("scenario_checkpoint_engine.py", "--num-cpus", "16", "--num-gpus", "4", *mode)
+
+
+@pytest.mark.parametrize("mode", [(), ("--native-verl",)], ids=["ray-mode", "native"])
+def test_a_non_blocking_concat_call_gives_verls_data_proto_future(mode):
+    # verl's own test_decorator_on_cpu shape: blocking=False DP_COMPUTE_PROTO (sync and async
+    # def) and an nd-mesh TensorDict method, isinstance-checked against verl's classes.
+    podium_run("scenario_futures.py", "--num-cpus", "16", "--num-gpus", "4", *mode)

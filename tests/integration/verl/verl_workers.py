@@ -141,3 +141,27 @@ class WeightSync(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rollout_weights(self) -> tuple:
         return {name: t.tolist() for name, t in self.rollout.items()}, self.version
+
+
+class Deferred(Worker):
+    """``blocking=False`` methods whose ranks' results are concatenated: DataProto (a plain
+    and an ``async def`` method) and TensorDict (an nd-mesh method, each rank its own dp rank)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._register_dispatch_collect_info("per_rank", dp_rank=self.rank, is_collect=True)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def tag(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": data.batch["x"] * 10 + self.rank})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    async def tag_async(self, data: DataProto) -> DataProto:
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return DataProto.from_dict({"x": data.batch["x"] * 10 + self.rank})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("per_rank"), blocking=False)
+    def tag_tensordict(self, td: TensorDict) -> TensorDict:
+        return TensorDict({"x": td["x"] * 10 + self.rank}, batch_size=td.batch_size)
