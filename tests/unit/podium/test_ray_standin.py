@@ -39,6 +39,8 @@ assert callable(ray._private.state.available_resources_per_node)
 from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 assert isinstance(RAY_JOB_CONFIG_JSON_ENV_VAR, str)
 assert ray.cloudpickle.loads(ray.cloudpickle.dumps(lambda x: x + 1))(1) == 2
+import pickle
+assert ray.cloudpickle.pickle is pickle  # as Ray's vendored copy exports it
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 assert ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy is PlacementGroupSchedulingStrategy
 for name in ("init", "get", "put", "wait", "remote", "get_actor", "kill", "cancel", "nodes", "get_gpu_ids",
