@@ -160,3 +160,9 @@ def test_a_non_blocking_concat_call_gives_verls_data_proto_future(mode):
     # verl's own test_decorator_on_cpu shape: blocking=False DP_COMPUTE_PROTO (sync and async
     # def) and an nd-mesh TensorDict method, isinstance-checked against verl's classes.
     podium_run("scenario_futures.py", "--num-cpus", "16", "--num-gpus", "4", *mode)
+
+
+def test_actors_are_built_while_remote_returns_so_verl_workers_may_rendezvous_in_init():
+    # verl's RayWorkerGroup creates its workers one at a time; Joined's constructor joins
+    # torch.distributed, so rank 0 waits there for rank 1 (a deadlock if .remote() waited).
+    podium_run("scenario_construct.py")

@@ -165,3 +165,22 @@ class Deferred(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("per_rank"), blocking=False)
     def tag_tensordict(self, td: TensorDict) -> TensorDict:
         return TensorDict({"x": td["x"] * 10 + self.rank}, batch_size=td.batch_size)
+
+
+class Joined(Worker):
+    """Joins torch.distributed (gloo) in its constructor, as verl's FSDP workers do: rank 0's
+    ``__init__`` waits there for ranks that verl's RayWorkerGroup creates after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="gloo")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def total(self) -> float:
+        import torch.distributed as dist
+
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return value.item()
