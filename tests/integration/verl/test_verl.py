@@ -166,3 +166,8 @@ def test_actors_are_built_while_remote_returns_so_verl_workers_may_rendezvous_in
     # verl's RayWorkerGroup creates its workers one at a time; Joined's constructor joins
     # torch.distributed, so rank 0 waits there for rank 1 (a deadlock if .remote() waited).
     podium_run("scenario_construct.py")
+
+
+def test_collective_nccl_groups_connect_at_their_first_operation_as_in_ray():
+    # One worker group's blocking init, then the other's: an eager rendezvous would wait forever.
+    podium_run("scenario_collective_pairs.py")

@@ -184,3 +184,30 @@ class Joined(Worker):
         value = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(value)
         return value.item()
+
+
+class PairEnd(Worker):
+    """One end of a two-member ray.util.collective group per rank ("pair<rank>"), as verl's
+    test_ray_collectives pairs an actor group with a rollout group: each side's ``join`` is a
+    blocking call that returns before the other side joined; send/recv connect the group."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join(self, side: int) -> bool:
+        from ray.util import collective
+
+        collective.init_collective_group(2, side, "nccl", f"pair{self.rank}")
+        return collective.is_group_initialized(f"pair{self.rank}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send(self) -> None:
+        from ray.util import collective
+
+        collective.send(torch.full((4,), float(self.rank + 1)), 1, f"pair{self.rank}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def recv(self) -> list:
+        from ray.util import collective
+
+        value = torch.zeros(4)
+        collective.recv(value, 0, f"pair{self.rank}")
+        return value.tolist()
