@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from typing import Any
 
 from podium.errors import InvalidArgumentError, UnimplementedError
@@ -158,9 +159,14 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
 
 
 def _index(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+    # Any integer type, as Ray: verl computes bundle indices with numpy (split_resource_pool).
+    try:
+        index = -2 if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        index = -2
+    if index < -1:
         raise InvalidArgumentError(f"placement_group_bundle_index must be an int >= -1, got {value!r}")
-    return value
+    return index
 
 
 def _strategy(opts: Options, value: Any) -> None:

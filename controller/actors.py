@@ -8,9 +8,10 @@ builds ``Cls(*args)`` there and returns an :class:`ActorHandle`; ``handle.method
 returns a ref (``podium.get`` it) and never blocks. Named actors are found again, also from
 another controller process, with :func:`get_actor`; :func:`kill` stops one.
 
-Where Podium differs from Ray: ``.remote()`` returns once the actor is constructed (its
-constructor's error is raised there, as RemoteError, not at the first method call); names
-live in the namespace ``"default"`` unless one is given, so any controller of the cluster
+As in Ray, ``.remote()`` returns while the constructor runs (verl's workers rendezvous in
+``__init__``: rank 0 waits there for ranks not created yet); method calls made meanwhile
+are sent once it finished, in order, and fail with its error (RemoteError) when it failed,
+which also stops the actor. Where Podium differs from Ray: names live in the namespace ``"default"`` unless one is given, so any controller of the cluster
 finds them; a dead actor's calls fail with WorkerDiedError (no restarts).
 """
 
@@ -263,12 +264,21 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     group = _attached_group(rt, info, owns=True, detached=opts.detached)
     if not opts.detached:  # Ray's lifetime: gone with the last handle
         group._life = _life.arm(rt, group.workers, group._gid, group._pg_ids, [own_pg] if own_pg else [])
-    try:
-        rt.run(_construct(group, payload), timeout=rt.call_timeout + 10, what=f"constructing actor {wname}")
-    except BaseException:
-        _stop(rt, group, own_pg)
-        raise
+    # The constructor runs while .remote() returns; the group's calls wait for it (gate).
+    group._calls.gate = asyncio.run_coroutine_threadsafe(_construct_or_stop(rt, group, payload, own_pg), rt.loop)
     return ActorHandle(group, _class_name(cls), opts.name, opts.namespace)
+
+
+async def _construct_or_stop(rt: Any, group: Any, payload: Any, own_pg: str) -> None:
+    """Build the actor; when its constructor fails, remove its worker (and own placement
+    group) and raise the error, which every call made to it then fails with."""
+    try:
+        await _construct(group, payload)
+    except BaseException:
+        if group._life is not None:
+            group._life.disarm()
+        await _remove(rt, group, own_pg)
+        raise
 
 
 async def _construct(group: Any, payload: Any) -> None:
@@ -298,28 +308,30 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     return ActorHandle(group, described.class_name or "?", name, namespace)
 
 
+async def _remove(rt: Any, group: Any, pg_id: str = "") -> None:
+    """Remove the actor's worker (and ``pg_id``), on the runtime's loop."""
+    worker = group.workers[0]
+    with contextlib.suppress(Exception):
+        await rt.scheduler.remove_workers([worker.worker_id])
+    client = worker.client
+    for _ in range(100):  # up to 5 s for the stream to see the process go
+        if client.broken is not None or not client.pending:
+            break
+        await asyncio.sleep(0.05)
+    rt.deathwatch.forget([worker.worker_id])
+    with contextlib.suppress(Exception):
+        await client.close()
+    if pg_id:
+        with contextlib.suppress(Exception):
+            await rt.scheduler.remove_placement_group(pg_id)
+
+
 def _stop(rt: Any, group: Any, pg_id: str = "") -> None:
     """Remove the actor's worker (and ``pg_id``); its pending calls then fail with
     WorkerDiedError once its connection breaks (the scheduler has its exit record)."""
-    async def stop() -> None:
-        worker = group.workers[0]
-        with contextlib.suppress(Exception):
-            await rt.scheduler.remove_workers([worker.worker_id])
-        client = worker.client
-        for _ in range(100):  # up to 5 s for the stream to see the process go
-            if client.broken is not None or not client.pending:
-                break
-            await asyncio.sleep(0.05)
-        rt.deathwatch.forget([worker.worker_id])
-        with contextlib.suppress(Exception):
-            await client.close()
-        if pg_id:
-            with contextlib.suppress(Exception):
-                await rt.scheduler.remove_placement_group(pg_id)
-
     if group._life is not None:
         group._life.disarm()
-    rt.run(stop(), timeout=60, what="stopping an actor")
+    rt.run(_remove(rt, group, pg_id), timeout=60, what="stopping an actor")
     group._calls.close()
 
 

@@ -118,5 +118,8 @@ def looks_like_ref(value: Any) -> bool:
 
 
 def _future_concat(outputs: list) -> Any:
+    from podium.compat import nativeverl
+    if nativeverl.installed() and "verl.protocol" in sys.modules:
+        return nativeverl.verl_future(outputs)  # also a verl.protocol.DataProtoFuture
     from podium.controller.futures import concat_refs
     return concat_refs(outputs)

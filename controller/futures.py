@@ -304,19 +304,19 @@ class PendingDataProtoFuture(DataProtoFuture):
         """``chunks`` lazy futures over equal row ranges (checked when resolved)."""
         if self._resolved is not None:
             return self._resolved.chunk(chunks)
-        return [PendingDataProtoFuture(self, ("chunk", i, chunks)) for i in range(chunks)]
+        return [type(self)(self, ("chunk", i, chunks)) for i in range(chunks)]
 
     def slice(self, start: int, stop: int) -> DataProtoFuture:
         """Rows ``[start, stop)``, lazily."""
         if self._resolved is not None:
             return self._resolved.slice(start, stop)
-        return PendingDataProtoFuture(self, ("slice", start, stop))
+        return type(self)(self, ("slice", start, stop))
 
     def unpadded(self, padding_size: int) -> DataProtoFuture:
         """The same future without its last ``padding_size`` rows, lazily."""
         if not padding_size:
             return self
-        return PendingDataProtoFuture(self, ("unpad", padding_size))
+        return type(self)(self, ("unpad", padding_size))
 
     def get(self, timeout: float | None = None) -> Any:
         """Wait for the producers, then fetch and concatenate the covered rows."""

@@ -83,7 +83,8 @@ from podium import cudawire
 from podium.errors import DataLossError, InvalidArgumentError
 from podium.memorypool import MIN_POOLED_BYTES, POOL, copy_segments
 
-__all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "without_buffers", "dumps", "loads"]
+__all__ = ["MAGIC", "VERSION", "ALIGNMENT", "Encoded", "encode", "decode", "without_buffers", "dumps", "loads",
+           "pinned_by_value"]
 
 #: First four bytes of every payload.
 MAGIC = b"PDM1"
@@ -357,6 +358,10 @@ def _is_test_module(module: types.ModuleType) -> bool:
         or name == "conftest.py"
 
 
+#: Test modules this codec registered by value, for good (see pinned_by_value).
+_pinned_modules: set[str] = set()
+
+
 def _register_test_module_by_value(module_name: str | None) -> None:
     # Test modules are importable here (pytest put them on sys.path) but not in
     # a worker process, so their functions and classes must travel by value.
@@ -365,7 +370,15 @@ def _register_test_module_by_value(module_name: str | None) -> None:
     _checked_modules.add(module_name)
     module = sys.modules.get(module_name)
     if module is not None and module_name != "__main__" and _is_test_module(module):
+        _pinned_modules.add(module_name)
         cloudpickle.register_pickle_by_value(module)
+
+
+def pinned_by_value(module_name: str) -> bool:
+    """True when the codec registered module ``module_name`` to pickle by value for good (a
+    test module: importable here, not in a worker). :func:`podium.worker.factory.by_value`
+    leaves such a module registered when it is done with it."""
+    return module_name in _pinned_modules
 
 
 def _reduce_tensor(torch: Any, tensor: Any) -> Any:

@@ -184,13 +184,17 @@ def by_value(*objs: Any) -> Iterator[None]:
     try:
         yield
     finally:
+        from podium.codec import pinned_by_value
+
         with _lock:
             for name in taken:
                 _held[name] -= 1
                 if _held[name] == 0:
                     del _held[name]
                     module = sys.modules.get(name)
-                    if module is not None:
+                    # A test module the codec registered meanwhile (pickling one of its
+                    # objects) stays by value: the codec checks each module only once.
+                    if module is not None and not pinned_by_value(name):
                         with contextlib.suppress(ValueError):
                             cloudpickle.unregister_pickle_by_value(module)
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -72,6 +73,12 @@ class GroupCaller:
         self.closed = False
         #: The trace id of the last call :meth:`run` made (its ranks' spans carry it).
         self.last_trace = 0
+        #: An actor's constructor still running (a ``concurrent.futures.Future``), or None:
+        #: ``blocking=False`` calls made meanwhile are queued, in order, and sent once it
+        #: finished (they fail with its error when it failed), as Ray's actor calls wait.
+        self.gate: Any = None
+        self._gate_lock = threading.Lock()
+        self._queued: list | None = None
 
     def routed(self, route: Route | None = None) -> "GroupCaller":
         """A caller over the same runtime and members with its own closed flag and
@@ -113,6 +120,8 @@ class GroupCaller:
                 kwargs = entry[1]
             calls.append((rank, name, args, kwargs))
         timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
+        if blocking and self.gate is not None:
+            self.gate.result()  # the constructor first (its error is this call's)
         if blocking:
             return rt.run(self._call_all(calls, hold=False, timeout=timeout, trace=trace), timeout=timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")
@@ -125,6 +134,8 @@ class GroupCaller:
             keep_alive = functools.partial(_keep_until_done, owned)
             for ref in refs:
                 ref.add_done_callback(keep_alive)
+        if self.gate is not None and self._behind_gate(calls, refs, timeout, trace):
+            return refs
         if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
             # Arguments that are still computing: resolved, then encoded, in a task on the loop.
             soon(rt.loop, self._start_when_resolved, calls, refs, timeout, trace)
@@ -144,6 +155,59 @@ class GroupCaller:
             if payload.copying is not None:
                 payload.copying.run()
         return refs
+
+    def _behind_gate(self, calls: list, refs: list[PendingRef], timeout: float | None, trace: int) -> bool:
+        """Queue a ``blocking=False`` call behind :attr:`gate`; False once the constructor
+        succeeded and every call queued before has been sent (then the call goes as usual).
+        Its arguments are encoded and copied now (later changes to them are not sent) unless
+        some are still computing (resolved first, as without a gate)."""
+        payloads = None
+        if not any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
+            try:
+                payloads = self.encode_payloads(calls, snapshot=lambda _ranks, payload: payload.snapshot())
+            except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
+                for ref in refs:
+                    ref._set_exception(exc)
+                return True
+        with self._gate_lock:
+            gate = self.gate
+            if gate is None:
+                return False
+            if gate.done() and self._queued is None:
+                error = gate.exception()
+                if error is None:
+                    self.gate = None
+                    return False
+                for ref in refs:
+                    ref._set_exception(error)
+                return True
+            if self._queued is None:
+                self._queued = []
+                gate.add_done_callback(lambda _: soon(self._rt.loop, self._drain_gate))
+            self._queued.append((calls, payloads, refs, timeout, trace))
+            return True
+
+    def _drain_gate(self) -> None:
+        """Send the calls queued behind the finished :attr:`gate`, in order (on the loop)."""
+        asyncio.get_running_loop().create_task(self._send_queued())
+
+    async def _send_queued(self) -> None:
+        error = self.gate.exception()
+        while True:
+            with self._gate_lock:
+                if not self._queued:  # calls made from now on go as usual (or fail at once)
+                    self._queued = None
+                    if error is None:
+                        self.gate = None
+                    return
+                calls, payloads, refs, timeout, trace = self._queued.pop(0)
+            if error is not None:
+                for ref in refs:
+                    ref._set_exception(error)
+            elif payloads is not None:
+                self._submit_all(calls, payloads, True, refs, timeout, None, trace)
+            else:
+                await self._call_all(calls, hold=True, sinks=refs, timeout=timeout, trace=trace)
 
     def _start_when_resolved(self, calls: list, sinks: list[PendingRef], timeout: float | None = None,
                              trace: int = 0) -> None:

@@ -8,6 +8,8 @@ its own (``ProcessGroupGloo``, or ``ProcessGroupNCCL`` for backend "nccl" where 
 available; "nccl" falls back to gloo on a machine without CUDA so CPU tests run the same
 code), so several named groups coexist with the program's default ``torch.distributed``
 group. Operations run on the caller's tensors in place and return once done, as Ray's do.
+A group asked for with backend "nccl" connects at its first operation, as Ray's NCCL groups
+do; a "gloo" group connects in ``init_collective_group``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ __all__ = [
     "send",
 ]
 
-#: group name -> (process group, rank, world size, store, rendezvous actor handle or None)
-_groups: dict[str, tuple[Any, int, int, Any, Any]] = {}
+#: group name -> [process group (None until connected), rank, world size, store, rendezvous
+#: actor handle or None, backend]
+_groups: dict[str, list] = {}
 #: How long ranks wait for each other (Ray's default collective timeout is 30 minutes).
 TIMEOUT_S = 1800.0
 
@@ -89,21 +92,35 @@ def _backend(backend: str) -> str:
 
 
 def init_collective_group(world_size: int, rank: int, backend: str = "nccl", group_name: str = "default") -> None:
-    """Join the collective group ``group_name`` as ``rank`` of ``world_size`` (every rank calls it)."""
-    import ray
-    import torch.distributed as dist
+    """Join the collective group ``group_name`` as ``rank`` of ``world_size`` (every rank calls it).
 
-    from podium.errors import (
-        AlreadyExistsError,
-        DeadlineExceededError,
-        InvalidArgumentError,
-    )
+    As Ray's NCCL groups, a group asked for with backend "nccl" connects at its first operation,
+    so this returns before the other ranks have called it (verl initializes one worker group's
+    side, then the other's); a "gloo" group connects here."""
+    from podium.errors import AlreadyExistsError, InvalidArgumentError
 
     if group_name in _groups:
         raise AlreadyExistsError(f"collective group {group_name!r} is already initialized in this process")
     if not 0 <= rank < world_size:
         raise InvalidArgumentError(f"rank {rank} is not in [0, {world_size})")
-    chosen = _backend(backend)
+    entry = [None, rank, world_size, None, None, _backend(backend)]
+    _groups[group_name] = entry
+    if str(getattr(backend, "value", backend)).lower() != "nccl":
+        try:
+            _connect(group_name, entry)
+        except BaseException:
+            _groups.pop(group_name, None)
+            raise
+
+
+def _connect(group_name: str, entry: list) -> None:
+    """Rendezvous with the group's other ranks and build its process group (fills ``entry``)."""
+    import ray
+    import torch.distributed as dist
+
+    from podium.errors import DeadlineExceededError
+
+    _, rank, world_size, _, _, chosen = entry
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     actor: Any = _rendezvous(group_name) if world_size > 1 else None
     if rank == 0:
@@ -117,7 +134,7 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
             if time.monotonic() > deadline:
                 raise DeadlineExceededError(f"rank 0 of collective group {group_name!r} did not publish its "
                                             f"address within {TIMEOUT_S:g} s: did every rank call "
-                                            "init_collective_group?")
+                                            "init_collective_group and use the group?")
             time.sleep(0.05)
         store = dist.TCPStore(address[0], address[1], world_size, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore(f"podium-collective/{group_name}/", store)
@@ -125,8 +142,8 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
     else:
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    _groups[group_name] = (group, rank, world_size, store, actor)
-    barrier(group_name)  # every rank is connected: the rendezvous actor is no longer needed
+    entry[0], entry[3], entry[4] = group, store, actor
+    group.barrier().wait()  # every rank is connected: the rendezvous actor is no longer needed
     if rank == 0 and actor is not None:
         ray.kill(actor)
 
@@ -138,14 +155,18 @@ def create_collective_group(actors: list, world_size: int, ranks: list[int], bac
                               "use: call init_collective_group(world_size, rank, backend, group_name) in each actor")
 
 
-def _get(group_name: str) -> tuple[Any, int, int, Any, Any]:
+def _get(group_name: str) -> list:
+    """The group's entry, connected (its first operation connects an "nccl" group)."""
     from podium.errors import NotFoundError
 
     try:
-        return _groups[group_name]
+        entry = _groups[group_name]
     except KeyError:
         raise NotFoundError(f"collective group {group_name!r} is not initialized in this process "
                             "(call init_collective_group first)") from None
+    if entry[0] is None:
+        _connect(group_name, entry)
+    return entry
 
 
 def is_group_initialized(group_name: str = "default") -> bool:
@@ -166,7 +187,7 @@ def get_collective_group_size(group_name: str = "default") -> int:
 def destroy_collective_group(group_name: str = "default") -> None:
     """Leave the group and free its connections."""
     entry = _groups.pop(group_name, None)
-    if entry is not None:
+    if entry is not None and entry[0] is not None:
         shutdown = getattr(entry[0], "shutdown", None)
         if shutdown is not None:
             shutdown()

@@ -17,15 +17,17 @@ which imports ``ray``, before anything can import ``verl.single_controller.ray``
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
 import sys
 import types
+from typing import Any
 
 from podium.errors import UnimplementedError
 
-__all__ = ["NATIVE_ENV", "NATIVE_NAMES", "install", "installed", "wanted"]
+__all__ = ["NATIVE_ENV", "NATIVE_NAMES", "install", "installed", "verl_future", "verl_future_class", "wanted"]
 
 #: The environment variable that selects native mode ("1").
 NATIVE_ENV = "PODIUM_NATIVE_VERL"
@@ -110,3 +112,30 @@ def install() -> None:
                                       "installed before it (podium run --native-verl does this)")
     if not installed():
         sys.meta_path.insert(0, _FINDER)
+
+
+@functools.cache
+def verl_future_class() -> type:
+    """The type of a ``blocking=False`` concat-mode call's result in native mode: Podium's
+    :class:`~podium.controller.futures.PendingDataProtoFuture` that is also verl's
+    ``verl.protocol.DataProtoFuture`` (verl code and tests check ``isinstance`` against
+    verl's class). Podium's methods (``get``, ``chunk``, lazy resolution) are the ones used."""
+    from verl.protocol import DataProtoFuture as VerlDataProtoFuture
+
+    from podium.controller.futures import PendingDataProtoFuture
+
+    class NativeDataProtoFuture(PendingDataProtoFuture, VerlDataProtoFuture):
+        """A PendingDataProtoFuture that is an instance of verl's DataProtoFuture too."""
+
+        __slots__ = ()
+
+    return NativeDataProtoFuture
+
+
+def verl_future(outputs: list) -> Any:
+    """The future over the ranks' ``outputs`` (ObjectRefs or PendingRefs) of a ``blocking=False``
+    call whose results are concatenated, as an instance of :func:`verl_future_class`."""
+    from podium.controller.futures import concat_refs
+
+    concat_refs(outputs)  # the same checks (no futures of futures) as outside native mode
+    return verl_future_class()(list(outputs))

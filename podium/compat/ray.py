@@ -31,7 +31,7 @@ from podium.controller.futures import get as _get
 from podium.controller.futures import wait as _wait
 from podium.controller.objects import put as _put
 from podium.controller.tasks import remote as _remote
-from podium.refs import ObjectRef
+from podium.refs import ObjectRef as _HeldRef
 
 __all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
            "cancel", "method", "get_runtime_context", "cluster_resources", "available_resources", "nodes",
@@ -43,6 +43,28 @@ _INIT_IGNORED = {"include_dashboard", "dashboard_host", "dashboard_port", "loggi
                  "local_mode", "_node_ip_address", "resources", "runtime_env", "namespace", "job_config"}
 
 _namespace: str | None = None
+
+
+class _ObjectRefType(type):
+    """The metaclass of :class:`ObjectRef`: ``isinstance`` is true for both kinds of Podium ref."""
+
+    def __instancecheck__(cls, value: Any) -> bool:
+        return isinstance(value, (_HeldRef, _PendingRef))
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return isinstance(subclass, type) and issubclass(subclass, (_HeldRef, _PendingRef))
+
+
+class ObjectRef(metaclass=_ObjectRefType):
+    """``ray.ObjectRef``, for ``isinstance`` checks: what ``ray.put`` returns (a held
+    :class:`podium.refs.ObjectRef`) and what ``.remote()`` returns (a
+    :class:`podium.controller.futures.PendingRef`, before and after its call finished) are both
+    instances, as in Ray both are ObjectRefs (verl's collect functions check a
+    ``blocking=False`` call's per-rank results this way). It is not constructed directly."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ObjectRef:
+        raise NotImplementedError("ray.ObjectRef(...) cannot be constructed on Podium; on Podium use: "
+                                  "ray.put(value) or a remote call's .remote(), which return refs")
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: int | None = None,
@@ -82,7 +104,7 @@ def get(object_refs: Any, *, timeout: float | None = None) -> Any:
     return _get(object_refs, timeout=timeout)
 
 
-def put(value: Any, **kwargs: Any) -> ObjectRef:
+def put(value: Any, **kwargs: Any) -> _HeldRef:
     """``ray.put``: hold ``value`` here; its ref works wherever a result ref does."""
     if kwargs:
         raise NotImplementedError(f"ray.put arguments {sorted(kwargs)} are not supported")

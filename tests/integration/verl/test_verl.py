@@ -154,3 +154,21 @@ def test_verls_main_ppo_task_runner_runs_on_podium_as_far_as_a_cpu_allows():
 def test_verls_checkpoint_engine_manager_updates_the_rollout_weights(mode):
     # The "naive" backend; verl's nccl engine imports cupy (and needs CUDA) at import.
     podium_run("scenario_checkpoint_engine.py", "--num-cpus", "16", "--num-gpus", "4", *mode)
+
+
+@pytest.mark.parametrize("mode", [(), ("--native-verl",)], ids=["ray-mode", "native"])
+def test_a_non_blocking_concat_call_gives_verls_data_proto_future(mode):
+    # verl's own test_decorator_on_cpu shape: blocking=False DP_COMPUTE_PROTO (sync and async
+    # def) and an nd-mesh TensorDict method, isinstance-checked against verl's classes.
+    podium_run("scenario_futures.py", "--num-cpus", "16", "--num-gpus", "4", *mode)
+
+
+def test_actors_are_built_while_remote_returns_so_verl_workers_may_rendezvous_in_init():
+    # verl's RayWorkerGroup creates its workers one at a time; Joined's constructor joins
+    # torch.distributed, so rank 0 waits there for rank 1 (a deadlock if .remote() waited).
+    podium_run("scenario_construct.py")
+
+
+def test_collective_nccl_groups_connect_at_their_first_operation_as_in_ray():
+    # One worker group's blocking init, then the other's: an eager rendezvous would wait forever.
+    podium_run("scenario_collective_pairs.py")

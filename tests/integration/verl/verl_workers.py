@@ -141,3 +141,73 @@ class WeightSync(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rollout_weights(self) -> tuple:
         return {name: t.tolist() for name, t in self.rollout.items()}, self.version
+
+
+class Deferred(Worker):
+    """``blocking=False`` methods whose ranks' results are concatenated: DataProto (a plain
+    and an ``async def`` method) and TensorDict (an nd-mesh method, each rank its own dp rank)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._register_dispatch_collect_info("per_rank", dp_rank=self.rank, is_collect=True)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def tag(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": data.batch["x"] * 10 + self.rank})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    async def tag_async(self, data: DataProto) -> DataProto:
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return DataProto.from_dict({"x": data.batch["x"] * 10 + self.rank})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("per_rank"), blocking=False)
+    def tag_tensordict(self, td: TensorDict) -> TensorDict:
+        return TensorDict({"x": td["x"] * 10 + self.rank}, batch_size=td.batch_size)
+
+
+class Joined(Worker):
+    """Joins torch.distributed (gloo) in its constructor, as verl's FSDP workers do: rank 0's
+    ``__init__`` waits there for ranks that verl's RayWorkerGroup creates after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="gloo")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def total(self) -> float:
+        import torch.distributed as dist
+
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return value.item()
+
+
+class PairEnd(Worker):
+    """One end of a two-member ray.util.collective group per rank ("pair<rank>"), as verl's
+    test_ray_collectives pairs an actor group with a rollout group: each side's ``join`` is a
+    blocking call that returns before the other side joined; send/recv connect the group."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join(self, side: int) -> bool:
+        from ray.util import collective
+
+        collective.init_collective_group(2, side, "nccl", f"pair{self.rank}")
+        return collective.is_group_initialized(f"pair{self.rank}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send(self) -> None:
+        from ray.util import collective
+
+        collective.send(torch.full((4,), float(self.rank + 1)), 1, f"pair{self.rank}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def recv(self) -> list:
+        from ray.util import collective
+
+        value = torch.zeros(4)
+        collective.recv(value, 0, f"pair{self.rank}")
+        return value.tolist()

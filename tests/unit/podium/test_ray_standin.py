@@ -39,6 +39,8 @@ assert callable(ray._private.state.available_resources_per_node)
 from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 assert isinstance(RAY_JOB_CONFIG_JSON_ENV_VAR, str)
 assert ray.cloudpickle.loads(ray.cloudpickle.dumps(lambda x: x + 1))(1) == 2
+import pickle
+assert ray.cloudpickle.pickle is pickle  # as Ray's vendored copy exports it
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 assert ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy is PlacementGroupSchedulingStrategy
 for name in ("init", "get", "put", "wait", "remote", "get_actor", "kill", "cancel", "nodes", "get_gpu_ids",
@@ -147,6 +149,21 @@ def test_native_verl_mode_is_asked_for_in_the_environment_and_inherited_by_worke
                           env=plain, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["1", "True", "True"]
+
+
+def test_a_bundle_index_may_be_any_integer_type_as_in_ray():
+    # verl's split_resource_pool computes the bundle indices of its sub-pools with numpy.
+    import numpy as np
+
+    from podium.controller.actoroptions import PlacementGroupSchedulingStrategy
+
+    assert parse_options({"placement_group_bundle_index": np.int64(3)}, actor=True).bundle_index == 3
+    strategy = PlacementGroupSchedulingStrategy("pg-1", placement_group_bundle_index=np.int32(2))
+    opts = parse_options({"scheduling_strategy": strategy}, actor=True)
+    assert opts.bundle_index == 2 and type(opts.bundle_index) is int
+    for bad in (True, 1.0, "0", np.int64(-2)):
+        with pytest.raises(ValueError, match="placement_group_bundle_index must be an int >= -1"):
+            parse_options({"placement_group_bundle_index": bad}, actor=True)
 
 
 def test_actor_names_may_hold_colons_but_namespaces_may_not():
