@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -117,9 +118,14 @@ def looks_like_ref(value: Any) -> bool:
     return isinstance(value, PendingRef)
 
 
+#: Makes the future of a ``blocking=False`` call whose outputs are concatenated, when set:
+#: native verl mode (:func:`podium.compat.nativeverl.install`, a layer above) sets one whose
+#: futures are verl's ``DataProtoFuture`` too.
+future_factory: Callable[[list], Any] | None = None
+
+
 def _future_concat(outputs: list) -> Any:
-    from podium.compat import nativeverl
-    if nativeverl.installed() and "verl.protocol" in sys.modules:
-        return nativeverl.verl_future(outputs)  # also a verl.protocol.DataProtoFuture
+    if future_factory is not None and "verl.protocol" in sys.modules:
+        return future_factory(outputs)
     from podium.controller.futures import concat_refs
     return concat_refs(outputs)

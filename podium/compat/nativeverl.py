@@ -112,6 +112,9 @@ def install() -> None:
                                       "installed before it (podium run --native-verl does this)")
     if not installed():
         sys.meta_path.insert(0, _FINDER)
+        from podium.controller import dispatchdata
+
+        dispatchdata.future_factory = verl_future  # blocking=False concat calls give verl's future type
 
 
 @functools.cache

@@ -3,6 +3,8 @@ Ray. verl's RayWorkerGroup creates its workers one at a time; workers that join
 torch.distributed in `__init__` (verl's FSDP workers do) wait there for ranks created after
 them. Calls made meanwhile wait for the constructor; a constructor's error is their error."""
 
+import os
+import tempfile
 import time
 
 import ray
@@ -15,9 +17,15 @@ assert wg.total() == [3.0, 3.0]
 
 
 @ray.remote
-class Slow:
-    def __init__(self, seconds: float) -> None:
-        time.sleep(seconds)
+class Gated:
+    def __init__(self, gate: str) -> None:
+        # The driver writes the gate only once .remote() has returned: a .remote() that waited
+        # for this constructor would leave it here until the deadline, and it would fail.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate):
+            if time.monotonic() > deadline:
+                raise RuntimeError(".remote() waited for the constructor: the gate never came")
+            time.sleep(0.01)
         self.calls: list[int] = []
 
     def note(self, i: int) -> list[int]:
@@ -25,10 +33,10 @@ class Slow:
         return list(self.calls)
 
 
-started = time.monotonic()
-slow = Slow.remote(2.0)
-assert time.monotonic() - started < 2.0  # returned while the constructor sleeps
-refs = [slow.note.remote(i) for i in range(5)]  # queued behind the constructor, in order
+gate = os.path.join(tempfile.mkdtemp(), "gate")
+gated = Gated.remote(gate)  # returns while the constructor waits for the gate
+refs = [gated.note.remote(i) for i in range(5)]  # queued behind the constructor, in order
+open(gate, "w").close()
 assert ray.get(refs[-1]) == [0, 1, 2, 3, 4]
 
 
