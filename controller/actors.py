@@ -11,8 +11,9 @@ another controller process, with :func:`get_actor`; :func:`kill` stops one.
 As in Ray, ``.remote()`` returns while the constructor runs (verl's workers rendezvous in
 ``__init__``: rank 0 waits there for ranks not created yet); method calls made meanwhile
 are sent once it finished, in order, and fail with its error (RemoteError) when it failed,
-which also stops the actor. Where Podium differs from Ray: names live in the namespace ``"default"`` unless one is given, so any controller of the cluster
-finds them; a dead actor's calls fail with WorkerDiedError (no restarts).
+which also stops the actor. Where Podium differs from Ray: names live in the namespace
+``"default"`` unless one is given, so any controller of the cluster finds them; a dead
+actor's calls fail with WorkerDiedError (no restarts).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ takes ``(name, tensor)`` pairs, :meth:`CollectiveReceiver.receive` gives them ba
 whole update arrived. Each bucket is one ``broadcast`` from rank 0 (the sender) to ranks
 1..N (the replicas): on GPUs NCCL runs it at the interconnect's speed, tensors stay on the
 device; on CPUs it is gloo over TCP. The bucket's manifest goes through the store, keyed by
-update and record number (a bucket's, or the END record's), so nothing is ever unpickled and a replica allocates only what the
-manifest announces within the bounds of :mod:`podium.rollout.broadcast`.
+update and record number (a bucket's, or the END record's), so nothing is ever unpickled
+and a replica allocates only what the manifest announces within the bounds of
+:mod:`podium.rollout.broadcast`.
 
 The group lives as long as its sender and receivers (NCCL communicators are slow to make):
 one :meth:`prepare` serves every later update with the same replicas. A replica that dies
