@@ -8,6 +8,7 @@ streams into WorkerDiedError. Binding the user's methods (:mod:`.binding`) and v
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -120,8 +121,12 @@ class GroupCaller:
                 kwargs = entry[1]
             calls.append((rank, name, args, kwargs))
         timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
-        if blocking and self.gate is not None:
-            self.gate.result()  # the constructor first (its error is this call's)
+        if blocking and self.gate is not None:  # the constructor first (its error is this call's)
+            try:
+                self.gate.result(timeout=rt.call_timeout + 10)  # it runs within the call timeout
+            except concurrent.futures.TimeoutError:
+                raise DeadlineExceededError(f"{method_name}: the actor's constructor did not finish within "
+                                            f"{rt.call_timeout + 10:g}s") from None
         if blocking:
             return rt.run(self._call_all(calls, hold=False, timeout=timeout, trace=trace), timeout=timeout + 10,
                           what=f"{method_name} on {len(ranks)} ranks")

@@ -19,6 +19,14 @@ from podium.transport import shm
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(autouse=True)
+def _no_segments_left():
+    # The senders here run in the test process, which keeps its segments for the next update
+    # (broadcastshm.SENDER): other tests check that this process leaves no segment behind.
+    yield
+    broadcastshm.SENDER.close()
+
+
 def _state() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(3)
     return {"f32": torch.randn(300, 7, generator=gen), "bf16": torch.randn(33, generator=gen).to(torch.bfloat16),
