@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 
 def _rank(rank: int, mibs: list[int], repeat: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from bench.gpu_bench import _median_seconds
     from podium.rollout.broadcastcollective import CollectiveReceiver, CollectiveSender
 
     torch.cuda.set_device(rank)
@@ -53,13 +52,7 @@ def _rank(rank: int, mibs: list[int], repeat: int, port: int, out: str) -> None:
             dist.barrier()
 
         for name, fn in (("nccl broadcast busbw", nccl), ("podium collective broadcast", podium)):
-            fn()
-            times = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-            seconds = statistics.median(times)
+            seconds = _median_seconds(fn, repeat)
             results.append({"measure": name, "mib": mib, "GB/s": round((mib << 20) / 1e9 / seconds, 2)})
     if rank == 0:
         with open(out, "w") as handle:
