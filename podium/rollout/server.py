@@ -94,24 +94,23 @@ class UpdateGate:
             self.active -= 1
             self.cond.notify_all()
 
-    def close(self) -> None:
-        """Stop admitting requests (an update starts)."""
+    def close(self) -> int:
+        """Stop admitting requests (an update starts); how many admitted ones are running."""
         with self.cond:
             if self.updating:
                 raise FailedPreconditionError("a weight update is already in progress")
             self.updating = True
+            return self.active
 
-    def drain(self, timeout: float) -> int:
-        """Wait until no admitted request is left; how many there were when it started."""
+    def drain(self, timeout: float) -> None:
+        """Wait until no admitted request is left."""
         deadline = time.monotonic() + timeout
         with self.cond:
-            count = self.active
             while self.active:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DeadlineExceededError(f"{self.active} requests still running after a drain of {timeout:g} s")
                 self.cond.wait(left)
-            return count
 
     def retire(self, why: str) -> None:
         """Stop serving for good: waiting and later requests fail with AbortedError."""
@@ -239,16 +238,16 @@ class RolloutServer:
             raise InvalidArgumentError(f"policy must be one of {UPDATE_POLICIES}, got {policy!r}")
         timeout = _check_seconds(timeout, "timeout")
         start = time.monotonic()
-        self.gate.close()
+        running = self.gate.close()  # counted now: aborted requests may leave before the drain starts
         aborted: list[str] = []
         try:
             if policy == "abort":
                 aborted = self.engine.abort(why=f"a weight update after version {self.gate.version} started")
-            drained = self.gate.drain(timeout)  # aborted ones leave at once; drained ones finish
+            self.gate.drain(timeout)  # aborted ones leave at once; drained ones finish
         except BaseException:
             self.gate.open()  # a failed begin must not leave the replica refusing work
             raise
-        return {"replica": self.name, "aborted": aborted, "drained": drained - len(aborted),
+        return {"replica": self.name, "aborted": aborted, "drained": running - len(aborted),
                 "wait_s": time.monotonic() - start}
 
     def broadcast_prepare(self, timeout: float = 120.0) -> dict:

@@ -93,18 +93,21 @@ class RolloutServerManager:
 
     @classmethod
     def launch(cls, config: RolloutConfig | dict, replicas: int = 2, max_requests: int = 8,
-               name_prefix: str = "rollout", num_cpus: float = 1.0, timeout: float = 600.0) -> RolloutServerManager:
+               name_prefix: str = "rollout", num_cpus: float = 1.0, timeout: float = 600.0,
+               server_cls: type = RolloutServer) -> RolloutServerManager:
         """Start ``replicas`` :class:`RolloutServer` actors (each holding ``max_requests``
         requests at once, on ``max_requests`` + a few control threads) and build their engines
-        in parallel."""
+        in parallel. ``server_cls`` may be a subclass that adds methods (metrics, hooks)."""
         import podium
 
+        if not (isinstance(server_cls, type) and issubclass(server_cls, RolloutServer)):
+            raise InvalidArgumentError(f"server_cls must be RolloutServer or a subclass, got {server_cls!r}")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
             raise InvalidArgumentError(f"replicas must be an int in [1, {MAX_REPLICAS}], got {replicas!r}")
         _check_max_requests(max_requests)
         config = RolloutConfig.from_value(config)
-        actor_cls = podium.remote(RolloutServer).options(max_concurrency=max_requests + CONTROL_THREADS,
-                                                          num_cpus=num_cpus)
+        actor_cls = podium.remote(server_cls).options(max_concurrency=max_requests + CONTROL_THREADS,
+                                                       num_cpus=num_cpus)
         names = [f"{name_prefix}-{i}" for i in range(replicas)]
         # Replica i samples with seed + i: replicas must not return the same samples.
         handles = [actor_cls.remote(config, name=name, max_requests=max_requests, seed=config.seed + i)

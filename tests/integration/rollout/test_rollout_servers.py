@@ -14,6 +14,7 @@ import time
 import pytest
 
 from podium.rollout.broadcast import WeightSender
+from podium.rollout.server import RolloutServer
 from podium.worker import Dispatch, Worker, register
 from podium.worker.decorator import Execute
 from tests.support.rollout_kit import forcing_state_dict, original_state_dict, vllm_marks
@@ -58,6 +59,28 @@ class Holder(Worker):
         return WeightSender(4 << 10, timeout).send(self._pairs(), head, step)
 
 
+class SteppedServer(RolloutServer):
+    """A replica whose engine can be told to step only once a file exists: the test then
+    knows requests are still in flight when an update starts, without racing them."""
+
+    def hold_steps(self, gate: str) -> None:
+        """From now on each engine step first waits (at most WAIT_S) for ``gate`` to exist."""
+        engine = self.engine.llm.llm_engine
+        step = type(engine).step
+
+        def held_step():
+            deadline = time.monotonic() + WAIT_S
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return step(engine)
+
+        engine.step = held_step
+
+    def free_steps(self) -> None:
+        """Step as vLLM does again."""
+        self.engine.llm.llm_engine.__dict__.pop("step", None)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from podium.rollout.tinymodel import build_tiny_llama
@@ -83,7 +106,8 @@ def _config(model_dir):
 def manager(cluster, model_dir):
     from podium.rollout.servermanager import RolloutServerManager
 
-    mgr = RolloutServerManager.launch(_config(model_dir), replicas=2, max_requests=3, name_prefix="srv")
+    mgr = RolloutServerManager.launch(_config(model_dir), replicas=2, max_requests=3, name_prefix="srv",
+                                      server_cls=SteppedServer)
     yield mgr
     mgr.shutdown()
 
@@ -134,13 +158,49 @@ def test_requests_balanced_by_load_and_served_concurrently(manager):
     assert manager.load() == [0, 0]
 
 
-def test_drain_lets_requests_finish_on_the_old_weights(manager, holder, model_dir):
+@pytest.fixture
+def held_steps(manager, tmp_path):
+    """Both replicas' engines wait at their next step until the test calls the fixture's
+    value (which opens the gate); steps run freely again after the test."""
+    import podium
+
+    gate = str(tmp_path / "steps")
+    podium.get([r.hold_steps.remote(gate) for r in manager.replicas])
+    yield lambda: open(gate, "w").close()
+    open(gate, "w").close()
+    podium.get([r.free_steps.remote() for r in manager.replicas])
+
+
+def _update_while_held(manager, release, **update_args):
+    """Run ``manager.update_weights`` in a thread; once both replicas closed their gates
+    (the requests in flight are counted then), let the engines step; the update's result."""
+    outcome: list = []
+
+    def update():
+        try:
+            outcome.append(manager.update_weights(**update_args))
+        except Exception as exc:  # noqa: BLE001 - the test reraises it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=update)
+    thread.start()
+    _poll("both replicas updating", lambda: all(s["updating"] for s in manager.stats()))
+    release()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def test_drain_lets_requests_finish_on_the_old_weights(manager, holder, model_dir, held_steps):
     version = manager.version
-    futures = [manager.submit(PROMPT, n=4, width=6) for _ in range(6)]
-    _in_engines(manager, 1)
     holder.set_state(forcing_state_dict(model_dir, FORCED))
-    update = manager.update_weights(holder, version=version + 1, policy="drain", timeout=60)
-    assert update["aborted"] == 0 and update["drained"] >= 1 and update["replicas"] == 2
+    futures = [manager.submit(PROMPT, n=4, width=6) for _ in range(2)]  # one per replica
+    _in_engines(manager, 2)
+    update = _update_while_held(manager, held_steps, source=holder, version=version + 1, policy="drain",
+                                timeout=60)
+    assert update["aborted"] == 0 and update["drained"] == 2 and update["replicas"] == 2
     old = [f.result(WAIT_S) for f in futures]
     # Every request sent before the update ran on the old policy, start to end.
     assert all(set(r.batch["policy_version"].tolist()) == {version} for r in old)
@@ -154,26 +214,21 @@ def test_drain_lets_requests_finish_on_the_old_weights(manager, holder, model_di
     assert {s["version"] for s in manager.stats()} == {version + 1}
 
 
-def test_abort_fails_requests_in_flight_with_a_typed_error(manager, holder, model_dir):
+def test_abort_fails_requests_in_flight_with_a_typed_error(manager, holder, model_dir, held_steps):
     from podium.errors import AbortedError
 
     version = manager.version
-    futures = [manager.submit(PROMPT, n=4, width=6, request_id=f"ab-{i}") for i in range(6)]
-    _in_engines(manager, 1)
     holder.set_state(original_state_dict(model_dir))
-    update = manager.update_weights(holder, version=version + 1, policy="abort", timeout=60)
-    assert update["aborted"] >= 1
-    aborted = 0
+    futures = [manager.submit(PROMPT, n=4, width=6, request_id=f"ab-{i}") for i in range(2)]
+    _in_engines(manager, 2)
+    update = _update_while_held(manager, held_steps, source=holder, version=version + 1, policy="abort",
+                                timeout=60)
+    assert update["aborted"] == 2 and update["drained"] == 0
     for i, f in enumerate(futures):
-        try:
-            r = f.result(WAIT_S)
-        except AbortedError as exc:
-            aborted += 1
-            assert exc.details["request_id"] == f"ab-{i}" and exc.details["replica"] in manager.names
-            assert f"ab-{i}" in str(exc) and exc.details["replica"] in str(exc)
-        else:  # finished before the update began, or sent after it ended
-            assert set(r.batch["policy_version"].tolist()) <= {version, version + 1}
-    assert aborted == update["aborted"]
+        with pytest.raises(AbortedError) as info:
+            f.result(WAIT_S)
+        assert info.value.details["request_id"] == f"ab-{i}" and info.value.details["replica"] in manager.names
+        assert f"ab-{i}" in str(info.value) and info.value.details["replica"] in str(info.value)
     r = manager.generate(PROMPT, n=4, width=6)
     assert set(r.batch["policy_version"].tolist()) == {version + 1}
     assert not (r.batch["responses"] == FORCED).all()  # the original weights are back
@@ -198,6 +253,8 @@ def test_bad_input_is_a_typed_error_and_the_pool_keeps_serving(manager, holder):
         manager.generate([1, 10_000])
     with pytest.raises(InvalidArgumentError, match="replicas"):
         RolloutServerManager.launch({}, replicas=0)
+    with pytest.raises(InvalidArgumentError, match="server_cls"):
+        RolloutServerManager.launch({}, server_cls=Holder)
     assert len(manager.generate(PROMPT, n=2, width=6)) == 2
     assert manager.load() == [0, 0]
 
