@@ -209,8 +209,12 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop") -> dict[str, float]:
     ``kind`` (:data:`FANOUT_KINDS`): ``uvloop`` echoes on a uvloop protocol, ``blocking``
     echoes from one thread blocking in ``recv``, ``wire`` runs the least a worker must do
     with Podium's frames (parse, decode the arguments, call the method, reply) in one such
-    thread. Median and p90 in ms."""
+    thread. Median and p90 in ms; the CPU of the sender (``sender_us_per_rank``: what a
+    controller's fan-out cannot go below) and of the N processes (``ranks_us_per_rank``),
+    per rank per call, over the measured calls."""
     import selectors
+
+    from bench.measure import processes_cpu_seconds
 
     from podium import codec
     from podium.transport.frames import call_frame_tail, frame_with_call_id
@@ -241,7 +245,10 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop") -> dict[str, float]:
     tail = call_frame_tail(worker_pb2.CALL, "noop", codec.dumps(((), {})), hold=False, timeout=0,
                            reply_in_shm=False)
     times = []
+    warm = calls // 10  # the first tenth warms up
     for call_id in range(1, calls + 1):
+        if call_id == warm + 1:
+            sender_cpu, ranks_cpu = time.process_time(), processes_cpu_seconds(pids)
         frame = frame_with_call_id(call_id, tail)
         message = struct.pack("<I", len(frame)) + frame
         started = time.perf_counter()
@@ -253,14 +260,18 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop") -> dict[str, float]:
                 key.fileobj.recv(4096)
                 left -= 1
         times.append(time.perf_counter() - started)
+    per_rank = 1e6 / (calls - warm) / n
+    sender_us, ranks_us = ((time.process_time() - sender_cpu) * per_rank,
+                           (processes_cpu_seconds(pids) - ranks_cpu) * per_rank)
     for conn in conns:
         conn.close()
     for pid in pids:
         os.waitpid(pid, 0)
     listener.close()
-    times = sorted(times[calls // 10:])  # the first tenth warms up
+    times = sorted(times[warm:])
     return {"n": n, "kind": kind, "median_ms": statistics.median(times) * 1e3,
-            "p90_ms": times[int(len(times) * 0.9)] * 1e3}
+            "p90_ms": times[int(len(times) * 0.9)] * 1e3, "sender_us_per_rank": sender_us,
+            "ranks_us_per_rank": ranks_us}
 
 
 #: Each limit: a function of (payload bytes, repeats) -> MB/s.

@@ -324,15 +324,24 @@ def worker_pids(group: Any) -> list[int]:
 
 
 def processes_cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes (all their threads) so far; gone ones count 0."""
+    """CPU seconds of these processes (all their live threads) so far; gone ones count 0.
+
+    Read from each thread's ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds the scheduler
+    ran it), not from ``stat``'s clock ticks: a process that wakes for a few microseconds at
+    a time is seldom running when a tick lands, so ticks count 128 echo processes as idle."""
     total = 0
     for pid in pids:
         try:
-            fields = workloads.proc_stat_fields(pid)
+            tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 overall)
-    return total / os.sysconf("SC_CLK_TCK")
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
+                    total += int(stat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
 
 
 def pss_mib(pid: int) -> float | None:

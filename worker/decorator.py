@@ -319,9 +319,14 @@ def register(dispatch_mode: Any = Dispatch.ALL_TO_ALL, execute_mode: Any = Execu
 
             wrapper: Callable = async_inner
         else:
+            # A method's first argument is its object, never a future: a call with nothing
+            # more skips the look for futures (it runs on every call).
+            code = getattr(func, "__code__", None)
+            own = 1 if code is not None and code.co_argcount and code.co_varnames[0] == "self" else 0
+
             @functools.wraps(func)
             def inner(*args: Any, **kwargs: Any) -> Any:
-                if materialize:
+                if materialize and (kwargs or len(args) > own):
                     args, kwargs = _materialize_futures(args, kwargs)
                 return func(*args, **kwargs)
 

@@ -10,6 +10,7 @@ followed by the serialized rest (header, data, last), and the rest is made once 
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from podium.v1 import worker_pb2
@@ -58,6 +59,7 @@ _HEADER_TAG, _TRACE_TAG = b"\x12", b"\x58"
 _RELEASE_TAG = b"\x62"
 
 
+@functools.lru_cache(maxsize=64)  # the ranks of a group call share its id: made once per call
 def trace_suffix(trace_id: int) -> bytes:
     """Bytes that, appended to a serialized CallFrame, set its ``header.trace_id`` (protobuf
     merges a repeated embedded message): a frame tail cached for many calls stays shared."""

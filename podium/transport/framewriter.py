@@ -39,6 +39,43 @@ _COALESCE_MAX = 65536
 _COALESCE_FRAMES = 16
 
 
+class _FlushBatch:
+    """The writers of one event loop holding small frames to send at the end of this loop
+    turn: one callback flushes them all, so a fan-out to N connections schedules one
+    callback, not N."""
+
+    __slots__ = ("loop", "writers")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.writers: list[FrameWriter] = []
+
+    def add(self, writer: FrameWriter) -> None:
+        """Flush ``writer`` at the end of this loop turn (on the loop)."""
+        writers = self.writers
+        writers.append(writer)
+        if len(writers) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send what every writer added holds (a writer flushed meanwhile has nothing)."""
+        writers, self.writers = self.writers, []
+        for writer in writers:
+            writer._flush()
+
+
+_batches: dict[asyncio.AbstractEventLoop, _FlushBatch] = {}
+
+
+def _batch_of(loop: asyncio.AbstractEventLoop) -> _FlushBatch:
+    batch = _batches.get(loop)
+    if batch is None or batch.loop is not loop:
+        for old in [old for old in list(_batches) if old.is_closed()]:  # loops of ended tests, threads
+            _batches.pop(old, None)
+        batch = _batches[loop] = _FlushBatch(loop)
+    return batch
+
+
 class FrameWriter:
     """One connection's sending side (see the module docstring). ``abort(exc)`` ends the
     connection (a bulk write that stopped half-way)."""
@@ -54,6 +91,7 @@ class FrameWriter:
         self._paused_writing = False
         self._pending: list[bytes] = []
         self._flush_scheduled = False
+        self._batch: _FlushBatch | None = None  # the loop's (set on the first small write)
         # Under TLS a bulk payload is written by a task as the socket drains (see
         # write_bulk); what is written meanwhile waits here, in order, behind it.
         self._outbox: collections.deque = collections.deque()
@@ -142,7 +180,10 @@ class FrameWriter:
             self._flush()  # a long burst: let the peer start on the first frames meanwhile
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            batch = self._batch
+            if batch is None:
+                batch = self._batch = _batch_of(asyncio.get_running_loop())
+            batch.add(self)
 
     def write_bulk(self, message: bytes, segments: Any, nbytes: int,
                    on_sent: Callable[[], None] | None = None, copying: Any = None) -> None:
