@@ -34,6 +34,9 @@ from podium.worker.host.decodeonce import DecodeFailed
 
 __all__ = ["AdmittingHost", "CallAdmission"]
 
+#: Method names whose lookup admission keeps (a class answering any name must not grow it).
+_MAX_FOUND = 1024
+
 
 class AdmittingHost(Protocol):
     """What admission asks of the host (a ``HostRuntime``)."""
@@ -48,6 +51,10 @@ class AdmittingHost(Protocol):
     @property
     def held(self) -> Any:
         """The held results (a thread-safe ``HeldStore``): a call's header may release some."""
+
+    @property
+    def hosted(self) -> Any:
+        """The hosted object (None until constructed)."""
 
 
 class CallAdmission:
@@ -64,6 +71,9 @@ class CallAdmission:
         # waits for its arguments to be fetched.
         self.gate: asyncio.Future = loop.create_future()
         self.gate.set_result(None)
+        # lookup's answers for the hosted object, by method name (both threads admit calls).
+        self._found: dict[str, tuple[Any, bool, bool]] = {}
+        self._found_in: Any = None
 
     def in_order_now(self) -> bool:
         """True while a call may start at once: the object is built and nothing earlier waits."""
@@ -77,8 +87,11 @@ class CallAdmission:
         The payload is decoded here once (its unpickling may run user code): what the call
         needs beyond that (a ref argument to fetch, an ``async def`` method, a wait for an
         earlier call) sends it to the general path with its value."""
-        self._host.held.release(header.release)  # held results the caller dropped ride on its calls
-        if self._host.construct_state != "done" or not self.gate.done():  # (in_order_now, inline: hot)
+        host = self._host
+        release = header.release
+        if release:  # held results the caller dropped ride on its calls
+            host.held.release(release)
+        if host.construct_state != "done" or not self.gate.done():  # (in_order_now, inline: hot)
             return None, None
         try:
             value = codec.decode(data)
@@ -90,14 +103,26 @@ class CallAdmission:
                     "a CALL payload must decode to (args, kwargs), got NoneType"))
             return None, value
         args, kwargs = value
-        try:
-            fn, is_async, materialize = self._host.lookup(header.method)
-        except Exception:  # noqa: BLE001 - run_call looks up again and reports it
-            return None, value
+        method = header.method
+        found = self._found.get(method)
+        if found is None or self._found_in is not host.hosted:
+            try:
+                found = host.lookup(method)
+            except Exception:  # noqa: BLE001 - run_call looks up again and reports it
+                return None, value
+            self._remember(method, found)
+        fn, is_async, materialize = found
         if is_async or (materialize and (any(map(refs.is_ref, args))
                                          or any(map(refs.is_ref, kwargs.values())))):
             return None, value
         return fn, value
+
+    def _remember(self, method: str, found: tuple) -> None:
+        # Each call looked up a bound method afresh; the object's methods stay what they were.
+        hosted = self._host.hosted
+        if self._found_in is not hosted or len(self._found) >= _MAX_FOUND:
+            self._found, self._found_in = {}, hosted  # (a new dict: the other thread may be reading)
+        self._found[method] = found
 
     def reserve_gate(self) -> tuple[asyncio.Future, asyncio.Future]:
         """A general-path call takes its place in order: (predecessor's gate, this call's gate)."""

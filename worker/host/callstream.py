@@ -28,7 +28,7 @@ from podium.transport.chunks import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
 from podium.worker.host.activecall import ActiveCall
 from podium.worker.host.directcalls import DirectReader
-from podium.worker.host.results import Outcome
+from podium.worker.host.results import NONE_OUTCOME, NONE_REPLY_TAIL, Outcome
 from podium.worker.host.runtime import HostRuntime
 
 __all__ = ["ActiveCall", "CallStream"]
@@ -181,10 +181,14 @@ class CallStream:
         """Send the reply of a small ``outcome`` that carries its bytes from the execution
         thread (True if it went; see ``ThreadLoan.write_from_thread``)."""
         # (A lent reply is a bulk one: it goes from the loop.)
-        if type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
+        if outcome is NONE_OUTCOME:  # most replies: checked first
+            tail = NONE_REPLY_TAIL
+        elif type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
                 or self.conn.takes_bulk(outcome.nbytes):
             return False
-        return self.conn.carrier.loan.write_from_thread(frame_with_call_id(call_id, outcome.reply_tail()))
+        else:
+            tail = outcome.reply_tail()
+        return self.conn.carrier.loan.write_from_thread(frame_with_call_id(call_id, tail))
 
     def _lend_reads(self) -> None:
         """The raw socket's ``on_idle``: with nothing of this stream in hand, the execution

@@ -17,8 +17,8 @@ from podium.memorypool import MIN_POOLED_BYTES, POOL, copy_segments
 from podium.v1 import worker_pb2
 from podium.worker.host import gpucap
 
-__all__ = ["Outcome", "LentReply", "FrozenResult", "ENCODED_NONE", "NONE_OUTCOME", "IMMUTABLE_RESULTS",
-           "remote_error", "call_error", "close_names"]
+__all__ = ["Outcome", "LentReply", "FrozenResult", "ENCODED_NONE", "NONE_OUTCOME", "NONE_REPLY_TAIL",
+           "IMMUTABLE_RESULTS", "remote_error", "call_error", "close_names"]
 
 log = logging.getLogger("podium.worker.host")
 
@@ -65,7 +65,7 @@ class Outcome:
         """The serialized one-frame reply of a small outcome that carries its bytes, without
         its call id (:func:`podium.transport.frames.frame_with_call_id` adds it)."""
         if self is NONE_OUTCOME:
-            return _NONE_REPLY_TAIL
+            return NONE_REPLY_TAIL
         return worker_pb2.ReplyFrame(header=self.header(), data=b"".join(self.segments),
                                      last=True).SerializeToString()
 
@@ -158,8 +158,9 @@ ENCODED_NONE = codec.encode(None)
 #: The outcome of returning None (what most methods do), made once and never changed: a
 #: method that returns None costs no packaging, and its reply is serialized once.
 NONE_OUTCOME = Outcome(segments=ENCODED_NONE.to_segments(), nbytes=ENCODED_NONE.nbytes)
-_NONE_REPLY_TAIL = worker_pb2.ReplyFrame(header=NONE_OUTCOME.header(), data=b"".join(NONE_OUTCOME.segments),
-                                         last=True).SerializeToString()
+#: NONE_OUTCOME's one-frame reply without its call id (serialized once).
+NONE_REPLY_TAIL = worker_pb2.ReplyFrame(header=NONE_OUTCOME.header(), data=b"".join(NONE_OUTCOME.segments),
+                                        last=True).SerializeToString()
 #: Results that cannot change after they are returned: a held one needs no decoded copy.
 IMMUTABLE_RESULTS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
