@@ -103,6 +103,9 @@ class DirectReader:
         self._frames: collections.deque = collections.deque()
         self._poll = select.poll()
         self._poll.register(self._thread.wake_fd, select.POLLIN)
+        self._max_payload = stream.host.config.max_payload_bytes
+        # Whether the socket's send buffer is full (read per call: the connection's own flag).
+        self._writer = stream.conn.carrier.writer
 
     def start(self, sock: socket.socket) -> None:
         """Take the socket lent (on the loop, before ``ExecutionThread.lend``)."""
@@ -202,22 +205,20 @@ class DirectReader:
             except Exception:  # noqa: BLE001 - the loop parses it again and ends the connection
                 frames.append(_FOR_LOOP)
                 break
-            if not self._takes(frame):
+            # Taken here: a plain CANCEL of a call held here, or a CALL whose one frame carries
+            # its whole payload (as try_fast asks). Anything else is the loop's.
+            if frame.header.kind == _CANCEL and frame.HasField("header"):
+                if not (frame.last and not frame.shm_released and not frame.shm_forget
+                        and self._cancel(frame.call_id)):
+                    frames.append(_FOR_LOOP)  # a call the loop holds, or one that ran: the loop's to answer
+                    break
+            elif is_whole_call(frame, self._max_payload):
+                frames.append(frame)
+            else:
                 frames.append(_FOR_LOOP)
                 break
-            if frame.header.kind == _CANCEL and not self._cancel(frame.call_id):
-                frames.append(_FOR_LOOP)  # a call the loop holds, or one that ran: the loop's to answer
-                break
             pos += 4 + length
-            if frame.header.kind != _CANCEL:
-                frames.append(frame)
         self._start = pos
-
-    def _takes(self, frame: worker_pb2.CallFrame) -> bool:
-        """A plain CANCEL, or a CALL whose one frame carries its whole payload (as try_fast asks)."""
-        if frame.HasField("header") and frame.header.kind == _CANCEL:
-            return frame.last and not frame.shm_released and not frame.shm_forget
-        return is_whole_call(frame, self._host.config.max_payload_bytes)
 
     def _cancel(self, call_id: int) -> bool:
         """Drop the call ``call_id`` if it waits here (True)."""
@@ -241,7 +242,7 @@ class DirectReader:
                     self.let_go()
                 return
             frame = frames[0]
-            if frame is _FOR_LOOP or self.recalled or self.stream.conn.must_drain:
+            if frame is _FOR_LOOP or self.recalled or self._writer.must_drain:
                 self.let_go()
                 return
             fn, value = self._admission.admit(frame.header, frame.data)
