@@ -241,8 +241,10 @@ def decode(data: bytes | bytearray | memoryview, external: dict[int, memoryview]
     payload (whose entries for them are empty): a result written in place into memory the
     receiver already has (see :func:`without_buffers`). The views are used as they are.
     """
-    if type(data) is bytes and len(data) <= _COMMON_MAX and not external:
-        common = _COMMON.get(data)  # most calls carry no arguments, most replies None
+    kind = type(data)
+    if (kind is bytes or kind is bytearray) and len(data) <= _COMMON_MAX and not external:
+        # Most calls carry no arguments, most replies are None.
+        common = _COMMON.get(data if kind is bytes else bytes(data))
         if common is not None:
             return common()
     try:

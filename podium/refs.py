@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from podium import codec
 from podium.errors import (ArgumentMismatchError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                            ObjectLostError, OutOfRangeError, UnavailableError)
 
@@ -70,10 +71,8 @@ class ObjectRef:
 def inline_value(ref: ObjectRef, rows: tuple[int, int] | None = None) -> Any:
     """The value (or rows of it) of a ref that carries it inline: a fresh copy each time,
     as a fetch gives. Only for refs whose ``inline`` is set."""
-    from podium import codec
-
     assert ref.inline is not None, "inline_value needs a ref that carries its value"
-    value = codec.decode(bytearray(ref.inline))
+    value = codec.decode(bytearray(ref.inline))  # (writable: a tensor in it is the caller's to change)
     return value if rows is None else slice_rows(value, int(rows[0]), int(rows[1]))
 
 
