@@ -114,7 +114,11 @@ class ThreadLoan:
         waking the loop. It goes only when nothing is queued ahead of it; then it is sent,
         or its unsent rest is queued for the loop to write before anything else (True).
         False: nothing was written; write it on the loop instead."""
-        data = FRAME_LENGTH.pack(len(message)) + message
+        return self.write_frames_from_thread(FRAME_LENGTH.pack(len(message)) + message)
+
+    def write_frames_from_thread(self, data: bytes) -> bool:
+        """:meth:`write_from_thread` of ``data``, small frames already length-prefixed (a
+        batch of replies in one send)."""
         with self.lock:
             direct = self.direct
             if direct is None or self.tail is not None or self._conn.holds_output():

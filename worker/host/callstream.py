@@ -23,12 +23,12 @@ from podium.tracering import RING, mono_to_ns, now_ns
 from podium.transport import chunks
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
-from podium.transport.frames import frame_with_call_id, is_whole_call
+from podium.transport.frames import is_whole_call
 from podium.transport.chunks import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
 from podium.worker.host.activecall import ActiveCall
-from podium.worker.host.directcalls import DirectReader
-from podium.worker.host.results import NONE_OUTCOME, NONE_REPLY_TAIL, Outcome
+from podium.worker.host.directcalls import DirectReader, reply_frame
+from podium.worker.host.results import Outcome
 from podium.worker.host.runtime import HostRuntime
 
 __all__ = ["ActiveCall", "CallStream"]
@@ -181,14 +181,8 @@ class CallStream:
         """Send the reply of a small ``outcome`` that carries its bytes from the execution
         thread (True if it went; see ``ThreadLoan.write_from_thread``)."""
         # (A lent reply is a bulk one: it goes from the loop.)
-        if outcome is NONE_OUTCOME:  # most replies: checked first
-            tail = NONE_REPLY_TAIL
-        elif type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
-                or self.conn.takes_bulk(outcome.nbytes):
-            return False
-        else:
-            tail = outcome.reply_tail()
-        return self.conn.carrier.loan.write_from_thread(frame_with_call_id(call_id, tail))
+        data = reply_frame(call_id, outcome, self.conn)
+        return data is not None and self.conn.carrier.loan.write_frames_from_thread(data)
 
     def _lend_reads(self) -> None:
         """The raw socket's ``on_idle``: with nothing of this stream in hand, the execution

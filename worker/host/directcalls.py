@@ -20,6 +20,10 @@ parse) ends the loan: it and everything read after it go back to the loop
 the end of the stream, and the loop recalls the loan when the connection ends. Replies
 that cannot leave from this thread (an error, a bulk or shared-memory reply, a busy
 socket) are written by the loop (:meth:`CallStream.direct_done`).
+
+Calls read together (a pipelined burst) have their replies sent together: a reply waits
+for the next call held here only when that call's method last ran in under 0.2 ms, so one
+send carries a burst's replies and a reply never waits for a call that may be slow.
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from typing import Any, Protocol
 
 from podium import errors
 from podium.tracering import RING, mono_to_ns, now_ns
-from podium.transport.frames import BULK_FLAG, FRAME_LENGTH, is_whole_call
+from podium.transport.frames import BULK_FLAG, FRAME_LENGTH, frame_with_call_id, is_whole_call
 from podium.v1 import worker_pb2
 from podium.transport.connection import CallConnection
-from podium.worker.host.results import Outcome
+from podium.worker.host.results import NONE_OUTCOME, NONE_REPLY_TAIL, Outcome
 from podium.worker.host.runtime import HostRuntime
 
-__all__ = ["DirectReader", "DirectStream"]
+__all__ = ["DirectReader", "DirectStream", "reply_frame"]
 
 log = logging.getLogger("podium.worker.host")
 
@@ -56,6 +60,27 @@ _ROOM = 64 << 10
 _POLL_MS = 1000
 # Ends the frames this reader takes: that frame and all after it go to the loop.
 _FOR_LOOP = object()
+# A reply waits for the next call's (to leave in one send) only when that call's method
+# last ran under this long, and at most this many wait: a slow call never holds another's reply.
+_QUICK_S = 0.0002
+_MAX_UNSENT = 64
+# Methods whose last run time is kept (a class that answers any name must not grow it).
+_MAX_METHODS = 1024
+
+
+def reply_frame(call_id: int, outcome: Any, conn: CallConnection) -> bytes | None:
+    """The length-prefixed reply frame of a small ``outcome`` that carries its bytes, as the
+    execution thread sends it; None when it cannot go from there (a held result's ref, a
+    shared-memory or bulk reply: the loop sends those)."""
+    if outcome is NONE_OUTCOME:  # most replies: checked first
+        tail = NONE_REPLY_TAIL
+    elif type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
+            or conn.takes_bulk(outcome.nbytes):
+        return None
+    else:
+        tail = outcome.reply_tail()
+    message = frame_with_call_id(call_id, tail)
+    return _LEN.pack(len(message)) + message
 
 
 class DirectStream(Protocol):
@@ -69,9 +94,6 @@ class DirectStream(Protocol):
     @property
     def conn(self) -> CallConnection:
         """The stream's call connection."""
-
-    def send_from_thread(self, call_id: int, outcome: Any) -> bool:
-        """Send a small reply from the execution thread (True if it went)."""
 
     def take_back(self, frames: list, decoded: Any, data: bytes) -> None:
         """The socket comes back to the loop with what was read and not run (on the loop)."""
@@ -104,6 +126,12 @@ class DirectReader:
         self._poll = select.poll()
         self._poll.register(self._thread.wake_fd, select.POLLIN)
         self._max_payload = stream.host.config.max_payload_bytes
+        # Replies of calls run here and not sent yet: (framed reply, call id, header, started,
+        # outcome, seconds, on the timeline). Kept only while the next call held here is a
+        # quick one, so a burst of calls costs one send, not one per call.
+        self._unsent: list[tuple] = []
+        #: Whether each method's last run here took under _QUICK_S.
+        self._quick: dict[str, bool] = {}
         # Whether the socket's send buffer is full (read per call: the connection's own flag).
         self._writer = stream.conn.carrier.writer
 
@@ -142,6 +170,7 @@ class DirectReader:
     def let_go(self, decoded: Any = None) -> None:
         """Hand the socket back to the loop with the frames not run and the bytes after
         them (``decoded``: the first frame's payload, when it was decoded)."""
+        self._send_unsent()
         sock = self._sock
         if sock is None:
             return
@@ -238,6 +267,7 @@ class DirectReader:
             if ran and frames:  # what arrived while the last call ran: a CANCEL of a call held here
                 self._read()
             if not frames:
+                self._send_unsent()
                 if self._eof:
                     self.let_go()
                 return
@@ -252,6 +282,7 @@ class DirectReader:
             frames.popleft()
             self._call(frame, fn, value)
             ran = True
+        self._send_unsent()
 
     def _call(self, frame: worker_pb2.CallFrame, fn: Any, value: tuple) -> None:
         header, call_id = frame.header, frame.call_id
@@ -270,28 +301,54 @@ class DirectReader:
         except BaseException as exc:  # noqa: BLE001 - the call's error reply
             result, ok = exc, False
         counts["calls_in_flight"] -= 1
-        recorded = False
         if ok and type(result) is Outcome and result.lent is None:
-            # Counted before it is sent: a caller that reads the counters after its reply
-            # finds this call in them.
-            elapsed = time.monotonic() - started
-            methods = self._host.methods.thread
-            self._count(counts, header.payload_size, result.nbytes, elapsed, 1)
-            if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
-                RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, call_id,
-                         header.payload_size, result.nbytes)
-                recorded = True
-            methods.record(header.method, elapsed, header.payload_size, result.nbytes)
-            if stream.send_from_thread(call_id, result):
+            data = reply_frame(call_id, result, stream.conn)
+            if data is not None:
+                # Counted before it is sent: a caller that reads the counters after its reply
+                # finds this call in them.
+                elapsed = time.monotonic() - started
+                self._count(counts, header.payload_size, result.nbytes, elapsed, 1)
+                recorded = RING.on
+                if recorded:  # before the reply leaves: a caller that reads the timeline next finds it
+                    RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, call_id,
+                             header.payload_size, result.nbytes)
+                self._host.methods.thread.record(header.method, elapsed, header.payload_size, result.nbytes)
+                quick = self._quick
+                if header.method in quick or len(quick) < _MAX_METHODS:
+                    quick[header.method] = elapsed < _QUICK_S
+                self._unsent.append((data, call_id, header, started, result, elapsed, recorded))
+                if len(self._unsent) >= _MAX_UNSENT or not self._next_is_quick():
+                    self._send_unsent()
                 return
-            self._count(counts, header.payload_size, result.nbytes, elapsed, -1)
-            methods.record(header.method, elapsed, header.payload_size, result.nbytes, -1)
+        self._send_unsent()  # the replies of the calls before this one go first
         lent = result.lent if ok and type(result) is Outcome else None
-        if not self._report(call_id, header, started, ok, result, recorded):
+        if not self._report(call_id, header, started, ok, result):
             return  # the loop is closed: nothing will send the lent reply
         del result
         if lent is not None:  # the reply is sent from the method's memory: nothing may change it
             lent.wait()
+
+    def _next_is_quick(self) -> bool:
+        """Whether the next call held here is one of a method whose last run was quick: its
+        reply and the ones waiting may then leave together, in one send, after it."""
+        frames = self._frames
+        return bool(frames) and frames[0] is not _FOR_LOOP and self._quick.get(frames[0].header.method, False)
+
+    def _send_unsent(self) -> None:
+        """Send the replies waiting in :attr:`_unsent` (in one send); when they cannot go
+        from this thread, the loop answers those calls instead (uncounted here again)."""
+        unsent = self._unsent
+        if not unsent:
+            return
+        self._unsent = []
+        data = unsent[0][0] if len(unsent) == 1 else b"".join([u[0] for u in unsent])
+        if self.stream.conn.carrier.loan.write_frames_from_thread(data):
+            return
+        counts, methods = self._host.thread_stats, self._host.methods.thread
+        for _, call_id, header, started, result, elapsed, recorded in unsent:
+            self._count(counts, header.payload_size, result.nbytes, elapsed, -1)
+            methods.record(header.method, elapsed, header.payload_size, result.nbytes, -1)
+            self._report(call_id, header, started, True, result, recorded)
 
     @staticmethod
     def _count(counts: dict, bytes_in: int, bytes_out: int, seconds: float, sign: int) -> None:

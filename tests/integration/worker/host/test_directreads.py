@@ -14,6 +14,7 @@ A real worker host in-process, real WorkerClients and plain sockets on loopback 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import time
@@ -59,6 +60,14 @@ class Journal:
 
     def journal(self):
         return list(self.log)
+
+    def hold(self, gate_path):
+        """Wait (at most 30 s) for the test to create ``gate_path``."""
+        self.log.append("hold")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(gate_path) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return os.path.exists(gate_path)
 
 
 async def _host_and_client(token):
@@ -187,6 +196,38 @@ def test_frames_the_thread_cannot_take_go_to_the_loop_in_order(token, arun):
             assert stats["call_errors"] == 10 and stats["calls_in_flight"] == 0
         finally:
             await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
+def test_a_burst_of_quick_calls_is_answered_in_full_and_no_reply_waits_for_a_slow_call(token, arun, tmp_path):
+    """Calls read together whose method ran quickly before have their replies sent together;
+    a reply never waits for a call that may be slow: the replies of the calls before ``hold``
+    arrive while ``hold`` still blocks (it waits for a file the test writes once they did)."""
+    async def scenario():
+        host, _client = await _host_and_client(token)
+        gate = str(tmp_path / "gate")
+        try:
+            sock = await asyncio.to_thread(_lent_raw_connection, token, host)
+            try:
+                burst = b"".join(_frame(i, "note", (i,)) for i in range(2, 52))
+                await asyncio.to_thread(sock.sendall, burst)
+                replies = await asyncio.to_thread(_recv_replies, sock, 50)
+                assert sorted(replies) == list(range(2, 52))
+                assert all(r.header.ok for r in replies.values())
+                # Two quick calls, then one that blocks until their replies are here.
+                await asyncio.to_thread(sock.sendall, _frame(60, "note", ("a",)) + _frame(61, "note", ("b",))
+                                        + _frame(62, "hold", (gate,)))
+                early = await asyncio.to_thread(_recv_replies, sock, 2)
+                assert sorted(early) == [60, 61]
+                open(gate, "w").close()
+                late = await asyncio.to_thread(_recv_replies, sock, 1)
+                assert list(late) == [62] and codec.decode(late[62].data) is True
+            finally:
+                sock.close()
+            stats = host.runtime.thread_stats
+            assert stats["calls_in_flight"] == 0 and stats["thread_replies"] >= 50
+        finally:
             await host.stop(grace=0.2)
     arun(scenario())
 
