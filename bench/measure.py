@@ -15,10 +15,12 @@ Measures (cell ``measure`` names, shared with bench.report):
   noop_latency_p90_ms      the same calls, 90th percentile
   noop_controller_cpu_ms   CPU time of the controller process (all its threads) per no-op call
   noop_workers_cpu_ms      CPU time of all the group's worker processes together per no-op call
+  noop_controller_us_per_rank, noop_workers_us_per_rank   the same two, per rank (microseconds)
   worker_pss_mib           proportional set size of one worker, mean over ranks, after the
                            DP_COMPUTE_PROTO step (shared pages split between their sharers)
   dp_proto_mb_s            DP_COMPUTE_PROTO round trip, MB/s = 2 * payload bytes / time
   nonblocking_calls_s      blocking=False ONE_TO_ALL group calls issued then all fetched, per second
+  pipelined_rank_calls_s   the same, counted per rank: rank-calls per second from one controller
 """
 
 from __future__ import annotations
@@ -162,10 +164,12 @@ def cells_of(args: argparse.Namespace, n: int) -> list[dict]:
     cells = [{"measure": "cluster_start_s", "n": n}, {"measure": "cold_start_s", "n": n},
              {"measure": "noop_latency_median_ms", "n": n},
              {"measure": "noop_latency_p90_ms", "n": n},
-             {"measure": "noop_controller_cpu_ms", "n": n}, {"measure": "noop_workers_cpu_ms", "n": n}]
+             {"measure": "noop_controller_cpu_ms", "n": n}, {"measure": "noop_workers_cpu_ms", "n": n},
+             {"measure": "noop_controller_us_per_rank", "n": n}, {"measure": "noop_workers_us_per_rank", "n": n}]
     cells += [{"measure": "dp_proto_mb_s", "n": n, "payload_mib": mib} for mib in args.payload_mib]
     cells.append({"measure": "worker_pss_mib", "n": n})
     cells.append({"measure": "nonblocking_calls_s", "n": n})
+    cells.append({"measure": "pipelined_rank_calls_s", "n": n})
     cells.append({"measure": "cold_start_torch_s", "n": n})
     return cells
 
@@ -252,7 +256,9 @@ def _measure_n(adapter: Adapter, worker_cls: type, torch_worker_cls: type, api, 
                  **stats},
                 {"measure": "noop_controller_cpu_ms", "value": controller_ms, "unit": "ms", "calls": len(samples)},
                 {"measure": "noop_workers_cpu_ms", "value": workers_ms, "unit": "ms", "calls": len(samples),
-                 "per_worker_us": workers_ms / n * 1e3}]
+                 "per_worker_us": workers_ms / n * 1e3},
+                {"measure": "noop_controller_us_per_rank", "value": controller_ms / n * 1e3, "unit": "us"},
+                {"measure": "noop_workers_us_per_rank", "value": workers_ms / n * 1e3, "unit": "us"}]
 
     def memory() -> list[dict]:
         sizes = [size for size in map(pss_mib, worker_pids(group)) if size is not None]
@@ -289,18 +295,22 @@ def _measure_n(adapter: Adapter, worker_cls: type, torch_worker_cls: type, api, 
         adapter.get_all(group, pending)
         elapsed = time.perf_counter() - start
         return [{"measure": "nonblocking_calls_s", "value": calls / elapsed, "unit": "calls/s",
-                 "calls": calls, "issue_s": issued - start, "total_s": elapsed}]
+                 "calls": calls, "issue_s": issued - start, "total_s": elapsed},
+                {"measure": "pipelined_rank_calls_s", "value": calls * n / elapsed, "unit": "rank-calls/s",
+                 "calls": calls}]
 
     try:
         step([{"measure": "cold_start_s"}], "cold start", cold_start("cold_start_s", worker_cls, keep=True))
         step([{"measure": "noop_latency_median_ms"}, {"measure": "noop_latency_p90_ms"},
-              {"measure": "noop_controller_cpu_ms"}, {"measure": "noop_workers_cpu_ms"}],
+              {"measure": "noop_controller_cpu_ms"}, {"measure": "noop_workers_cpu_ms"},
+              {"measure": "noop_controller_us_per_rank"}, {"measure": "noop_workers_us_per_rank"}],
              "no-op latency", latency)
         for mib in args.payload_mib:
             step([{"measure": "dp_proto_mb_s", "payload_mib": mib}], f"DP_COMPUTE_PROTO {mib} MiB",
                  throughput(mib))
         step([{"measure": "worker_pss_mib"}], "worker memory", memory)
-        step([{"measure": "nonblocking_calls_s"}], "non-blocking calls", nonblocking)
+        step([{"measure": "nonblocking_calls_s"}, {"measure": "pipelined_rank_calls_s"}], "non-blocking calls",
+             nonblocking)
         # Last, on its own group: the same cold start for a worker that imports torch in
         # __init__, as every training worker does (verl's Worker already pulls torch in on
         # the Ray side; Podium's defers it until a tensor arrives).

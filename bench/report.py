@@ -24,12 +24,19 @@ MEASURES: dict[str, tuple[str, str, str, str]] = {
                                "lower", "{:.3f}"),
     "noop_workers_cpu_ms": ("worker CPU time per no-op ONE_TO_ALL call, all ranks together", "ms", "lower",
                             "{:.3f}"),
+    "noop_controller_us_per_rank": ("controller CPU per rank per no-op ONE_TO_ALL call", "us", "lower", "{:.1f}"),
+    "noop_workers_us_per_rank": ("worker CPU per rank per no-op ONE_TO_ALL call", "us", "lower", "{:.1f}"),
     "worker_pss_mib": ("memory per worker: PSS, mean over ranks, after the DP_COMPUTE_PROTO step", "MiB",
                        "lower", "{:.1f}"),
     "dp_proto_mb_s": ("DP_COMPUTE_PROTO round trip, float32 batch, payload counted both ways (MB = 10^6 B)",
                       "MB/s", "higher", "{:,.0f}"),
     "nonblocking_calls_s": ("non-blocking ONE_TO_ALL group calls per second", "calls/s", "higher", "{:,.0f}"),
+    "pipelined_rank_calls_s": ("non-blocking ONE_TO_ALL calls in flight from one controller, rank-calls per second",
+                               "rank-calls/s", "higher", "{:,.0f}"),
 }
+#: The cells ``python -m bench.scale`` measures without a framework (bench.floors.fanout), as
+#: the backend "floor": a column of their own, and Podium's value over theirs.
+FLOOR = "floor"
 
 #: "verl-podium" / "verl-native": verl's own RayWorkerGroup code under ``podium run`` (Ray mode)
 #: and ``podium run --native-verl``; not run unless asked for with --backends.
@@ -82,6 +89,12 @@ def json_lines(paired: dict[tuple, dict[str, dict]]) -> list[str]:
                 record[f"{backend}_error"] = cell["error"]
         r = ratio(by_backend.get("podium"), by_backend.get("ray"))
         record["ratio_podium_over_ray"] = None if r is None else round(r, 4)
+        if FLOOR in by_backend:
+            cell = by_backend[FLOOR]
+            record[FLOOR] = None if cell.get("error") else cell.get("value")
+            record[f"{FLOOR}_detail"] = {k: v for k, v in cell.items() if k not in _COMMON_KEYS}
+            r = ratio(by_backend.get("podium"), cell)
+            record["ratio_podium_over_floor"] = None if r is None else round(r, 4)
         lines.append(json.dumps(record, sort_keys=True))
     return lines
 
@@ -113,17 +126,26 @@ def tables(paired: dict[tuple, dict[str, dict]], backends: Iterable[str] = BACKE
         has_payload = any(k[2] is not None for k, _ in rows)
         header = ["payload MiB"] if has_payload else []
         header += ["N"] + [f"{b} ({unit})" for b in backends]
-        if "podium" in backends and "ray" in backends:
+        versus_ray = "podium" in backends and "ray" in backends
+        if versus_ray:
             header.append(f"podium/ray ({better} is better)")
+        floors = any(FLOOR in v for _, v in rows)
+        if floors:
+            kind = next(v[FLOOR].get("kind", "") for _, v in rows if FLOOR in v)
+            header += [f"floor: {kind} ({unit})", "podium/floor"]
         body, errors = [], []
         for (_, n, mib), by_backend in rows:
             row = [str(mib)] if has_payload else []
             row += [str(n)] + [_show(by_backend.get(b), fmt) for b in backends]
-            if len(header) > len(row):
-                r = ratio(by_backend.get("podium"), by_backend.get("ray"))
+            pairs = ([("ray", by_backend.get("ray"))] if versus_ray else []) + \
+                ([(FLOOR, by_backend.get(FLOOR))] if floors else [])
+            for name, other in pairs:
+                if name == FLOOR:
+                    row.append(_show(other, fmt))
+                r = ratio(by_backend.get("podium"), other)
                 row.append("-" if r is None else f"{r:.2f}x")
             body.append(row)
-            for b in backends:
+            for b in [*backends, FLOOR]:
                 cell = by_backend.get(b)
                 if cell and cell.get("error"):
                     where = f"N={n}" + (f", {mib} MiB" if mib is not None else "")

@@ -1,7 +1,7 @@
 """Podium vs verl on Ray at hundreds of workers: ``python -m bench.scale``.
 
     python -m bench.scale [--n 8 16 32 64 128 256] [--backends podium ray]
-                          [--ray-python PATH] [--ray-minutes 10] [--json PATH]
+                          [--ray-python PATH] [--ray-minutes 10] [--json PATH] [--floor wire]
 
 One group of N CPU workers on one embedded cluster per (backend, N), in a child process
 of its own (the same children as ``python -m bench``, see bench.measure), measuring:
@@ -11,7 +11,12 @@ of its own (the same children as ``python -m bench``, see bench.measure), measur
 * no-op ONE_TO_ALL latency, and the CPU time of the controller and of all workers per call;
 * DP_COMPUTE_PROTO round trip of a 16 MiB batch;
 * memory per worker (PSS after the DP step, so torch and a batch have been through it);
-* non-blocking calls per second.
+* non-blocking calls per second, and the same as rank-calls per second (pipelined).
+
+Before the backends at each N it measures the machine's floor of the no-op
+(``bench.floors.fanout``: N bare processes answering Podium's frames, ``--floor wire`` by
+default): its latency, and the CPU of its sender and of its N processes, per call and per
+rank. Each table shows Podium's value over the floor of the same run beside the one over Ray.
 
 A backend's larger N are skipped once one N of it failed, took longer than
 ``--ray-minutes`` (Ray), or would need more memory than the machine has (memory per worker
@@ -26,6 +31,7 @@ import sys
 import time
 
 from bench import report
+from bench.floors import FANOUT_KINDS, fanout
 from bench.children import expected_keys, run_child, usable_backends
 
 #: The sizes the issue asks for; 256 fits Podium on a 24 GiB machine (about 15 MiB each).
@@ -46,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-timeout", type=float, default=300.0, help="deadline of one step, seconds")
     parser.add_argument("--latency-calls", type=int, default=200)
     parser.add_argument("--json", metavar="PATH", help="also write the JSON lines here")
+    parser.add_argument("--floor", choices=[*FANOUT_KINDS, "none"], default="wire",
+                        help="which no-op floor (bench.floors.fanout) to measure at each N")
     args = parser.parse_args(argv)
     # What bench.children.run_child passes on to every child.
     args.repeat, args.cold_repeat, args.nonblocking_calls = 3, 1, 200
@@ -75,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                 cells += [{"backend": backend, "measure": measure, "n": n, "payload_mib": mib,
                            "error": f"skipped: {stopped[backend]}"} for measure, _, mib in _keys(args, n)]
                 continue
+            if args.floor != "none" and not any(c["backend"] == report.FLOOR and c["n"] == n for c in cells):
+                print(f"[{time.monotonic() - started:6.1f}s] floor ({args.floor}) N={n}", file=sys.stderr, flush=True)
+                cells += floor_cells(n, args.floor)
             print(f"[{time.monotonic() - started:6.1f}s] {backend} N={n}", file=sys.stderr, flush=True)
             began = time.monotonic()
             got = [c for c in run_child(args, backend, n) if c.get("measure") != "meta"]
@@ -101,6 +112,22 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as out:
             out.write("\n".join(lines) + "\n")
     return 0
+
+
+def floor_cells(n: int, kind: str) -> list[dict]:
+    """The no-op floor at ``n`` ranks as cells of the backend ``floor`` (error cells when it
+    could not run, e.g. too many processes for the machine)."""
+    measures = {"noop_latency_median_ms": ("median_ms", 1.0), "noop_latency_p90_ms": ("p90_ms", 1.0),
+                "noop_controller_cpu_ms": ("sender_us_per_rank", n / 1e3),
+                "noop_workers_cpu_ms": ("ranks_us_per_rank", n / 1e3),
+                "noop_controller_us_per_rank": ("sender_us_per_rank", 1.0),
+                "noop_workers_us_per_rank": ("ranks_us_per_rank", 1.0)}
+    base = {"backend": report.FLOOR, "n": n, "kind": kind}
+    try:
+        measured = fanout(n, kind=kind)
+    except Exception as exc:  # noqa: BLE001 - reported beside the cells, the run goes on
+        return [{**base, "measure": m, "error": f"{type(exc).__name__}: {exc}"} for m in measures]
+    return [{**base, "measure": m, "value": measured[key] * scale} for m, (key, scale) in measures.items()]
 
 
 def _available_gib() -> float:
