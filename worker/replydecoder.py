@@ -77,12 +77,13 @@ class ReplyDecoder:
 
     def on_frame(self, frame: worker_pb2.ReplyFrame | BulkFrame) -> None:
         """One frame from the worker (a BulkFrame: a whole reply payload)."""
-        if isinstance(frame, BulkFrame):
+        if type(frame) is BulkFrame:
             self._on_bulk(frame)
             return
         conn = self.conn
         assert conn is not None  # frames arrive only on a started client
-        conn.on_bookkeeping(frame)
+        if conn.segments is not None:  # (on_bookkeeping's own check, inline: once per reply)
+            conn.on_bookkeeping(frame)
         p = self._pending.get(frame.call_id)
         if p is None:  # a call that already timed out or was cancelled (or call id 0)
             if frame.HasField("header") and frame.header.shm_name:
@@ -150,6 +151,8 @@ class ReplyDecoder:
 
     def decode(self, reply: Any) -> Any:
         """The value of a call's reply (an ObjectRef stays one)."""
+        if type(reply) is bytes:  # a one-frame reply: most of them
+            return codec.decode(reply)
         if isinstance(reply, ObjectRef):
             return reply
         external = None
