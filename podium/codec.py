@@ -243,8 +243,8 @@ def decode(data: bytes | bytearray | memoryview, external: dict[int, memoryview]
     """
     kind = type(data)
     if (kind is bytes or kind is bytearray) and len(data) <= _COMMON_MAX and not external:
-        # Most calls carry no arguments, most replies are None.
-        common = _COMMON.get(data if kind is bytes else bytes(data))
+        # Most calls carry no arguments, most replies are None. (bytes() of a bytes is itself.)
+        common = _COMMON.get(bytes(data))
         if common is not None:
             return common()
     try:

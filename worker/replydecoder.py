@@ -77,7 +77,7 @@ class ReplyDecoder:
 
     def on_frame(self, frame: worker_pb2.ReplyFrame | BulkFrame) -> None:
         """One frame from the worker (a BulkFrame: a whole reply payload)."""
-        if type(frame) is BulkFrame:
+        if isinstance(frame, BulkFrame):
             self._on_bulk(frame)
             return
         conn = self.conn
