@@ -51,6 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plain", action="store_true", help="workers that do not import torch")
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline of one child, seconds")
     parser.add_argument("--json", metavar="PATH", help="also write one JSON line per run here")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="py-spy (collapsed stacks) of the controller, scheduler, agents and fork "
+                             "servers from group build to shutdown, one file per process in DIR")
+    parser.add_argument("--perf", metavar="PATH",
+                        help="`perf record -a -g` over the cold start (whole machine) into PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         if not r.get("error"):
             print(f"cold start breakdown nodes={r['nodes']} N={r['n']}: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in r["breakdown"].items() if isinstance(v, float)))
+            print(f"cold start CPU s nodes={r['nodes']} N={r['n']}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in r["cpu_s"].items()))
             print(f"shutdown nodes={r['nodes']} N={r['n']}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in r["shutdown"].items()))
     lines = [json.dumps(r, sort_keys=True) for r in rows]
@@ -95,7 +102,9 @@ def _run_child(args: argparse.Namespace, nodes: int, n: int) -> dict:
 
     run_id = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "bench.scale512", "--child", "--n", str(n), "--nodes", str(nodes),
-           "--latency-calls", str(args.latency_calls), *(["--plain"] if args.plain else [])]
+           "--latency-calls", str(args.latency_calls), *(["--plain"] if args.plain else []),
+           *(["--profile", args.profile] if args.profile else []),
+           *(["--perf", f"{args.perf}.k{nodes}.n{n}"] if args.perf else [])]
     log_path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"scale512-k{nodes}-n{n}-{run_id[:8]}.log"
     result: dict = {"nodes": nodes, "n": n}
     with open(log_path, "w") as log:
@@ -143,6 +152,57 @@ def _wait_idle(seconds_quiet: float = 1.0, deadline_s: float = 120.0) -> float:
     return time.monotonic() - start
 
 
+def _profile_targets() -> dict[int, str]:
+    """pid -> role of this run's control-plane processes (and this one); call it before any
+    worker exists (a forked worker's command line is its fork server's)."""
+    from bench.children import processes_of_run
+
+    spy = os.environ.get("PY_SPY", "py-spy")
+    roles = {"forkhelper": "forkserver", "podium.cli scheduler": "scheduler", "podium.cli node": "agent"}
+    targets = {os.getpid(): "controller"}
+    for pid in processes_of_run(os.environ.get("BENCH_RUN_ID", "")):
+        with contextlib.suppress(OSError):
+            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            for needle, role in roles.items():
+                if needle in cmdline:
+                    targets[pid] = role
+    return targets
+
+
+def _profilers(directory: str, tag: str, targets: dict[int, str]) -> list[subprocess.Popen]:
+    """One ``py-spy record`` per process of ``targets`` (``$PY_SPY``, else py-spy on PATH)."""
+    spy = os.environ.get("PY_SPY", "py-spy")
+    pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([spy, "record", "--nonblocking", "-r", "50", "-f", "raw", "-p", str(pid),
+                              "-o", f"{directory}/{tag}-{role}-{pid}.txt"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for pid, role in targets.items()]
+
+
+def _stop_profilers(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is not None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(2)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _user_system(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of these processes (``/proc/<pid>/stat``, clock ticks)."""
+    user = system = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
+
+
 def _gone(pid: int) -> bool:
     try:
         stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
@@ -187,6 +247,16 @@ def _child(args: argparse.Namespace) -> int:
     settle = _wait_idle()
     api = workloads.verl_api("podium")
     cls = workloads.define_bench_worker(api, import_torch=not args.plain)
+    from bench.measure import processes_cpu_seconds
+
+    targets = _profile_targets()
+    roles_before = {pid: processes_cpu_seconds([pid]) for pid in targets}
+    spies = _profilers(args.profile, f"k{nodes}-n{n}-cold", targets) if args.profile else []
+    if args.perf:
+        spies.append(subprocess.Popen(["perf", "record", "-a", "-g", "-o", args.perf],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    if spies:
+        time.sleep(1.0)  # py-spy (perf) attaches
     try:
         start_epoch, start = time.time(), time.perf_counter()
         pool = ResourcePool(process_on_nodes=[n // nodes] * nodes, use_gpu=False, max_colocate_count=1)
@@ -194,8 +264,17 @@ def _child(args: argparse.Namespace) -> int:
         constructed = time.perf_counter()
         group.noop()
         returned = time.perf_counter()
+        _stop_profilers(spies)
+        cpu: dict[str, float] = {}
+        for pid, role in targets.items():  # CPU seconds each role spent in the cold start
+            cpu[role] = cpu.get(role, 0.0) + processes_cpu_seconds([pid]) - roles_before[pid]
         breakdown = _breakdown(start_epoch, constructed - start, returned - start, group.startup_times())
         pids = breakdown.pop("pids")
+        cpu["workers"] = processes_cpu_seconds(pids)  # all they ran since they were forked
+        cpu["workers_user"], cpu["workers_system"] = _user_system(pids)
+        idle_before = processes_cpu_seconds(pids)
+        time.sleep(2.0)
+        cpu["workers_idle_cores"] = (processes_cpu_seconds(pids) - idle_before) / 2.0
         for _ in range(10):
             group.noop()
         samples = []
@@ -206,6 +285,9 @@ def _child(args: argparse.Namespace) -> int:
         sizes = [s for s in map(pss_mib, worker_pids(group)) if s is not None]
         from podium.controller.runtime import get_runtime
         rt = get_runtime(auto_init=False)
+        if args.profile:
+            spies = _profilers(args.profile, f"k{nodes}-n{n}-shutdown", targets)
+            time.sleep(1.0)
         t0 = time.perf_counter()
         group.shutdown()
         t_returned = time.perf_counter() - t0
@@ -220,6 +302,7 @@ def _child(args: argparse.Namespace) -> int:
         if t_pids is None or t_slots is None:
             left = [p for p in pids if not _gone(p)]
             raise SystemExit(f"shutdown: {len(left)} workers still alive / slots free={t_slots} after 120 s")
+        _stop_profilers(spies)
         t1 = time.perf_counter()
         podium.shutdown()
         podium_shutdown = time.perf_counter() - t1
@@ -231,13 +314,14 @@ def _child(args: argparse.Namespace) -> int:
         else:
             cluster_down = 0.0
         _emit(cluster_start_s=cluster_start, settle_s=settle, cold_start_s=returned - start,
-              breakdown={k: v for k, v in breakdown.items() if k != "env"},
+              breakdown={k: v for k, v in breakdown.items() if k != "env"}, cpu_s=cpu,
               noop_median_ms=statistics.median(samples), noop_p90_ms=percentile(samples, 0.9),
               pss_mib=statistics.fmean(sizes), pss_max_mib=max(sizes), workers=len(sizes),
               shutdown_s=max(t_pids, t_slots),
               shutdown={"returned": t_returned, "pids_gone": t_pids, "slots_free": t_slots},
               podium_shutdown_s=podium_shutdown, cluster_down_s=cluster_down)
     finally:
+        _stop_profilers(spies)
         with contextlib.suppress(Exception):
             podium.shutdown()
         if cluster is not None:
