@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cold start CPU s nodes={r['nodes']} N={r['n']}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in r["cpu_s"].items()))
             print(f"shutdown nodes={r['nodes']} N={r['n']}: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in r["shutdown"].items()))
+                f"{k} {v:.2f}" for k, v in r["shutdown"].items()) + "; CPU s " + ", ".join(
+                f"{k} {v:.2f}" for k, v in r["shutdown_cpu_s"].items()))
     lines = [json.dumps(r, sort_keys=True) for r in rows]
     print("\n".join(lines))
     if args.json:
@@ -287,7 +288,12 @@ def _child(args: argparse.Namespace) -> int:
         rt = get_runtime(auto_init=False)
         if args.profile:
             spies = _profilers(args.profile, f"k{nodes}-n{n}-shutdown", targets)
+        if args.perf:
+            spies.append(subprocess.Popen(["perf", "record", "-a", "-g", "-o", f"{args.perf}.shutdown"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if spies:
             time.sleep(1.0)
+        roles_before = {pid: processes_cpu_seconds([pid]) for pid in targets}
         t0 = time.perf_counter()
         group.shutdown()
         t_returned = time.perf_counter() - t0
@@ -302,6 +308,9 @@ def _child(args: argparse.Namespace) -> int:
         if t_pids is None or t_slots is None:
             left = [p for p in pids if not _gone(p)]
             raise SystemExit(f"shutdown: {len(left)} workers still alive / slots free={t_slots} after 120 s")
+        shutdown_cpu: dict[str, float] = {}
+        for pid, role in targets.items():
+            shutdown_cpu[role] = shutdown_cpu.get(role, 0.0) + processes_cpu_seconds([pid]) - roles_before[pid]
         _stop_profilers(spies)
         t1 = time.perf_counter()
         podium.shutdown()
@@ -319,6 +328,7 @@ def _child(args: argparse.Namespace) -> int:
               pss_mib=statistics.fmean(sizes), pss_max_mib=max(sizes), workers=len(sizes),
               shutdown_s=max(t_pids, t_slots),
               shutdown={"returned": t_returned, "pids_gone": t_pids, "slots_free": t_slots},
+              shutdown_cpu_s=shutdown_cpu,
               podium_shutdown_s=podium_shutdown, cluster_down_s=cluster_down)
     finally:
         _stop_profilers(spies)
