@@ -1,6 +1,7 @@
 """512 torch workers per controller, on one node and over 8: ``python -m bench.scale512``.
 
     python -m bench.scale512 [--n 512] [--nodes 1 8] [--latency-calls 50] [--json PATH]
+                             [--plain] [--profile DIR] [--perf PATH]
 
 Per (nodes, N), in a child process of its own (ended, with everything it started, by run id
 as in bench.children): one cluster, one WorkerGroup of N workers whose ``__init__`` imports
@@ -32,6 +33,7 @@ import json
 import os
 import pathlib
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="py-spy (collapsed stacks) of the controller, scheduler, agents and fork "
                              "servers from group build to shutdown, one file per process in DIR")
     parser.add_argument("--perf", metavar="PATH",
-                        help="`perf record -a -g` over the cold start (whole machine) into PATH")
+                        help="`perf record -a -g` (whole machine) over the cold start into PATH.kK.nN "
+                             "and over the shutdown into PATH.kK.nN.shutdown")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -226,8 +229,9 @@ def _slots_free(rt) -> bool:
 def _child(args: argparse.Namespace) -> int:
     import podium
     from bench import workloads
-    from bench.measure import _breakdown, percentile, pss_mib, worker_pids
+    from bench.measure import _breakdown, percentile, processes_cpu_seconds, pss_mib, worker_pids
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+    from podium.controller.runtime import get_runtime
 
     n, nodes = args.n[0], args.nodes[0]
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="scale512-"))
@@ -248,8 +252,6 @@ def _child(args: argparse.Namespace) -> int:
     settle = _wait_idle()
     api = workloads.verl_api("podium")
     cls = workloads.define_bench_worker(api, import_torch=not args.plain)
-    from bench.measure import processes_cpu_seconds
-
     targets = _profile_targets()
     roles_before = {pid: processes_cpu_seconds([pid]) for pid in targets}
     spies = _profilers(args.profile, f"k{nodes}-n{n}-cold", targets) if args.profile else []
@@ -284,7 +286,6 @@ def _child(args: argparse.Namespace) -> int:
             group.noop()
             samples.append((time.perf_counter() - t) * 1e3)
         sizes = [s for s in map(pss_mib, worker_pids(group)) if s is not None]
-        from podium.controller.runtime import get_runtime
         rt = get_runtime(auto_init=False)
         if args.profile:
             spies = _profilers(args.profile, f"k{nodes}-n{n}-shutdown", targets)
@@ -337,6 +338,7 @@ def _child(args: argparse.Namespace) -> int:
         if cluster is not None:
             with contextlib.suppress(Exception):
                 localcluster.down(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
