@@ -38,6 +38,7 @@ from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
                                     Effects)
 from podium.scheduler.store import Store
+from podium.scheduler.workerwait import WorkerFeed
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.store.load_into(self.model, clock())
         self.metrics = Metrics()
         self._changed = asyncio.Condition()
+        self._worker_feed = WorkerFeed()  # what WaitWorkers looks at after each commit
         #: Channels to the node agents; stops workers on them.
         self.agents = AgentLinks(self.model, config.token, config.tls, on_stopped=self._stopped)
         #: Open HeartbeatStream calls (see end_streams).
@@ -226,6 +228,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if not dirty:
             return
         self.store.save(self.model, dirty)
+        self._worker_feed.record(dirty.workers)
         async with self._changed:
             self._changed.notify_all()
 
@@ -436,12 +439,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         """Waits until every listed worker is RUNNING; a dead one fails the wait."""
         workers = [self.model.worker(i) for i in request.ids]
         seconds = _wait_seconds(request.timeout_seconds, context)
-
-        def settled() -> bool:
-            return all(w.state == common_pb2.WORKER_RUNNING for w in workers) or any(
-                w.state not in LIVE_WORKER_STATES for w in workers)
-
-        await self._wait_until(settled, seconds)
+        with self._worker_feed.settled(workers) as settled:
+            await self._wait_until(settled, seconds)
         for worker in workers:
             if worker.state not in LIVE_WORKER_STATES:
                 raise _died(worker)

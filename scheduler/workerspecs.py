@@ -21,15 +21,18 @@ __all__ = ["CheckedSpec", "check_specs"]
 CheckedSpec = tuple[common_pb2.PlacementGroup, common_pb2.BundlePlacement, int, int]
 
 
-def _bundle_usage(members: Sequence[common_pb2.WorkerInfo], bundle_index: int) -> tuple[int, int]:
-    cpu = gpu = 0
+def _bundles_usage(members: Sequence[common_pb2.WorkerInfo]) -> dict[int, tuple[int, int]]:
+    """CPU and GPU units the live ``members`` of one placement group use, per bundle index.
+
+    One pass over the group's workers for all its bundles: a pass per bundle made a
+    CreateWorkers of N workers on an N-bundle group cost O(N^2)."""
+    usage: dict[int, tuple[int, int]] = {}
     for worker in members:
-        spec = worker.spec
-        if (spec.bundle_index == bundle_index
-                and worker.state in LIVE_WORKER_STATES):
-            cpu += _worker_cpu(spec)
-            gpu += _worker_gpu(spec)
-    return cpu, gpu
+        if worker.state in LIVE_WORKER_STATES:
+            spec = worker.spec
+            cpu, gpu = usage.get(spec.bundle_index, (0, 0))
+            usage[spec.bundle_index] = (cpu + _worker_cpu(spec), gpu + _worker_gpu(spec))
+    return usage
 
 
 def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
@@ -52,6 +55,7 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
     live_ranks = {(w.spec.group, w.spec.rank) for w in workers.values()
                   if w.state in LIVE_WORKER_STATES}
     wanted: dict[tuple[str, int], list[int]] = {}
+    placements: dict[str, dict[int, common_pb2.BundlePlacement]] = {}
     out = []
     for i, spec in enumerate(specs):
         label = f"worker spec {i} ({spec.name!r})"
@@ -105,12 +109,18 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
             raise errors.InvalidSpecError(
                 f"{label}: num_gpus = {spec.num_gpus!r} but bundle {spec.bundle_index} of "
                 f"{group.name!r} has no GPU")
-        placed = next(p for p in group.placements if p.bundle_index == spec.bundle_index)
+        by_index = placements.get(group.id)
+        if by_index is None:  # once per group, not a scan of its placements per spec
+            by_index = placements[group.id] = {p.bundle_index: p for p in group.placements}
+        placed = by_index[spec.bundle_index]
         wanted.setdefault((group.id, spec.bundle_index), []).append(i)
         out.append((group, placed, cpu, gpu))
+    usage: dict[str, dict[int, tuple[int, int]]] = {}
     for (group_id, index), members in wanted.items():
         bundle = groups.bundles(group_id)[index]
-        used_cpu, used_gpu = _bundle_usage(workers_of_group(group_id), index)
+        if group_id not in usage:
+            usage[group_id] = _bundles_usage(workers_of_group(group_id))
+        used_cpu, used_gpu = usage[group_id].get(index, (0, 0))
         need_cpu = sum(out[i][2] for i in members)
         need_gpu = sum(out[i][3] for i in members)
         if used_cpu + need_cpu > bundle.cpu_units or used_gpu + need_gpu > bundle.gpu_units:

@@ -33,6 +33,7 @@ code or signal and the last lines of its stderr file.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import logging
@@ -112,6 +113,9 @@ class Spawner:
         # environment sets them: see workerenv.ALLOCATOR_DEFAULTS.
         self._base_env = with_allocator_defaults(os.environ if base_env is None else base_env)
         self._workers: dict[str, ManagedWorker] = {}
+        # The ended ones among them, oldest end first: forgetting the oldest is O(1) per exit
+        # (a scan of every worker per exit made a node's shutdown O(N^2)).
+        self._ended: collections.OrderedDict[str, ManagedWorker] = collections.OrderedDict()
         self._closed = False
         #: The fork server (podium.worker.agent.forkserver) that starts default-command workers
         #: without an interpreter start-up each; None until started or where not used.
@@ -240,6 +244,7 @@ class Spawner:
             known = self._workers.get(info.id)
             if known is None or known.ended:
                 self._workers.pop(info.id, None)  # re-insert: start order stays true
+                self._ended.pop(info.id, None)
                 # Forks are requested back to back (tasks) and answered by the helper in order.
                 started.append(asyncio.ensure_future(self._start_forked(info)) if fork and self._forkable(info)
                                else self._start(info))
@@ -386,12 +391,18 @@ class Spawner:
         log.info("worker %s %s: %s", worker.id, common_pb2.WorkerState.Name(worker.state),
                  worker.exit.reason)
         self._send(worker)
-        self._forget_old()
+        self._forget_old(worker)
 
-    def _forget_old(self) -> None:
-        ended = [w.id for w in self._workers.values() if w.exited.done()]
-        for worker_id in ended[:max(0, len(ended) - MAX_ENDED_WORKERS)]:
-            del self._workers[worker_id]
+    def _forget_old(self, worker: ManagedWorker) -> None:
+        """``worker`` ended: remember it, and forget the ended workers beyond
+        MAX_ENDED_WORKERS, those that ended first."""
+        if self._workers.get(worker.id) is worker:
+            self._ended[worker.id] = worker
+            self._ended.move_to_end(worker.id)
+        while len(self._ended) > MAX_ENDED_WORKERS:
+            worker_id, old = self._ended.popitem(last=False)
+            if self._workers.get(worker_id) is old:
+                del self._workers[worker_id]
 
     def _send(self, worker: ManagedWorker) -> None:
         request = scheduler_pb2.ReportWorkerRequest(worker_id=worker.id, state=worker.state,

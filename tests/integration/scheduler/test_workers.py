@@ -184,3 +184,43 @@ def test_master_port_failure_names_the_node_and_reserves_nothing(token, arun):
                 await c.client.create_workers(_specs(pg.id, 1))
             assert not (await c.client.cluster_state()).workers and not master.spawned
     arun(scenario())
+
+
+def test_wait_workers_follows_each_report_and_a_death_after_running_fails_it(token, arun):
+    """WaitWorkers looks only at the workers each commit changed: two waits in flight (the
+    whole group and a part of it) each answer once their last worker runs, whatever the
+    order of the reports; a worker that ran and then died fails a wait still waiting for
+    others at once, with its exit."""
+    async def scenario():
+        async with Cluster(token, agents=1, gpus=8) as c:
+            [agent] = c.agents
+            agent.auto_run = False
+            pg = await c.client.create_placement_group("p", [{"CPU": 2, "GPU": 1}] * 8, "PACK")
+            workers = await c.client.create_workers(_specs(pg.id, 8, num_gpus=0.5))
+            ids = [w.id for w in workers]
+            whole = asyncio.ensure_future(c.client.wait_workers(ids, timeout=60))
+            part = asyncio.ensure_future(c.client.wait_workers(ids[5:], timeout=60))
+            for i in (7, 0, 5, 3, 6, 1, 4):
+                await c.client.report_worker(ids[i], common_pb2.WORKER_RUNNING, node_id=agent.node_id,
+                                             pid=100 + i, port=9000 + i)
+            assert [w.id for w in await asyncio.wait_for(part, 30)] == ids[5:]
+            await c.client.get_workers(ids=ids)  # one more round trip: rank 2 still starts
+            assert not whole.done()
+            await c.client.report_worker(ids[2], common_pb2.WORKER_RUNNING, node_id=agent.node_id,
+                                         pid=102, port=9002)
+            running = await asyncio.wait_for(whole, 30)
+            assert all(w.state == common_pb2.WORKER_RUNNING for w in running)
+
+            more = await c.client.create_workers(_specs(pg.id, 4, group="wg2", num_gpus=0.5,
+                                                        bundles=[0, 1, 2, 3]))
+            more_ids = [w.id for w in more]
+            wait = asyncio.ensure_future(c.client.wait_workers(more_ids, timeout=60))
+            await c.client.report_worker(more_ids[0], common_pb2.WORKER_RUNNING, node_id=agent.node_id,
+                                         pid=200, port=9100)
+            await c.client.report_worker(more_ids[0], common_pb2.WORKER_FAILED, node_id=agent.node_id,
+                                         exit=common_pb2.ExitInfo(exit_code=5, stderr_tail="late crash",
+                                                                  reason="exited with code 5"))
+            with pytest.raises(errors.WorkerDiedError) as info:
+                await asyncio.wait_for(wait, 30)
+            assert info.value.exit_code == 5 and "late crash" in info.value.stderr_tail
+    arun(scenario())

@@ -147,6 +147,32 @@ def test_slot_reservation_is_all_or_nothing():
     assert _state(model) == before
 
 
+def test_many_bundles_each_worker_lands_on_its_bundles_node_and_full_bundles_are_named():
+    # CreateWorkers looks placements and bundle usage up per group once (not per spec): each
+    # worker still gets its own bundle's node, and the usage of the group's other workers
+    # (a colocated group, bundles given in reverse order) is counted bundle by bundle.
+    model = ClusterModel(node_lease=10, default_session_lease=30)
+    for node in (2, 3):
+        model.register_node(_node(node, gpus=0, cpus=32), [], now=0)
+    n = 40
+    pg = model.create_placement_group("p", [{"CPU": 1}] * n, "SPREAD", False, "", now=0)
+    node_of = {p.bundle_index: p.node_id for p in pg.placements}
+    assert len(set(node_of.values())) == 2
+    first = model.create_workers([_spec(pg.id, r, bundle=r, world=n, num_gpus=0, num_cpus=0.5)
+                                  for r in reversed(range(n))], "", 0, 29500, now=1)
+    assert {w.spec.bundle_index: w.node_id for w in first} == node_of
+    before = _state(model)
+    # Every bundle has 0.5 CPU left: 0.5 fits everywhere, but bundle 17 is asked 0.75.
+    specs = [_spec(pg.id, r, bundle=r, world=n, group="wg2", num_gpus=0,
+                   num_cpus=0.75 if r == 17 else 0.5) for r in range(n)]
+    with pytest.raises(errors.SlotFullError, match="bundle 17 "):
+        model.create_workers(specs, "", 0, 29501, now=2)
+    assert _state(model) == before
+    specs[17].num_cpus = 0.5
+    second = model.create_workers(specs, "", 0, 29501, now=3)
+    assert [w.node_id for w in second] == [node_of[r] for r in range(n)]
+
+
 def test_exited_worker_frees_its_slot():
     model = _model()
     pg = model.create_placement_group("p", [ONE_GPU], 1, False, "", now=0)
