@@ -172,17 +172,12 @@ class CallStream:
             RING.add("call", header.method, mono_to_ns(active.started), now_ns(), header.trace_id, active.call_id,
                      header.payload_size, getattr(result, "nbytes", 0))
             active.recorded = True
-        if not self.send_from_thread(active.call_id, result):
+        # (A lent reply is a bulk one, as is a held result's ref: reply_frame leaves them to the loop.)
+        data = reply_frame(active.call_id, result, self.conn)
+        if data is None or not self.conn.carrier.loan.write_frames_from_thread(data):
             return False
         active.answered = time.monotonic()
         return True
-
-    def send_from_thread(self, call_id: int, outcome: Any) -> bool:
-        """Send the reply of a small ``outcome`` that carries its bytes from the execution
-        thread (True if it went; see ``ThreadLoan.write_from_thread``)."""
-        # (A lent reply is a bulk one: it goes from the loop.)
-        data = reply_frame(call_id, outcome, self.conn)
-        return data is not None and self.conn.carrier.loan.write_frames_from_thread(data)
 
     def _lend_reads(self) -> None:
         """The raw socket's ``on_idle``: with nothing of this stream in hand, the execution

@@ -17,7 +17,7 @@ from tests.support.waiting import REPO
 try:
     tomllib = importlib.import_module("tomllib")
 except ModuleNotFoundError:  # Python 3.10: the backport, where installed
-    tomllib = pytest.importorskip("tomli")
+    tomllib = pytest.importorskip("tomli", reason="Python 3.10 reads pyproject.toml with tomli: pip install tomli")
 
 
 def test_every_package_folder_is_installed():
