@@ -21,7 +21,7 @@ it wrote and writes the next payload into one the peer has finished with:
   tells the reader (``shm_forget``); the reader lets its mapping go once no view uses it.
 * A reply may come back *in* the writer's segment: a method that changed its argument in
   place and returned it is answered with references into the argument's segment
-  (``HostRuntime.package``), decoded here as views of it (:meth:`SegmentPool.view`). So
+  (``SyncInvoker.package``), decoded here as views of it (:meth:`SegmentPool.view`). So
   the writer pins a call's argument segment until its reply is decoded (the reader's
   release of it may arrive first), and a segment goes back to the free list only once
   it is released, unpinned and no view of it is left.

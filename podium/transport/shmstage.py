@@ -8,7 +8,7 @@ must copy together again. Staged instead, every large buffer of the call's same-
 is copied once into one segment, laid out as the buffers lay in the caller's memory, so rank
 i's rows of a tensor sit right after rank i-1's, as they did in the batch. Each rank is sent
 references (buffer index, offset, length) into it; a result computed in place comes back as
-references into the same segment (``HostRuntime.package``), and concatenating the ranks' rows
+references into the same segment (``SyncInvoker.package``), and concatenating the ranks' rows
 is then a view of that segment (:mod:`podium.rowcat`), not a copy. A ``ONE_TO_ALL`` argument,
 the same buffers for every rank, is copied once rather than once per rank.
 

@@ -8,7 +8,8 @@
 - :mod:`~podium.worker.host.admission`: the one way a call gets in (when it may start, its
   order, what can still stop it); :mod:`~podium.worker.host.activecall`: a call once started.
 - :mod:`~podium.worker.host.directcalls`: the execution thread reading the raw socket itself.
-- :mod:`~podium.worker.host.execthread`: the thread that runs user methods in call order.
+- :mod:`~podium.worker.host.execthread`: the thread that runs user methods in call order;
+  :mod:`~podium.worker.host.invoke`: running one there and packaging what it returned.
 - :mod:`~podium.worker.host.heldstore`: results held for ``blocking=False`` callers.
 - :mod:`~podium.worker.host.config` and :mod:`~podium.worker.host.results`: the host's
   settings, and what results and user errors become.

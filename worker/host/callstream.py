@@ -147,7 +147,7 @@ class CallStream:
         self.active[call_id] = active
         args, kwargs = value
         active.job = host.exec_thread.submit_reporting(
-            host.invoke_sync, (fn, args, kwargs, header, self.conn), self.fast_done, active,
+            host.invoker.invoke, (fn, args, kwargs, header, self.conn), self.fast_done, active,
             self.reply_from_thread)
         return True
 

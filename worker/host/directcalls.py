@@ -35,6 +35,7 @@ import os
 import select
 import socket
 import time
+from time import monotonic
 from typing import Any, Protocol
 
 from podium import errors
@@ -126,9 +127,9 @@ class DirectReader:
         self._poll = select.poll()
         self._poll.register(self._thread.wake_fd, select.POLLIN)
         self._max_payload = stream.host.config.max_payload_bytes
-        # Replies of calls run here and not sent yet: (framed reply, call id, header, started,
-        # outcome, seconds, on the timeline). Kept only while the next call held here is a
-        # quick one, so a burst of calls costs one send, not one per call.
+        # Replies of calls run here and not sent yet: (framed reply, frame, started, outcome,
+        # seconds). Kept only while the next call held here is a quick one, so a burst of
+        # calls costs one send, not one per call.
         self._unsent: list[tuple] = []
         #: Whether each method's last run here took under _QUICK_S.
         self._quick: dict[str, bool] = {}
@@ -260,8 +261,15 @@ class DirectReader:
         return False
 
     def _run(self) -> None:
-        """Run the calls held, in order, until none is left or one is the loop's."""
+        """Run the calls held, in order, until none is left or one is the loop's.
+
+        The hot path of a worker at scale: each call here costs one admission, the method,
+        one row of counters and a reply frame queued in :attr:`_unsent` (see the module
+        docstring). Anything unusual (an error, a reply that cannot leave from here) is
+        handed to the loop."""
         frames = self._frames
+        admit, invoke, record = self._admission.admit, self._host.invoker.invoke, self._host.methods.thread.record
+        host, conn, writer, quick, unsent = self._host, self.stream.conn, self._writer, self._quick, self._unsent
         ran = False
         while self._sock is not None:
             if ran and frames:  # what arrived while the last call ran: a CANCEL of a call held here
@@ -272,67 +280,60 @@ class DirectReader:
                     self.let_go()
                 return
             frame = frames[0]
-            if frame is _FOR_LOOP or self.recalled or self._writer.must_drain:
+            if frame is _FOR_LOOP or self.recalled or writer.must_drain:
                 self.let_go()
                 return
-            fn, value = self._admission.admit(frame.header, frame.data)
+            header = frame.header
+            fn, value = admit(header, frame.data)
             if fn is None:
                 self.let_go(value)
                 return
             frames.popleft()
-            self._call(frame, fn, value)
             ran = True
+            started = monotonic()
+            host.thread_running = 1
+            try:
+                # (No argument lies in a shared segment here: the thread takes no shm or staged
+                # call, so no reply by reference into one depends on the arguments being gone.)
+                result = invoke(fn, value[0], value[1], header, conn)
+                if result.pending is not None:
+                    result = result.settle()
+            except BaseException as exc:  # noqa: BLE001 - the call's error reply
+                host.thread_running = 0
+                self._answer_on_loop(frame, started, False, exc)
+                continue
+            host.thread_running = 0
+            data = reply_frame(frame.call_id, result, conn) if result.lent is None else None
+            if data is None:
+                self._answer_on_loop(frame, started, True, result)
+                continue
+            # Counted before it is sent: a caller that reads the counters after its reply
+            # finds this call in them.
+            method = header.method
+            elapsed = monotonic() - started
+            record(method, elapsed, header.payload_size, result.nbytes)
+            if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
+                RING.add("call", method, mono_to_ns(started), now_ns(), header.trace_id, frame.call_id,
+                         header.payload_size, result.nbytes)
+            if method in quick or len(quick) < _MAX_METHODS:
+                quick[method] = elapsed < _QUICK_S
+            unsent.append((data, frame, started, result, elapsed))
+            # The replies wait for the next call only when it is held here and quick.
+            if len(unsent) >= _MAX_UNSENT or not frames or frames[0] is _FOR_LOOP \
+                    or not quick.get(frames[0].header.method, False):
+                self._send_unsent()
         self._send_unsent()
 
-    def _call(self, frame: worker_pb2.CallFrame, fn: Any, value: tuple) -> None:
-        header, call_id = frame.header, frame.call_id
-        stream = self.stream
-        counts = self._host.thread_stats
-        started = time.monotonic()
-        counts["calls_in_flight"] += 1
-        args, kwargs = value
-        result: Any
-        try:
-            # (No argument lies in a shared segment here: the thread takes no shm or staged
-            # call, so no reply by reference into one depends on the arguments being gone.)
-            result, ok = self._host.invoke_sync(fn, args, kwargs, header, stream.conn), True
-            if type(result) is Outcome and result.pending is not None:
-                result = result.settle()
-        except BaseException as exc:  # noqa: BLE001 - the call's error reply
-            result, ok = exc, False
-        counts["calls_in_flight"] -= 1
-        if ok and type(result) is Outcome and result.lent is None:
-            data = reply_frame(call_id, result, stream.conn)
-            if data is not None:
-                # Counted before it is sent: a caller that reads the counters after its reply
-                # finds this call in them.
-                elapsed = time.monotonic() - started
-                self._count(counts, header.payload_size, result.nbytes, elapsed, 1)
-                recorded = RING.on
-                if recorded:  # before the reply leaves: a caller that reads the timeline next finds it
-                    RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, call_id,
-                             header.payload_size, result.nbytes)
-                self._host.methods.thread.record(header.method, elapsed, header.payload_size, result.nbytes)
-                quick = self._quick
-                if header.method in quick or len(quick) < _MAX_METHODS:
-                    quick[header.method] = elapsed < _QUICK_S
-                self._unsent.append((data, call_id, header, started, result, elapsed, recorded))
-                if len(self._unsent) >= _MAX_UNSENT or not self._next_is_quick():
-                    self._send_unsent()
-                return
-        self._send_unsent()  # the replies of the calls before this one go first
-        lent = result.lent if ok and type(result) is Outcome else None
-        if not self._report(call_id, header, started, ok, result):
+    def _answer_on_loop(self, frame: worker_pb2.CallFrame, started: float, ok: bool, result: Any) -> None:
+        """The loop answers a call run here (an error, a reply that cannot go from here),
+        after the replies of the calls before it."""
+        self._send_unsent()
+        lent = result.lent if ok else None
+        if not self._report(frame.call_id, frame.header, started, ok, result):
             return  # the loop is closed: nothing will send the lent reply
         del result
         if lent is not None:  # the reply is sent from the method's memory: nothing may change it
             lent.wait()
-
-    def _next_is_quick(self) -> bool:
-        """Whether the next call held here is one of a method whose last run was quick: its
-        reply and the ones waiting may then leave together, in one send, after it."""
-        frames = self._frames
-        return bool(frames) and frames[0] is not _FOR_LOOP and self._quick.get(frames[0].header.method, False)
 
     def _send_unsent(self) -> None:
         """Send the replies waiting in :attr:`_unsent` (in one send); when they cannot go
@@ -340,24 +341,16 @@ class DirectReader:
         unsent = self._unsent
         if not unsent:
             return
-        self._unsent = []
         data = unsent[0][0] if len(unsent) == 1 else b"".join([u[0] for u in unsent])
         if self.stream.conn.carrier.loan.write_frames_from_thread(data):
+            unsent.clear()
             return
-        counts, methods = self._host.thread_stats, self._host.methods.thread
-        for _, call_id, header, started, result, elapsed, recorded in unsent:
-            self._count(counts, header.payload_size, result.nbytes, elapsed, -1)
+        taken, methods = list(unsent), self._host.methods.thread
+        unsent.clear()
+        for _, frame, started, result, elapsed in taken:
+            header = frame.header
             methods.record(header.method, elapsed, header.payload_size, result.nbytes, -1)
-            self._report(call_id, header, started, True, result, recorded)
-
-    @staticmethod
-    def _count(counts: dict, bytes_in: int, bytes_out: int, seconds: float, sign: int) -> None:
-        counts["calls"] += sign
-        counts["direct_calls"] += sign
-        counts["thread_replies"] += sign
-        counts["bytes_in"] += sign * bytes_in
-        counts["bytes_out"] += sign * bytes_out
-        counts["call_seconds"] += sign * seconds
+            self._report(frame.call_id, header, started, True, result, RING.on)
 
     def _report(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool, result: Any,
                 recorded: bool = False) -> bool:

@@ -105,7 +105,7 @@ class ExecutionThread:
         # A thread in poll() is woken once the loop's current step is over, not here: the
         # pipe write lets go of the GIL, and the thread would run the job while the caller
         # still holds the call's arguments (then a result computed in place in them looks
-        # kept, and is copied; see HostRuntime.package).
+        # kept, and is copied; see SyncInvoker.package).
         if self._polling and not self._wake_soon:
             self._wake_soon = True
             self._loop.call_soon(self._wake_now)
@@ -202,7 +202,7 @@ class ExecutionThread:
                 result, ok = job.fn(*job.args), True
                 # The call's arguments die here, before its outcome is settled: a result
                 # computed in place in an argument is sent by reference only if nothing
-                # else kept that argument (HostRuntime.package).
+                # else kept that argument (SyncInvoker.package).
                 job.args = ()
                 if type(result) is Outcome:
                     if result.pending is not None:

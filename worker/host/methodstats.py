@@ -84,6 +84,16 @@ class MethodCounts:
         row[_IN] += sign * bytes_in
         row[_OUT] += sign * bytes_out
 
+    def totals(self) -> tuple[int, float, int, int]:
+        """Calls, seconds, bytes in and bytes out over every row (read by any thread)."""
+        calls, seconds, bytes_in, bytes_out = 0, 0.0, 0, 0
+        for row in list(self.rows.values()):
+            calls += sum(row[:_BUCKETS])
+            seconds += row[_SUM]
+            bytes_in += row[_IN]
+            bytes_out += row[_OUT]
+        return calls, seconds, bytes_in, bytes_out
+
     def _row(self, method: str) -> list:
         # (A name counted under OTHER is not kept: a name past the bound costs a lock per
         # call, never memory.)

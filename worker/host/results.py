@@ -52,7 +52,7 @@ class Outcome:
         """The final form of this outcome. A result computed in place in its call's argument
         segment is packaged on the execution thread only once the call's arguments are
         dropped (``ExecutionThread``), since only then can it tell whether the method kept a
-        view of them (see ``HostRuntime.package``)."""
+        view of them (see ``SyncInvoker.package``)."""
         return self if self.pending is None else self.pending()
 
     def header(self) -> worker_pb2.ReplyHeader:

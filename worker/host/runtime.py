@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import os
@@ -17,8 +16,6 @@ import cloudpickle
 from podium import codec, errors, refs
 from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
-from podium.transport.shmpool import REF_MIN_BYTES
-from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission
@@ -26,10 +23,9 @@ from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
 from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
+from podium.worker.host.invoke import SyncInvoker
 from podium.worker.host.methodstats import MethodTable
-from podium.memorypool import MIN_POOLED_BYTES
-from podium.worker.host.results import (ENCODED_NONE, IMMUTABLE_RESULTS, NONE_OUTCOME, FrozenResult, LentReply,
-                                        Outcome, call_error, close_names, remote_error, reply_snapshot)
+from podium.worker.host.results import Outcome, call_error, close_names, remote_error
 
 __all__ = ["HostRuntime"]
 
@@ -48,8 +44,6 @@ class HostRuntime:
     def __init__(self, config: HostConfig) -> None:
         self.config = config
         self.held = HeldStore(config.hold_budget_bytes)
-        #: "host:port" peers use to reach this worker (set once bound).
-        self.address = ""
         #: Port of the raw call socket (podium.transport.callsocket) on the same address; 0: none.
         self.call_port = 0
         #: Its open connections (closed when the host stops).
@@ -58,7 +52,7 @@ class HostRuntime:
         self.stats = {"calls": 0, "fetches_served": 0, "bytes_served": 0,
                       "fetches_made": 0, "bytes_fetched": 0, "shm_in": 0, "shm_out": 0,
                       # Calls whose arguments came in a staged segment; results sent as
-                      # references into the argument's segment (see package()); large TCP
+                      # references into the argument's segment (see SyncInvoker.package); large TCP
                       # replies sent from the method's memory, not a copy (LentReply); small
                       # replies sent by the execution thread itself (CallStream.reply_from_thread).
                       "staged_in": 0, "in_place_out": 0, "lent_out": 0, "thread_replies": 0,
@@ -71,11 +65,13 @@ class HostRuntime:
                       # Calls the execution thread read from the raw socket and ran itself
                       # (podium.worker.host.directcalls).
                       "direct_calls": 0}
-        #: What the execution thread counts of the calls it reads itself (only it writes
-        #: here; stats_now adds what changed since into ``stats``).
-        self.thread_stats = dict.fromkeys(("calls", "bytes_in", "bytes_out", "call_seconds", "thread_replies",
-                                           "direct_calls", "calls_in_flight"), 0)
-        self._thread_stats_added = dict(self.thread_stats)
+        #: Runs sync methods and packages their values (the one way a call runs on the thread).
+        self.invoker = SyncInvoker(config, self.held, self.stats)
+        #: Calls the execution thread read itself and is running now (0 or 1; only it writes).
+        #: Those calls are otherwise counted in their method's row alone (``methods.thread``):
+        #: stats_now adds what changed there into ``stats``, so the thread's path keeps one counter.
+        self.thread_running = 0
+        self._thread_added = (0, 0.0, 0, 0, 0)
         #: Per-method latency histograms and bytes (Describe's method_stats).
         self.methods = MethodTable()
         self.stopping = asyncio.Event()
@@ -95,6 +91,15 @@ class HostRuntime:
     # ---------------------------------------------------------------- helpers
 
     @property
+    def address(self) -> str:
+        """"host:port" peers use to reach this worker (set once bound)."""
+        return self.invoker.address
+
+    @address.setter
+    def address(self, value: str) -> None:
+        self.invoker.address = value
+
+    @property
     def hosted(self) -> Any:
         """The hosted object (None until constructed)."""
         return self._obj
@@ -112,7 +117,7 @@ class HostRuntime:
     def hold_value(self, value: Any) -> worker_pb2.ObjectRefInfo:
         """Hold a snapshot of ``value`` in this host's store (``podium.put`` in a worker, the
         controller's object server) and return its ref's description."""
-        ref = self.package(value, worker_pb2.CallHeader(hold_result=True)).ref
+        ref = self.invoker.package(value, worker_pb2.CallHeader(hold_result=True)).ref
         assert ref is not None  # a held result always has one
         return ref
 
@@ -173,108 +178,6 @@ class HostRuntime:
         if inspect.iscoroutine(result):
             result = asyncio.run_coroutine_threadsafe(result, self._loop).result()
         return result
-
-    def package(self, value: Any, header: worker_pb2.CallHeader,
-                conn: CallConnection | None = None, settle_later: bool = False) -> Outcome:
-        """Encode a result and hold it, put it in shared memory for the caller (``conn``'s
-        segments when it has room, else a one-shot segment), or ready it for streaming.
-
-        A result whose large buffers lie in the call's own argument segment (a method that
-        changed its batch in place and returned it) is sent as references into that segment,
-        which the caller owns, instead of a copy, when the method kept no view of its
-        argument: then nothing here can change those bytes any more, so the caller's value
-        is a snapshot, as a copy would be. Whether it kept one is known only once the call's
-        arguments are dropped; with ``settle_later`` (the execution thread) the decision is
-        left to ``Outcome.settle`` at that point, else it is made now. On the execution
-        thread a large reply going out as a TCP bulk frame is lent, not copied (``LentReply``).
-        """
-        if value is None and not header.hold_result and not (
-                header.reply_in_shm and NONE_OUTCOME.nbytes >= self.config.shm_threshold_bytes):
-            return NONE_OUTCOME  # most methods return None
-        encoded = ENCODED_NONE if value is None else codec.encode(value)
-        nbytes = encoded.nbytes
-        if header.hold_result:
-            rows = refs.rows_of(value)
-            self.held.check_room(nbytes)
-            frozen = FrozenResult(encoded.to_segments(), nbytes)
-            # The held value is a snapshot (decoded from the frozen copy) unless nothing can
-            # change it anyway (None, numbers, strings: most small results).
-            snapshot = value if type(value) in IMMUTABLE_RESULTS else codec.decode(frozen.buffer)
-            held = self.held.put(snapshot, frozen, nbytes, rows)
-            return Outcome(ref=worker_pb2.ObjectRefInfo(
-                object_id=held.object_id, worker_id=self.config.worker_id,
-                owner_address=self.address, owner_rank=self.config.rank,
-                size_bytes=nbytes, rows=rows,
-                # Small results ride along, so the caller's get() needs no Fetch.
-                inline_value=bytes(frozen.buffer) if nbytes <= self.config.inline_result_bytes else b""))
-        # The socket reads a reply later: copy it now, unless it is a held result (a frozen
-        # snapshot already) going out to a fetch.
-        snapshot = value is not None and type(value) not in IMMUTABLE_RESULTS and header.method != FETCH_CALL
-        argument = header.refs_segment or (header.shm_name if header.shm_pooled else "")
-        # A staged argument's rows are references whatever their size (the group call as a
-        # whole was large enough to stage); a pooled one only reaches here above the threshold.
-        if (snapshot and header.reply_in_shm and argument and conn is not None and conn.segments is not None
-                and nbytes >= (REF_MIN_BYTES if header.refs_segment else self.config.shm_threshold_bytes)):
-            found = conn.segments.cache.locate(argument, encoded.buffers, REF_MIN_BYTES)
-            if found:
-                # Keep no view of the argument here (the buffers found are dropped), or the
-                # check in _settle_in_place would always see one.
-                rest = codec.without_buffers(encoded, set(found))
-                del value, encoded
-                outcome = Outcome(pending=functools.partial(self._settle_in_place, rest, found, header, conn))
-                return outcome if settle_later else outcome.settle()
-        return self._package_encoded(encoded, nbytes, header, conn, snapshot, lend=settle_later)
-
-    def _package_encoded(self, encoded: Any, nbytes: int, header: worker_pb2.CallHeader,
-                         conn: CallConnection | None, snapshot: bool, lend: bool = False) -> Outcome:
-        segments = encoded.to_segments()
-        if header.reply_in_shm and nbytes >= self.config.shm_threshold_bytes and conn is not None:
-            name, pooled = conn.write_segment(segments, nbytes)  # ("", False): /dev/shm full, use TCP
-            if name:
-                self.stats["shm_out"] += 1
-                return Outcome(shm_name=name, shm_pooled=pooled, nbytes=nbytes)
-        if snapshot:
-            # On the execution thread a large bulk reply is lent, not copied: the thread
-            # waits until the socket took it before it runs anything else (LentReply).
-            if lend and nbytes >= MIN_POOLED_BYTES and conn is not None and conn.takes_bulk(nbytes):
-                self.stats["lent_out"] += 1
-                return Outcome(segments=segments, nbytes=nbytes, lent=LentReply(nbytes, conn.abort_threadsafe))
-            segments = reply_snapshot(segments, nbytes)
-        return Outcome(segments=segments, nbytes=nbytes)
-
-    def _settle_in_place(self, rest: codec.Encoded, found: dict[int, tuple[int, int]],
-                         header: worker_pb2.CallHeader, conn: CallConnection) -> Outcome:
-        # See package(): references if nothing here views the argument any more, else a copy.
-        name = header.refs_segment or header.shm_name
-        segments = conn.segments
-        assert segments is not None  # package() found the argument in them
-        cache = segments.cache
-        if cache.leased(name):  # the method kept (a view of) its argument: send a copy
-            buffers = list(rest.buffers)
-            for index, (offset, length) in found.items():
-                buffers[index] = cache.peek(name, offset, length)
-            full = codec.Encoded(rest.skeleton, buffers)
-            return self._package_encoded(full, full.nbytes, header, conn, True)
-        outcome = self._package_encoded(rest, rest.nbytes, header, conn, True)
-        outcome.refs_segment = name
-        outcome.refs = [number for index in sorted(found) for number in (index, *found[index])]
-        self.stats["in_place_out"] += 1
-        return outcome
-
-    def invoke_sync(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
-                    conn: CallConnection | None) -> Outcome:
-        """Run a sync method and package its value (on the execution thread); its exception
-        is raised as the call's error."""
-        started = now_ns() if RING.on else 0
-        try:
-            value = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - user code; reported, worker keeps serving
-            if started:
-                RING.add("run", header.method, started, now_ns(), header.trace_id, ok=False)
-            raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
-        if started:
-            RING.add("run", header.method, started, now_ns(), header.trace_id)
-        return self.package(value, header, conn, settle_later=True)
 
     def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
         # Runs on the execution thread: CUDA/NCCL state made here belongs to it.
@@ -362,7 +265,7 @@ class HostRuntime:
                 if not prev.done():
                     await prev
                 admission.check_start(active, f"call {header.method!r}")
-                job = self.exec_thread.submit(self.invoke_sync, fn, args, kwargs, header, active.stream.conn)
+                job = self.exec_thread.submit(self.invoker.invoke, fn, args, kwargs, header, active.stream.conn)
                 active.job = job
                 # Only the job holds the arguments now: the execution thread drops them after
                 # the call, so a result computed in place can be told from a kept argument.
@@ -385,7 +288,7 @@ class HostRuntime:
                 raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
             if started:
                 RING.add("run", header.method, started, now_ns(), header.trace_id)
-            outcome = self.package(result, header, active.stream.conn)
+            outcome = self.invoker.package(result, header, active.stream.conn)
         active.bytes_out = outcome.nbytes
         await active.stream.send_outcome(active.call_id, outcome)
 
@@ -444,11 +347,17 @@ class HostRuntime:
     def stats_now(self) -> dict:
         """The counters, with every finished call counted."""
         self.exec_thread.settle()
-        stats, added = self.stats, self._thread_stats_added
-        for key, value in list(self.thread_stats.items()):
-            stats[key] += value - added[key]
-            added[key] = value
-        return self.stats
+        now = (*self.methods.thread.totals(), self.thread_running)
+        calls, seconds, bytes_in, bytes_out, running = (a - b for a, b in zip(now, self._thread_added))
+        self._thread_added = now
+        stats = self.stats
+        for key in ("calls", "direct_calls", "thread_replies"):  # (every such call replied from the thread)
+            stats[key] += calls
+        stats["call_seconds"] += seconds
+        stats["bytes_in"] += bytes_in
+        stats["bytes_out"] += bytes_out
+        stats["calls_in_flight"] += running
+        return stats
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:
         """(value, Encoded) of a held object or a row range of it."""

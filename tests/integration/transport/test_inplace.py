@@ -6,7 +6,7 @@ podium.transport.shmstage). A method that changes its batch in place and returns
 (``data.batch[k] += 1; return data``) has its result in that very segment. The worker then
 sends references into it instead of copying the result into a segment of its own, provided it
 kept no view of the argument, so the controller's value is still a snapshot
-(``HostRuntime.package``); the ranks' rows, adjacent in the staged segment, concatenate into a
+(``SyncInvoker.package``); the ranks' rows, adjacent in the staged segment, concatenate into a
 view of it. These tests check the values bit for bit, that references were used exactly when
 allowed, that neither side sees the other's later writes, that a kept result's segment is not
 reused, and that every segment is given back and no file is left.

@@ -154,7 +154,7 @@ def test_close_removes_every_file_not_yet_mapped(link):
 
 def _in_place_reply(link, value):
     """What a worker does with an argument it changed in place: locate its buffers in the
-    argument's segment, and send the rest with references (see HostRuntime.package)."""
+    argument's segment, and send the rest with references (see SyncInvoker.package)."""
     name, nbytes = link.send(((value,), {}))
     (arg,), _ = link.receive(name, nbytes)
     arg += 1

@@ -225,7 +225,7 @@ def test_a_burst_of_quick_calls_is_answered_in_full_and_no_reply_waits_for_a_slo
                 assert list(late) == [62] and codec.decode(late[62].data) is True
             finally:
                 sock.close()
-            stats = host.runtime.thread_stats
+            stats = host.runtime.stats_now()
             assert stats["calls_in_flight"] == 0 and stats["thread_replies"] >= 50
         finally:
             await host.stop(grace=0.2)
