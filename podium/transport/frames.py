@@ -32,10 +32,17 @@ TAIL_MAX_BYTES = 64 << 10
 _CALL_ID_TAG = b"\x08"  # field 1 (call_id), wire type 0 (varint)
 
 
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
+
+
 def encode_varint(value: int) -> bytes:
     """The protobuf base-128 varint of a non-negative integer."""
     if value < 0x80:
-        return bytes((value,))
+        return _ONE_BYTE[value]
+    if value < 0x4000:  # (call ids and frame lengths: the common sizes, without a loop)
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

@@ -52,10 +52,6 @@ class AdmittingHost(Protocol):
     def held(self) -> Any:
         """The held results (a thread-safe ``HeldStore``): a call's header may release some."""
 
-    @property
-    def hosted(self) -> Any:
-        """The hosted object (None until constructed)."""
-
 
 class CallAdmission:
     """One host's admission of calls (see the module docstring); on the loop, except
@@ -73,7 +69,6 @@ class CallAdmission:
         self.gate.set_result(None)
         # lookup's answers for the hosted object, by method name (both threads admit calls).
         self._found: dict[str, tuple[Any, bool, bool]] = {}
-        self._found_in: Any = None
 
     def in_order_now(self) -> bool:
         """True while a call may start at once: the object is built and nothing earlier waits."""
@@ -88,9 +83,8 @@ class CallAdmission:
         needs beyond that (a ref argument to fetch, an ``async def`` method, a wait for an
         earlier call) sends it to the general path with its value."""
         host = self._host
-        release = header.release
-        if release:  # held results the caller dropped ride on its calls
-            host.held.release(release)
+        if header.release:  # held results the caller dropped ride on its calls
+            host.held.release(header.release)
         if host.construct_state != "done" or not self.gate.done():  # (in_order_now, inline: hot)
             return None, None
         try:
@@ -102,27 +96,26 @@ class CallAdmission:
                 return None, DecodeFailed(errors.InvalidArgumentError(
                     "a CALL payload must decode to (args, kwargs), got NoneType"))
             return None, value
-        args, kwargs = value
         method = header.method
         found = self._found.get(method)
-        if found is None or self._found_in is not host.hosted:
+        if found is None:
             try:
                 found = host.lookup(method)
             except Exception:  # noqa: BLE001 - run_call looks up again and reports it
                 return None, value
-            self._remember(method, found)
+            # Kept: each call looked up a bound method afresh. The object is built once and
+            # calls are admitted only after that, so what was found stays right.
+            if len(self._found) >= _MAX_FOUND:
+                self._found = {}  # (a new dict: the other thread may be reading)
+            self._found[method] = found
         fn, is_async, materialize = found
-        if is_async or (materialize and (any(map(refs.is_ref, args))
-                                         or any(map(refs.is_ref, kwargs.values())))):
+        if is_async:
+            return None, value
+        args, kwargs = value
+        if materialize and (args or kwargs) and (any(map(refs.is_ref, args))
+                                                 or any(map(refs.is_ref, kwargs.values()))):
             return None, value
         return fn, value
-
-    def _remember(self, method: str, found: tuple) -> None:
-        # Each call looked up a bound method afresh; the object's methods stay what they were.
-        hosted = self._host.hosted
-        if self._found_in is not hosted or len(self._found) >= _MAX_FOUND:
-            self._found, self._found_in = {}, hosted  # (a new dict: the other thread may be reading)
-        self._found[method] = found
 
     def reserve_gate(self) -> tuple[asyncio.Future, asyncio.Future]:
         """A general-path call takes its place in order: (predecessor's gate, this call's gate)."""
