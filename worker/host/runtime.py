@@ -99,6 +99,11 @@ class HostRuntime:
     def address(self, value: str) -> None:
         self.invoker.address = value
 
+    @property
+    def hosted(self) -> Any:
+        """The hosted object (None until constructed)."""
+        return self._obj
+
     def with_rank(self, exc: errors.PodiumError) -> errors.PodiumError:
         if exc.rank < 0:
             exc.rank = self.config.rank
