@@ -127,11 +127,6 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._transport: Any = None
         self._frames: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
-        #: Server side: ``take_now(frame)`` is offered each frame that arrives while the reader
-        #: waits with nothing queued, and returns True when it handled the frame on the spot
-        #: (no queue, future or task step: a no-op call's hot path). Frames it declines, and
-        #: every frame behind one still queued, go to :meth:`read` in arrival order.
-        self.take_now: Callable[[Any], bool] | None = None
         #: Server side: ``on_idle()`` runs when the reader is about to wait with nothing
         #: queued, the moment :meth:`ThreadLoan.lend_reads` can be offered.
         self.on_idle: Callable[[], None] | None = None
@@ -222,9 +217,6 @@ class FrameConnection(asyncio.BufferedProtocol):
             if len(self._frames) >= _MAX_QUEUED_FRAMES and not self._paused_reading:
                 self._paused_reading = True
                 self._transport.pause_reading()
-        elif self.on_idle is not None and self.loan.recall is None and self._waiter is not None \
-                and not self._waiter.done():  # take_now took every frame: the reader still waits
-            self.on_idle()
 
     def _parse_frames(self) -> None:
         buffer, pos, end = self._buffer, self._start, self._end
@@ -264,10 +256,6 @@ class FrameConnection(asyncio.BufferedProtocol):
     def _deliver(self, frame: Any) -> None:
         if self._on_frame is not None:
             self._on_frame(frame)
-            return
-        waiter, take_now = self._waiter, self.take_now
-        if take_now is not None and not self._frames and waiter is not None and not waiter.done() \
-                and take_now(frame):
             return
         self._frames.append(frame)
 

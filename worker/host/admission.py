@@ -1,11 +1,10 @@
 """The one way into the worker host for a call: when it may start, in which order, and how
 long a CANCEL or its deadline can still stop it.
 
-A call enters the host three ways: the loop reads its frame (``CallStream.run``), the loop
-starts it as its frame is parsed (the raw socket's ``take_now``), or the execution thread
-reads and runs it itself (:mod:`podium.worker.host.directcalls`). All three ask
-:meth:`CallAdmission.admit` whether the call may run on the execution thread at once; a call
-it declines takes the loop's general path, which takes its place in order with
+A call's frame is read by the loop (``CallStream.run``) or by the execution thread itself
+(:mod:`podium.worker.host.directcalls`). Both ask :meth:`CallAdmission.admit` whether the
+call may run on the execution thread at once (then :class:`~podium.worker.host.invoke.SyncInvoker`
+runs it); a call it declines takes the loop's general path, which takes its place in order with
 :meth:`CallAdmission.reserve_gate` and is checked by :meth:`CallAdmission.check_start`
 before it reaches the thread. The rules (written once, in docs/architecture.md, "One way
 into the worker host"):

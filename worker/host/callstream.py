@@ -62,12 +62,11 @@ class CallStream:
         self.conn = CallConnection(context, worker_pb2.ReplyFrame, shared_memory=True)
         self.fast_done = self._fast_done  # one bound method for every fast call
         self._fast_finished: asyncio.Future | None = None
-        # Frames take_now declined after decoding their payload, with that value (a payload
-        # is decoded once: its unpickling may run user code).
+        # Frames the execution thread handed back after decoding their payload, with that
+        # value (a payload is decoded once: its unpickling may run user code).
         self._declined: collections.deque = collections.deque()
         self._reader: DirectReader | None = None  # made at the first loan (see _lend_reads)
         if self.conn.writes_nowait:
-            context.take_now = self._take_now
             context.on_idle = self._lend_reads
 
     async def run(self) -> None:
@@ -150,17 +149,6 @@ class CallStream:
             host.invoker.invoke, (fn, args, kwargs, header, self.conn), self.fast_done, active,
             self.reply_from_thread)
         return True
-
-    def _take_now(self, frame: Any) -> bool:
-        """The raw socket's ``take_now``: start a fast call as its frame arrives (see try_fast)."""
-        if type(frame) is not worker_pb2.CallFrame:
-            return False
-        decoded = self.try_fast(frame)
-        if decoded is True:
-            return True
-        if decoded is not None:
-            self._declined.append((frame, decoded))
-        return False
 
     def reply_from_thread(self, active: ActiveCall, ok: bool, result: Any) -> bool:
         """Send a fast-path call's small reply from the execution thread (True if it went):

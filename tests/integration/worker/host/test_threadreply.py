@@ -1,5 +1,4 @@
-"""Replies sent by the execution thread itself (ThreadLoan.write_from_thread) and fast
-calls started as their frame arrives (FrameConnection.take_now).
+"""Replies sent by the execution thread itself (ThreadLoan.write_from_thread).
 
 A no-op call used to wake a worker's event loop twice: once for the call's frame, once for
 the execution thread's outcome. A small reply now leaves from the execution thread on a
