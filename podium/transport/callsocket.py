@@ -237,7 +237,10 @@ class FrameConnection(asyncio.BufferedProtocol):
             message = self._parse(bytes(buffer[pos + head:pos + head + length]))
             pos += head + length
             if size < 0:
-                self._deliver(message)
+                if self._on_frame is not None:  # (_deliver, inline: once per frame)
+                    self._on_frame(message)
+                else:
+                    self._frames.append(message)
                 continue
             bulk = IncomingBulk(message, size, self._max_bulk, owner=self)
             self._filled = True
