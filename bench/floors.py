@@ -18,7 +18,9 @@ as Podium's processes are):
 
 ``--fanout N`` measures instead the floors of a no-op group call at N ranks (:func:`fanout`):
 what 2 cores do when N Python processes each answer one small frame with no framework, on
-uvloop, from a thread blocking in ``recv``, and doing the least Podium's frames need.
+uvloop, from a thread blocking in ``recv``, and doing the least Podium's frames need; the
+last line has that least work answered to a sender on uvloop that parses every reply (the
+floor of a controller's own CPU on an event loop).
 
 Not a test: nothing here asserts a time.
 """
@@ -38,7 +40,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["measure_floors", "fanout", "FLOORS", "FANOUT_KINDS"]
+__all__ = ["measure_floors", "fanout", "FLOORS", "FANOUT_KINDS", "FANOUT_SENDERS"]
 
 _SLICE = 1 << 20
 
@@ -203,21 +205,22 @@ def _serve_wire(sock: socket.socket) -> None:
 FANOUT_KINDS = {"uvloop": _echo_uvloop, "blocking": _echo_blocking, "wire": _serve_wire}
 
 
-def fanout(n: int, calls: int = 300, kind: str = "uvloop") -> dict[str, float]:
+def fanout(n: int, calls: int = 300, kind: str = "uvloop", sender: str = "select") -> dict[str, float]:
     """The floor of a no-op ``ONE_TO_ALL`` at ``n`` ranks: ``n`` forked processes that each
     answer a frame (no framework), one sender writing to all and waiting for every answer.
     ``kind`` (:data:`FANOUT_KINDS`): ``uvloop`` echoes on a uvloop protocol, ``blocking``
     echoes from one thread blocking in ``recv``, ``wire`` runs the least a worker must do
     with Podium's frames (parse, decode the arguments, call the method, reply) in one such
-    thread. Median and p90 in ms; the CPU of the sender (``sender_us_per_rank``: what a
+    thread. ``sender`` (:data:`FANOUT_SENDERS`): ``select`` sends and receives with plain
+    blocking calls on a selector; ``uvloop`` is the least a controller on an event loop
+    must do (a uvloop protocol per rank that parses each reply frame and decodes its value).
+    Median and p90 in ms; the CPU of the sender (``sender_us_per_rank``: what a
     controller's fan-out cannot go below) and of the N processes (``ranks_us_per_rank``),
     per rank per call, over the measured calls."""
-    import selectors
-
     from bench.measure import processes_cpu_seconds
 
     from podium import codec
-    from podium.transport.frames import call_frame_tail, frame_with_call_id
+    from podium.transport.frames import call_frame_tail
     from podium.v1 import worker_pb2
 
     serve = FANOUT_KINDS[kind]
@@ -236,42 +239,125 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop") -> dict[str, float]:
                 os._exit(0)
         pids.append(pid)
     conns = []
-    selector = selectors.DefaultSelector()
     for _ in range(n):
         conn, _ = listener.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conns.append(conn)
-        selector.register(conn, selectors.EVENT_READ)
     tail = call_frame_tail(worker_pb2.CALL, "noop", codec.dumps(((), {})), hold=False, timeout=0,
                            reply_in_shm=False)
-    times = []
     warm = calls // 10  # the first tenth warms up
-    for call_id in range(1, calls + 1):
-        if call_id == warm + 1:
-            sender_cpu, ranks_cpu = time.process_time(), processes_cpu_seconds(pids)
-        frame = frame_with_call_id(call_id, tail)
-        message = struct.pack("<I", len(frame)) + frame
-        started = time.perf_counter()
-        for conn in conns:
-            conn.send(message)
-        left = n
-        while left:
-            for key, _ in selector.select(timeout=10):
-                key.fileobj.recv(4096)
-                left -= 1
-        times.append(time.perf_counter() - started)
+    cpu: list[float] = []
+
+    def mark(call_id: int) -> None:  # the CPU readings around the measured calls
+        if call_id in (warm + 1, calls + 1):
+            cpu.extend((time.process_time(), processes_cpu_seconds(pids)))
+
+    times = FANOUT_SENDERS[sender](conns, tail, calls, mark)
     per_rank = 1e6 / (calls - warm) / n
-    sender_us, ranks_us = ((time.process_time() - sender_cpu) * per_rank,
-                           (processes_cpu_seconds(pids) - ranks_cpu) * per_rank)
+    sender_us, ranks_us = (cpu[2] - cpu[0]) * per_rank, (cpu[3] - cpu[1]) * per_rank
     for conn in conns:
         conn.close()
     for pid in pids:
         os.waitpid(pid, 0)
     listener.close()
     times = sorted(times[warm:])
-    return {"n": n, "kind": kind, "median_ms": statistics.median(times) * 1e3,
+    return {"n": n, "kind": kind, "sender": sender, "median_ms": statistics.median(times) * 1e3,
             "p90_ms": times[int(len(times) * 0.9)] * 1e3, "sender_us_per_rank": sender_us,
             "ranks_us_per_rank": ranks_us}
+
+
+def _send_select(conns: list[socket.socket], tail: bytes, calls: int, mark) -> list[float]:
+    """Each call: one ``send`` per rank, then one ``recv`` per answer as a selector reports it."""
+    import selectors
+
+    from podium.transport.frames import frame_with_call_id
+
+    selector = selectors.DefaultSelector()
+    for conn in conns:
+        selector.register(conn, selectors.EVENT_READ)
+    times = []
+    for call_id in range(1, calls + 2):
+        mark(call_id)
+        if call_id > calls:
+            break
+        frame = frame_with_call_id(call_id, tail)
+        message = struct.pack("<I", len(frame)) + frame
+        started = time.perf_counter()
+        for conn in conns:
+            conn.send(message)
+        left = len(conns)
+        while left:
+            for key, _ in selector.select(timeout=10):
+                key.fileobj.recv(4096)
+                left -= 1
+        times.append(time.perf_counter() - started)
+    selector.close()
+    return times
+
+
+def _send_uvloop(conns: list[socket.socket], tail: bytes, calls: int, mark) -> list[float]:
+    """Each call: one transport write per rank; each answer is read by the rank's
+    ``BufferedProtocol``, parsed as a ReplyFrame and its value decoded (the least a controller
+    on an event loop does per reply)."""
+    import uvloop
+
+    from podium import codec
+    from podium.transport.frames import frame_with_call_id
+    from podium.v1 import worker_pb2
+
+    length = struct.Struct("<I")
+    state: dict = {"left": 0, "done": None}
+
+    class Reader(asyncio.BufferedProtocol):
+        def connection_made(self, transport):  # noqa: ANN001
+            self.buffer = bytearray(1 << 16)
+            self.view = memoryview(self.buffer)
+            self.end = 0
+
+        def get_buffer(self, sizehint: int) -> memoryview:
+            return self.view[self.end:]
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.end += nbytes
+            buffer, pos = self.buffer, 0
+            while self.end - pos >= 4 and self.end - pos >= 4 + length.unpack_from(buffer, pos)[0]:
+                size = length.unpack_from(buffer, pos)[0]
+                frame = worker_pb2.ReplyFrame.FromString(bytes(buffer[pos + 4:pos + 4 + size]))
+                codec.decode(frame.data)
+                pos += 4 + size
+                state["left"] -= 1
+                if not state["left"]:
+                    state["done"].set_result(None)
+            if pos:
+                rest = self.end - pos
+                buffer[:rest] = buffer[pos:self.end]
+                self.end = rest
+
+    async def run() -> list[float]:
+        loop = asyncio.get_running_loop()
+        transports = [(await loop.connect_accepted_socket(Reader, conn))[0] for conn in conns]
+        times = []
+        for call_id in range(1, calls + 2):
+            mark(call_id)
+            if call_id > calls:
+                break
+            frame = frame_with_call_id(call_id, tail)
+            message = length.pack(len(frame)) + frame
+            state["left"], state["done"] = len(transports), loop.create_future()
+            started = time.perf_counter()
+            for transport in transports:
+                transport.write(message)
+            await state["done"]
+            times.append(time.perf_counter() - started)
+        for transport in transports:
+            transport.close()
+        return times
+
+    return uvloop.run(run())
+
+
+#: The fan-out floors' senders (see :func:`fanout`).
+FANOUT_SENDERS = {"select": _send_select, "uvloop": _send_uvloop}
 
 
 #: Each limit: a function of (payload bytes, repeats) -> MB/s.
@@ -292,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=int, metavar="N", help="instead: the no-op fan-out floors at N ranks")
     args = parser.parse_args(argv)
     if args.fanout:
-        for kind in FANOUT_KINDS:
-            print(json.dumps({k: round(v, 2) if type(v) is float else v for k, v in fanout(args.fanout, kind=kind).items()}))
+        for kind, sender in [(kind, "select") for kind in FANOUT_KINDS] + [("wire", "uvloop")]:
+            measured = fanout(args.fanout, kind=kind, sender=sender)
+            print(json.dumps({k: round(v, 2) if type(v) is float else v for k, v in measured.items()}))
         return 0
     print(json.dumps({k: round(v) for k, v in measure_floors(args.mib, args.repeat).items()}))
     return 0
