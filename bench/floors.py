@@ -220,7 +220,7 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop", sender: str = "select
     from bench.measure import processes_cpu_seconds
 
     from podium import codec
-    from podium.transport.frames import call_frame_tail
+    from podium.transport.frames import FRAME_LENGTH, call_frame_tail, frame_with_call_id
     from podium.v1 import worker_pb2
 
     serve = FANOUT_KINDS[kind]
@@ -245,14 +245,16 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop", sender: str = "select
         conns.append(conn)
     tail = call_frame_tail(worker_pb2.CALL, "noop", codec.dumps(((), {})), hold=False, timeout=0,
                            reply_in_shm=False)
+    messages = [FRAME_LENGTH.pack(len(frame)) + frame
+                for frame in (frame_with_call_id(call_id, tail) for call_id in range(1, calls + 1))]
     warm = calls // 10  # the first tenth warms up
     cpu: list[float] = []
 
-    def mark(call_id: int) -> None:  # the CPU readings around the measured calls
-        if call_id in (warm + 1, calls + 1):
+    def mark(index: int) -> None:  # the CPU readings around the measured calls
+        if index in (warm, calls):
             cpu.extend((time.process_time(), processes_cpu_seconds(pids)))
 
-    times = FANOUT_SENDERS[sender](conns, tail, calls, mark)
+    times = FANOUT_SENDERS[sender](conns, messages, mark)
     per_rank = 1e6 / (calls - warm) / n
     sender_us, ranks_us = (cpu[2] - cpu[0]) * per_rank, (cpu[3] - cpu[1]) * per_rank
     for conn in conns:
@@ -266,22 +268,16 @@ def fanout(n: int, calls: int = 300, kind: str = "uvloop", sender: str = "select
             "ranks_us_per_rank": ranks_us}
 
 
-def _send_select(conns: list[socket.socket], tail: bytes, calls: int, mark) -> list[float]:
+def _send_select(conns: list[socket.socket], messages: list[bytes], mark) -> list[float]:
     """Each call: one ``send`` per rank, then one ``recv`` per answer as a selector reports it."""
     import selectors
-
-    from podium.transport.frames import frame_with_call_id
 
     selector = selectors.DefaultSelector()
     for conn in conns:
         selector.register(conn, selectors.EVENT_READ)
     times = []
-    for call_id in range(1, calls + 2):
-        mark(call_id)
-        if call_id > calls:
-            break
-        frame = frame_with_call_id(call_id, tail)
-        message = struct.pack("<I", len(frame)) + frame
+    for index, message in enumerate(messages):
+        mark(index)
         started = time.perf_counter()
         for conn in conns:
             conn.send(message)
@@ -291,18 +287,18 @@ def _send_select(conns: list[socket.socket], tail: bytes, calls: int, mark) -> l
                 key.fileobj.recv(4096)
                 left -= 1
         times.append(time.perf_counter() - started)
+    mark(len(messages))
     selector.close()
     return times
 
 
-def _send_uvloop(conns: list[socket.socket], tail: bytes, calls: int, mark) -> list[float]:
+def _send_uvloop(conns: list[socket.socket], messages: list[bytes], mark) -> list[float]:
     """Each call: one transport write per rank; each answer is read by the rank's
     ``BufferedProtocol``, parsed as a ReplyFrame and its value decoded (the least a controller
     on an event loop does per reply)."""
     import uvloop
 
     from podium import codec
-    from podium.transport.frames import frame_with_call_id
     from podium.v1 import worker_pb2
 
     length = struct.Struct("<I")
@@ -337,18 +333,15 @@ def _send_uvloop(conns: list[socket.socket], tail: bytes, calls: int, mark) -> l
         loop = asyncio.get_running_loop()
         transports = [(await loop.connect_accepted_socket(Reader, conn))[0] for conn in conns]
         times = []
-        for call_id in range(1, calls + 2):
-            mark(call_id)
-            if call_id > calls:
-                break
-            frame = frame_with_call_id(call_id, tail)
-            message = length.pack(len(frame)) + frame
+        for index, message in enumerate(messages):
+            mark(index)
             state["left"], state["done"] = len(transports), loop.create_future()
             started = time.perf_counter()
             for transport in transports:
                 transport.write(message)
             await state["done"]
             times.append(time.perf_counter() - started)
+        mark(len(messages))
         for transport in transports:
             transport.close()
         return times
