@@ -160,7 +160,7 @@ class CallStream:
             RING.add("call", header.method, mono_to_ns(active.started), now_ns(), header.trace_id, active.call_id,
                      header.payload_size, getattr(result, "nbytes", 0))
             active.recorded = True
-        # (A lent reply is a bulk one, as is a held result's ref: reply_frame leaves them to the loop.)
+        # (A lent reply is a bulk one: reply_frame leaves it to the loop.)
         data = reply_frame(active.call_id, result, self.conn)
         if data is None or not self.conn.carrier.loan.write_frames_from_thread(data):
             return False

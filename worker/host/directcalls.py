@@ -70,13 +70,12 @@ _MAX_METHODS = 1024
 
 
 def reply_frame(call_id: int, outcome: Any, conn: CallConnection) -> bytes | None:
-    """The length-prefixed reply frame of a small ``outcome`` that carries its bytes, as the
-    execution thread sends it; None when it cannot go from there (a held result's ref, a
-    shared-memory or bulk reply: the loop sends those)."""
+    """The length-prefixed reply frame of a small ``outcome`` that carries its bytes or of a
+    held result's ref (a ``blocking=False`` call's), as the execution thread sends it; None
+    when it cannot go from there (a shared-memory or bulk reply: the loop sends those)."""
     if outcome is NONE_OUTCOME:  # most replies: checked first
         tail = NONE_REPLY_TAIL
-    elif type(outcome) is not Outcome or outcome.ref is not None or outcome.shm_name \
-            or conn.takes_bulk(outcome.nbytes):
+    elif type(outcome) is not Outcome or outcome.shm_name or (outcome.ref is None and conn.takes_bulk(outcome.nbytes)):
         return None
     else:
         tail = outcome.reply_tail()

@@ -62,10 +62,14 @@ class Outcome:
                                       refs=self.refs)
 
     def reply_tail(self) -> bytes:
-        """The serialized one-frame reply of a small outcome that carries its bytes, without
-        its call id (:func:`podium.transport.frames.frame_with_call_id` adds it)."""
+        """The serialized one-frame reply of a small outcome that carries its bytes, or of a
+        held result's ref, without its call id (:func:`podium.transport.frames.frame_with_call_id`
+        adds it)."""
         if self is NONE_OUTCOME:
             return NONE_REPLY_TAIL
+        if self.ref is not None:
+            return worker_pb2.ReplyFrame(header=worker_pb2.ReplyHeader(ok=True, ref=self.ref),
+                                         last=True).SerializeToString()
         return worker_pb2.ReplyFrame(header=self.header(), data=b"".join(self.segments),
                                      last=True).SerializeToString()
 
