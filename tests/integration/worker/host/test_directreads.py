@@ -152,6 +152,29 @@ def test_fast_calls_are_read_run_and_answered_by_the_execution_thread(token, aru
     arun(scenario())
 
 
+def test_held_results_are_answered_as_refs_by_the_execution_thread(token, arun):
+    """``blocking=False`` calls hold their results in the worker and answer with refs: a burst
+    of them is answered from the execution thread too (no wake-up of the loop per call), each
+    ref naming the value the worker holds and carrying it inline."""
+    async def scenario():
+        host, client = await _host_and_client(token)
+        try:
+            assert await client.call("note", ("warm",)) == 1
+            await _until(lambda: host.runtime.exec_thread.has_reader, "the socket's loan")
+            before = dict(host.runtime.stats_now())
+            refs = await asyncio.gather(*[client.submit("note", prepare(((i,), {})), hold=True)
+                                          for i in range(50)])
+            stats = host.runtime.stats_now()
+            assert stats["thread_replies"] - before["thread_replies"] >= 45
+            for i, ref in enumerate(refs):
+                assert host.runtime.held.get(ref.object_id).value == i + 2
+                assert codec.decode(ref.inline) == i + 2 and ref.owner_address == host.address
+        finally:
+            await client.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
+
+
 def test_frames_the_thread_cannot_take_go_to_the_loop_in_order(token, arun):
     """A pipelined burst mixing fast calls with a bulk argument, an async method, an error
     and a bulk reply: every call answers correctly, sync calls ran in the order sent, and
