@@ -57,11 +57,7 @@ class RankOutcome:
         if not self.settled:
             self.settled = True
             self.value = value
-            tally = self._tally
-            if tally.left > 1:  # (settled(False) when it would do no more: once per rank)
-                tally.left -= 1
-            else:
-                tally.settled(False)
+            self._tally.settled(False)
 
     def fail(self, exc: BaseException) -> None:
         """Settle with ``exc`` (the first outcome wins); ``RankOutcome.fail`` is the

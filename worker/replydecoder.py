@@ -105,19 +105,6 @@ class ReplyDecoder:
                 self._finish(frame.call_id, p, self._with_refs(header, ShmReply.of(header)), None)
                 return
             if frame.last:
-                sink = p.sink
-                if sink is not None and not (header.refs_segment or p.shm_name or p.staged):
-                    # Most replies: one frame to a sink, no segment to let go (Finish's work
-                    # for this case alone, inline: once per rank of a group call).
-                    del self._pending[frame.call_id]
-                    if not sink.done():
-                        try:
-                            value = codec.decode(frame.data) if p.decode else frame.data
-                        except Exception as exc:  # noqa: BLE001 - a reply that does not decode fails its call
-                            p.on_error(sink, exc)
-                            return
-                        sink._set_result(value)
-                    return
                 self._finish(frame.call_id, p, self._with_refs(header, frame.data), None)
                 return
             try:

@@ -237,10 +237,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             message = self._parse(bytes(buffer[pos + head:pos + head + length]))
             pos += head + length
             if size < 0:
-                if self._on_frame is not None:  # (_deliver, inline: once per frame)
-                    self._on_frame(message)
-                else:
-                    self._frames.append(message)
+                self._deliver(message)
                 continue
             bulk = IncomingBulk(message, size, self._max_bulk, owner=self)
             self._filled = True

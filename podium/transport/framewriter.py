@@ -42,13 +42,20 @@ _COALESCE_FRAMES = 16
 class _FlushBatch:
     """The writers of one event loop holding small frames to send at the end of this loop
     turn: one callback flushes them all, so a fan-out to N connections schedules one
-    callback, not N (a writer appends itself to :attr:`writers`; the first schedules it)."""
+    callback, not N."""
 
     __slots__ = ("loop", "writers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.writers: list[FrameWriter] = []
+
+    def add(self, writer: FrameWriter) -> None:
+        """Flush ``writer`` at the end of this loop turn (on the loop)."""
+        writers = self.writers
+        writers.append(writer)
+        if len(writers) == 1:
+            self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Send what every writer added holds (a writer flushed meanwhile has nothing)."""
@@ -176,10 +183,7 @@ class FrameWriter:
             batch = self._batch
             if batch is None:
                 batch = self._batch = _batch_of(asyncio.get_running_loop())
-            writers = batch.writers  # (batch.add, inline: once per connection of a fan-out)
-            writers.append(self)
-            if len(writers) == 1:
-                batch.loop.call_soon(batch.flush)
+            batch.add(self)
 
     def write_bulk(self, message: bytes, segments: Any, nbytes: int,
                    on_sent: Callable[[], None] | None = None, copying: Any = None) -> None:
@@ -310,16 +314,8 @@ class FrameWriter:
         if not pending or self.closed:
             pending.clear()
             return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        self._write(pending[0] if len(pending) == 1 else b"".join(pending))
         pending.clear()
-        if self._sender is not None:
-            self._write(data)
-            return
-        loan = self._loan
-        with loan.lock:  # (_write, inline: once per connection of a fan-out)
-            if loan.tail is not None:
-                loan.write_tail_locked()
-            self._transport.write(data)
 
     @property
     def must_drain(self) -> bool:

@@ -35,8 +35,6 @@ __all__ = ["AdmittingHost", "CallAdmission"]
 
 #: Method names whose lookup admission keeps (a class answering any name must not grow it).
 _MAX_FOUND = 1024
-# The payload of every call without arguments (the controller sends this encoding of them).
-_NO_ARGUMENTS = codec.dumps(((), {}))
 
 
 class AdmittingHost(Protocol):
@@ -88,13 +86,10 @@ class CallAdmission:
             host.held.release(header.release)
         if host.construct_state != "done" or not self.gate.done():  # (in_order_now, inline: hot)
             return None, None
-        if data == _NO_ARGUMENTS:  # most calls: nothing to decode (nor any ref to look for)
-            value: Any = ((), {})
-        else:
-            try:
-                value = codec.decode(data)
-            except Exception as exc:  # noqa: BLE001 - run_call reports it (decoding again would run
-                return None, DecodeFailed(exc)  # the payload's unpickling code twice: decodeonce.py)
+        try:
+            value = codec.decode(data)  # (a call without arguments: the codec's table, no unpickling)
+        except Exception as exc:  # noqa: BLE001 - run_call reports it (decoding again would run
+            return None, DecodeFailed(exc)  # the payload's unpickling code twice: decodeonce.py)
         if type(value) is not tuple or len(value) != 2:
             if value is None:  # None would read as "not decoded" and be decoded again
                 return None, DecodeFailed(errors.InvalidArgumentError(

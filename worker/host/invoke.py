@@ -32,7 +32,7 @@ class SyncInvoker:
         #: "host:port" of the host (a held result's owner address; set once bound).
         self.address = ""
         # The commonest call returns None and asks for no held result or shared memory: its
-        # outcome needs no look at the value (see invoke).
+        # outcome needs no look at the value (see package).
         self._none_in_shm = NONE_OUTCOME.nbytes >= config.shm_threshold_bytes
 
     def invoke(self, fn: Any, args: list, kwargs: dict, header: worker_pb2.CallHeader,
@@ -48,8 +48,6 @@ class SyncInvoker:
             raise call_error(fn, args, kwargs, exc, self._config.rank, self._config.node_address) from None
         if started:
             RING.add("run", header.method, started, now_ns(), header.trace_id)
-        if value is None and not header.hold_result and not (header.reply_in_shm and self._none_in_shm):
-            return NONE_OUTCOME  # (package's first case, without a call: most methods return None)
         return self.package(value, header, conn, settle_later=True)
 
     def package(self, value: Any, header: worker_pb2.CallHeader,
