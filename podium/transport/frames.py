@@ -30,6 +30,7 @@ MAX_TAILS = 16
 TAIL_MAX_BYTES = 64 << 10
 
 _CALL_ID_TAG = b"\x08"  # field 1 (call_id), wire type 0 (varint)
+_CALL = worker_pb2.CALL
 
 
 _ONE_BYTE = [bytes((value,)) for value in range(0x80)]
@@ -92,8 +93,10 @@ def is_whole_call(frame: worker_pb2.CallFrame, max_payload_bytes: int) -> bool:
     """Whether ``frame`` is a CALL that carries its whole payload (at most
     ``max_payload_bytes``) inline: one frame, no shared-memory segment, no staged refs, no
     segment bookkeeping. The calls a worker may start the moment their frame arrives."""
-    if not (frame.last and frame.HasField("header")) or frame.shm_released or frame.shm_forget:
-        return False
+    # Each field read costs microseconds when a worker runs on caches the other processes
+    # took (128 workers on 2 cores): the usual frame passes with the fewest, the kind first.
+    # (CALL is not 0, so a frame without a header is no CALL.)
     header = frame.header
-    return (header.kind == worker_pb2.CALL and not header.shm_name and not header.refs_segment
-            and len(frame.data) == header.payload_size <= max_payload_bytes)
+    return (header.kind == _CALL and frame.last and len(frame.data) == header.payload_size <= max_payload_bytes
+            and not header.shm_name and not header.refs_segment and not frame.shm_released
+            and not frame.shm_forget)

@@ -53,6 +53,7 @@ log = logging.getLogger("podium.worker.host")
 _LEN = FRAME_LENGTH
 _BULK_FLAG = BULK_FLAG
 _CANCEL = worker_pb2.CANCEL
+_parse_frame = worker_pb2.CallFrame.FromString
 # Frames are read into a buffer of this size, with at least _ROOM free for each read: a
 # frame larger than the difference goes to the loop (its payload is large anyway).
 _BUFFER = 256 << 10
@@ -134,6 +135,7 @@ class DirectReader:
         self._quick: dict[str, bool] = {}
         # Whether the socket's send buffer is full (read per call: the connection's own flag).
         self._writer = stream.conn.carrier.writer
+        self._write_frames = stream.conn.carrier.loan.write_frames_from_thread
 
     def start(self, sock: socket.socket) -> None:
         """Take the socket lent (on the loop, before ``ExecutionThread.lend``)."""
@@ -222,6 +224,7 @@ class DirectReader:
         if frames and frames[-1] is _FOR_LOOP:
             return
         buffer, pos, end = self._buffer, self._start, self._end
+        view = memoryview(buffer)  # (a frame is parsed from it with one copy, not two)
         while end - pos >= 4:
             (length,) = _LEN.unpack_from(buffer, pos)
             if length & _BULK_FLAG or length > _BUFFER - _ROOM - 4:
@@ -230,19 +233,19 @@ class DirectReader:
             if end - pos < 4 + length:
                 break
             try:
-                frame = worker_pb2.CallFrame.FromString(bytes(buffer[pos + 4:pos + 4 + length]))
+                frame = _parse_frame(bytes(view[pos + 4:pos + 4 + length]))
             except Exception:  # noqa: BLE001 - the loop parses it again and ends the connection
                 frames.append(_FOR_LOOP)
                 break
-            # Taken here: a plain CANCEL of a call held here, or a CALL whose one frame carries
-            # its whole payload (as try_fast asks). Anything else is the loop's.
-            if frame.header.kind == _CANCEL and frame.HasField("header"):
+            # Taken here: a CALL whose one frame carries its whole payload (as try_fast asks),
+            # or a plain CANCEL of a call held here. Anything else is the loop's.
+            if is_whole_call(frame, self._max_payload):
+                frames.append(frame)
+            elif frame.header.kind == _CANCEL:  # (CANCEL is not 0: the frame has a header)
                 if not (frame.last and not frame.shm_released and not frame.shm_forget
                         and self._cancel(frame.call_id)):
                     frames.append(_FOR_LOOP)  # a call the loop holds, or one that ran: the loop's to answer
                     break
-            elif is_whole_call(frame, self._max_payload):
-                frames.append(frame)
             else:
                 frames.append(_FOR_LOOP)
                 break
@@ -341,7 +344,7 @@ class DirectReader:
         if not unsent:
             return
         data = unsent[0][0] if len(unsent) == 1 else b"".join([u[0] for u in unsent])
-        if self.stream.conn.carrier.loan.write_frames_from_thread(data):
+        if self._write_frames(data):
             unsent.clear()
             return
         taken, methods = list(unsent), self._host.methods.thread
