@@ -1,0 +1,238 @@
+"""A worker's cost per call on cold caches, in one process: ``python -m bench.coldcall``.
+
+    python -m bench.coldcall [--calls 3000] [--evict-mib 48] [--json PATH]
+
+At 128 workers on 2 cores each call lands on caches that the other processes have just
+used. What a call costs there is set by how much Python it runs, more than by how fast
+that Python runs on warm caches (issue 33). ``bench.scale`` measures it at N=128, where runs
+minutes apart differ by up to 40%. This measures the same effect in one process, steadily
+enough to compare two versions of the worker's path:
+
+* one worker host (``start_host``, the real thing, serving a ``@register``ed no-op) and the
+  wire floor (``bench.floors``: a thread that reads Podium's frames, runs the method and
+  answers), each answering no-op calls that the main thread sends over loopback TCP;
+* the whole process pinned to one CPU, and before each cold call the main thread writes
+  ``--evict-mib`` of memory (every cache line of it once), which evicts the caches and
+  the TLB as 127 other processes would;
+* per side, the CPU time per call of every thread but the caller, warm and cold, as the
+  median of three interleaved rounds;
+* then, traced in a second pass on a fresh host and floor, the bytecodes and the Python
+  function calls each side runs per call (``sys.settrace`` opcode events): a count that
+  does not move from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import socket
+import statistics
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import uvloop
+
+from bench.floors import _serve_wire
+from podium.transport import callsocket
+from podium.transport.frames import call_frame_tail, frame_with_call_id, trace_suffix
+from podium.v1 import worker_pb2
+from podium.worker import Dispatch, register
+from podium.worker.client import WorkerClient, prepare
+from podium.worker.host.process import start_host
+
+_LEN = struct.Struct("<I")
+_ROUNDS = 3
+
+
+class _Noop:
+    """The hosted object: one registered no-op, as a user's worker declares it."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def noop(self) -> None:
+        """The method each call runs."""
+
+
+class _Side:
+    """One answering side (a worker host or the floor) and the caller's socket to it."""
+
+    def __init__(self, name: str, sock: socket.socket, stop: Callable[[], None]) -> None:
+        self.name = name
+        self.sock = sock
+        self.stop = stop
+        self._tail = _call_tail()
+        self._next = 1
+
+    def call(self) -> None:
+        """One no-op call and its whole reply."""
+        call_id, self._next = self._next, self._next + 1
+        frame = frame_with_call_id(call_id, self._tail) + trace_suffix(call_id)
+        self.sock.sendall(_LEN.pack(len(frame)) + frame)
+        reply = b""
+        while len(reply) < 4 or len(reply) < 4 + _LEN.unpack_from(reply)[0]:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError(f"{self.name} closed the connection")
+            reply += data
+
+
+def _call_tail() -> bytes:
+    data = b"".join(prepare(((), {})).segments())
+    return call_frame_tail(worker_pb2.CALL, "noop", data, hold=False, timeout=30.0, reply_in_shm=False)
+
+
+def _loopback_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname(), timeout=30)
+        served, _ = server.accept()
+    for sock in (client, served):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client, served
+
+
+def start_floor() -> _Side:
+    """The wire floor answering on a thread of its own."""
+    client, served = _loopback_pair()
+    threading.Thread(target=_serve_wire, args=(served,), name="floor", daemon=True).start()
+    return _Side("floor", client, client.close)
+
+
+def start_worker() -> _Side:
+    """A worker host on its own uvloop thread, its object built, and a raw call socket to it."""
+    loop = uvloop.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="worker-loop", daemon=True).start()
+    token = "coldcall-" + os.urandom(12).hex()
+
+    async def setup() -> Any:
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        client = WorkerClient(host.address, token)
+        await client.start(timeout=30)
+        await client.construct((_Noop, (), {}), timeout=30)
+        await client.close()
+        return host
+
+    host = asyncio.run_coroutine_threadsafe(setup(), loop).result(60)
+    sock = socket.create_connection(("127.0.0.1", host.runtime.call_port), timeout=30)
+    sock.sendall(struct.pack("<4sBH", callsocket.MAGIC, callsocket.VERSION, len(token)) + token.encode())
+    if sock.recv(1) != b"\x00":
+        raise ConnectionError("the worker host refused the call socket's handshake")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def stop() -> None:
+        sock.close()
+        asyncio.run_coroutine_threadsafe(host.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return _Side("worker", sock, stop)
+
+
+def _others_cpu_ns() -> int:
+    """CPU time of every thread of this process but the calling one."""
+    me, total = str(threading.get_native_id()), 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != me:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except OSError:  # the thread ended
+                pass
+    return total
+
+
+def cpu_per_call(side: _Side, calls: int, evict: Any) -> float:
+    """Microseconds of the answering side's CPU per call; ``evict`` (a uint8 tensor, or None
+    for warm caches) is written through before each call."""
+    before = _others_cpu_ns()
+    for _ in range(calls):
+        if evict is not None:
+            evict[::64] += 1  # every cache line once
+        side.call()
+    return (_others_cpu_ns() - before) / 1e3 / calls
+
+
+def count_per_call(start: Callable[[], _Side], calls: int) -> dict[str, float]:
+    """Bytecodes and Python function calls per call on the threads ``start`` starts."""
+    counts = collections.Counter()
+    on = [False]
+    main = threading.get_ident()
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if on[0] and threading.get_ident() != main:
+            frame.f_trace_opcodes = True
+            counts[event] += 1
+        return trace
+
+    threading.settrace(trace)  # the threads started from here on
+    try:
+        side = start()
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    try:
+        for _ in range(100):
+            side.call()
+        on[0] = True
+        for _ in range(calls):
+            side.call()
+        on[0] = False
+    finally:
+        side.stop()
+    return {"bytecodes_per_call": counts["opcode"] / calls, "py_calls_per_call": counts["call"] / calls}
+
+
+def measure(calls: int, evict_mib: int) -> list[dict[str, Any]]:
+    """The rows: per side, warm and cold CPU per call, then the traced counts."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread starts
+    torch.set_num_threads(1)  # the eviction runs on the caller thread, not on a pool counted as the side's
+    evict = torch.zeros(evict_mib << 20, dtype=torch.uint8)
+    sides = [start_worker(), start_floor()]
+    cells: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    try:
+        for side in sides:
+            for _ in range(300):
+                side.call()
+        for _ in range(_ROUNDS):
+            for caches, tensor in (("warm", None), ("cold", evict)):
+                for side in sides:
+                    cells[side.name, caches].append(cpu_per_call(side, calls // _ROUNDS, tensor))
+    finally:
+        for side in sides:
+            side.stop()
+    rows = []
+    for side in sides:
+        row: dict[str, Any] = {"side": side.name}
+        for caches in ("warm", "cold"):
+            row[f"{caches}_us_per_call"] = statistics.median(cells[side.name, caches])
+        row.update(count_per_call(start_worker if side.name == "worker" else start_floor, 200))
+        rows.append(row)
+    worker, floor = rows
+    rows.append({"side": "worker/floor", **{key: worker[key] / floor[key] for key in worker if key != "side"}})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one JSON line per side, and one of the ratios."""
+    parser = argparse.ArgumentParser(prog="python -m bench.coldcall", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=3000, help="calls per side and cache state")
+    parser.add_argument("--evict-mib", type=int, default=48, help="memory written before each cold call")
+    parser.add_argument("--json", metavar="PATH", help="also append the lines here")
+    args = parser.parse_args(argv)
+    if not 3 <= args.calls <= 1_000_000 or not 1 <= args.evict_mib <= 4096:
+        parser.error("--calls must be 3..1000000 and --evict-mib 1..4096")
+    os.environ.setdefault("RANK", "0")
+    lines = [json.dumps({k: round(v, 2) if type(v) is float else v for k, v in row.items()})
+             for row in measure(args.calls, args.evict_mib)]
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
