@@ -36,6 +36,7 @@ import select
 import socket
 import time
 from time import monotonic
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from podium import errors
@@ -58,6 +59,7 @@ _parse_frame = worker_pb2.CallFrame.FromString
 # frame larger than the difference goes to the loop (its payload is large anyway).
 _BUFFER = 256 << 10
 _ROOM = 64 << 10
+_MAX_HERE = _BUFFER - _ROOM - 4
 # poll() returns this often with nothing to do (a lost wake-up costs at most this).
 _POLL_MS = 1000
 # Ends the frames this reader takes: that frame and all after it go to the loop.
@@ -120,6 +122,7 @@ class DirectReader:
         self.recalled = False
         self._eof = False
         self._buffer = bytearray(_BUFFER)
+        self._view = memoryview(self._buffer)  # (never resized: moving bytes keeps its length)
         self._start = self._end = 0
         # Parsed and not run yet, in order: CallFrames, perhaps ended by _FOR_LOOP (whose
         # bytes still lie in the buffer from _start).
@@ -136,6 +139,10 @@ class DirectReader:
         # Whether the socket's send buffer is full (read per call: the connection's own flag).
         self._writer = stream.conn.carrier.writer
         self._write_frames = stream.conn.carrier.loan.write_frames_from_thread
+        self._conn = stream.conn
+        self._admit = stream.host.admission.admit
+        self._invoke = stream.host.invoker.invoke
+        self._record = stream.host.methods.thread.record
 
     def start(self, sock: socket.socket) -> None:
         """Take the socket lent (on the loop, before ``ExecutionThread.lend``)."""
@@ -148,23 +155,31 @@ class DirectReader:
         self.recalled = True
         self._thread.wake()
 
-    def serve(self) -> None:
-        """Wait for a frame or a wake-up (at most a second), then run what came."""
+    def serve(self, idle: Callable[[], bool]) -> None:
+        """Serve the socket while ``idle()`` (no job waits for the thread): wait for a frame
+        or a wake-up (at most a second at a time), run what came, and again. Returns once a
+        job waits or the socket went back to the loop. (One loop for a run of calls, not a
+        return to the thread's job loop after each: at scale each step costs.)"""
+        poll, wake_fd = self._poll.poll, self._thread.wake_fd
         try:
-            readable = False
-            for fd, _ in self._poll.poll(_POLL_MS):
-                if fd != self._thread.wake_fd:
-                    readable = True
-                    continue
-                try:
-                    while len(os.read(fd, 4096)) == 4096:
+            while idle():
+                readable = False
+                for fd, _ in poll(_POLL_MS):
+                    if fd != wake_fd:
+                        readable = True
+                        continue
+                    try:
+                        while len(os.read(fd, 4096)) == 4096:
+                            pass
+                    except BlockingIOError:  # emptied
                         pass
-                except BlockingIOError:  # emptied
-                    pass
-            if self.recalled:
-                self.let_go()
-            elif readable and self._read():
-                self._run()
+                if self.recalled:
+                    self.let_go()
+                    return
+                if readable and self._read():
+                    self._run()
+                if self._sock is None:
+                    return
         except Exception:  # noqa: BLE001 - a bug here must not end the execution thread
             log.exception("reading the call socket on the execution thread failed; the loop takes it back")
             self.let_go()
@@ -193,18 +208,21 @@ class DirectReader:
         """Take what the socket holds now, without waiting; False once the socket went back.
         At its end (the peer closed it or it failed) the calls held here still run; then
         the loop reads the socket again and meets that end itself."""
-        buffer = self._buffer
-        if len(buffer) - self._end < _ROOM:
-            pending = self._end - self._start
-            buffer[:pending] = buffer[self._start:self._end]
+        start, end = self._start, self._end
+        if start == end:  # everything read was taken: read into the front again
+            self._start = self._end = end = 0
+        elif _BUFFER - end < _ROOM:
+            buffer, pending = self._buffer, end - start
+            buffer[:pending] = buffer[start:end]
             self._start, self._end = 0, pending
-        if self._eof or len(buffer) - self._end < _ROOM:
+            end = pending
+        if self._eof or _BUFFER - end < _ROOM:
             return True  # (no room: the bytes held begin a frame for the loop, which reads the rest)
         sock = self._sock
         if sock is None:  # (handed back already)
             return False
         try:
-            count = sock.recv_into(memoryview(buffer)[self._end:])
+            count = sock.recv_into(self._view[end:])
         except (BlockingIOError, InterruptedError):
             return True
         except OSError:
@@ -223,17 +241,17 @@ class DirectReader:
         frames = self._frames
         if frames and frames[-1] is _FOR_LOOP:
             return
-        buffer, pos, end = self._buffer, self._start, self._end
-        view = memoryview(buffer)  # (a frame is parsed from it with one copy, not two)
+        buffer, view, pos, end = self._buffer, self._view, self._start, self._end
         while end - pos >= 4:
             (length,) = _LEN.unpack_from(buffer, pos)
-            if length & _BULK_FLAG or length > _BUFFER - _ROOM - 4:
+            if length & _BULK_FLAG or length > _MAX_HERE:
                 frames.append(_FOR_LOOP)
                 break
-            if end - pos < 4 + length:
+            stop = pos + 4 + length
+            if stop > end:
                 break
-            try:
-                frame = _parse_frame(bytes(view[pos + 4:pos + 4 + length]))
+            try:  # (parsed from the view: one copy, not two)
+                frame = _parse_frame(bytes(view[pos + 4:stop]))
             except Exception:  # noqa: BLE001 - the loop parses it again and ends the connection
                 frames.append(_FOR_LOOP)
                 break
@@ -249,7 +267,7 @@ class DirectReader:
             else:
                 frames.append(_FOR_LOOP)
                 break
-            pos += 4 + length
+            pos = stop
         self._start = pos
 
     def _cancel(self, call_id: int) -> bool:
@@ -269,62 +287,55 @@ class DirectReader:
         one row of counters and a reply frame queued in :attr:`_unsent` (see the module
         docstring). Anything unusual (an error, a reply that cannot leave from here) is
         handed to the loop."""
-        frames = self._frames
-        admit, invoke, record = self._admission.admit, self._host.invoker.invoke, self._host.methods.thread.record
-        host, conn, writer, quick, unsent = self._host, self.stream.conn, self._writer, self._quick, self._unsent
-        ran = False
-        while self._sock is not None:
-            if ran and frames:  # what arrived while the last call ran: a CANCEL of a call held here
-                self._read()
-            if not frames:
-                self._send_unsent()
-                if self._eof:
-                    self.let_go()
-                return
+        frames, quick, unsent, host, conn = self._frames, self._quick, self._unsent, self._host, self._conn
+        while frames:
             frame = frames[0]
-            if frame is _FOR_LOOP or self.recalled or writer.must_drain:
+            if frame is _FOR_LOOP or self.recalled or self._writer.must_drain:
                 self.let_go()
                 return
             header = frame.header
-            fn, value = admit(header, frame.data)
+            fn, value = self._admit(header, frame.data)
             if fn is None:
                 self.let_go(value)
                 return
             frames.popleft()
-            ran = True
             started = monotonic()
             host.thread_running = 1
             try:
                 # (No argument lies in a shared segment here: the thread takes no shm or staged
                 # call, so no reply by reference into one depends on the arguments being gone.)
-                result = invoke(fn, value[0], value[1], header, conn)
+                result = self._invoke(fn, value[0], value[1], header, conn)
                 if result.pending is not None:
                     result = result.settle()
             except BaseException as exc:  # noqa: BLE001 - the call's error reply
                 host.thread_running = 0
                 self._answer_on_loop(frame, started, False, exc)
-                continue
-            host.thread_running = 0
-            data = reply_frame(frame.call_id, result, conn) if result.lent is None else None
-            if data is None:
-                self._answer_on_loop(frame, started, True, result)
-                continue
-            # Counted before it is sent: a caller that reads the counters after its reply
-            # finds this call in them.
-            method = header.method
-            elapsed = monotonic() - started
-            record(method, elapsed, header.payload_size, result.nbytes)
-            if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
-                RING.add("call", method, mono_to_ns(started), now_ns(), header.trace_id, frame.call_id,
-                         header.payload_size, result.nbytes)
-            if method in quick or len(quick) < _MAX_METHODS:
-                quick[method] = elapsed < _QUICK_S
-            unsent.append((data, frame, started, result, elapsed))
-            # The replies wait for the next call only when it is held here and quick.
-            if len(unsent) >= _MAX_UNSENT or not frames or frames[0] is _FOR_LOOP \
-                    or not quick.get(frames[0].header.method, False):
-                self._send_unsent()
-        self._send_unsent()
+            else:
+                host.thread_running = 0
+                data = reply_frame(frame.call_id, result, conn) if result.lent is None else None
+                if data is None:
+                    self._answer_on_loop(frame, started, True, result)
+                else:
+                    # Counted before it is sent: a caller that reads the counters after its
+                    # reply finds this call in them.
+                    method = header.method
+                    elapsed = monotonic() - started
+                    self._record(method, elapsed, header.payload_size, result.nbytes)
+                    if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
+                        RING.add("call", method, mono_to_ns(started), now_ns(), header.trace_id, frame.call_id,
+                                 header.payload_size, result.nbytes)
+                    if method in quick or len(quick) < _MAX_METHODS:
+                        quick[method] = elapsed < _QUICK_S
+                    unsent.append((data, frame, started, result, elapsed))
+                    # The replies wait for the next call only when it is held here and quick.
+                    if not frames or len(unsent) >= _MAX_UNSENT or frames[0] is _FOR_LOOP \
+                            or not quick.get(frames[0].header.method, False):
+                        self._send_unsent()
+            if frames:  # what arrived while the last call ran: a CANCEL of a call held here
+                self._read()
+        self._send_unsent()  # (replies that waited for a call a CANCEL then dropped)
+        if self._eof:
+            self.let_go()
 
     def _answer_on_loop(self, frame: worker_pb2.CallFrame, started: float, ok: bool, result: Any) -> None:
         """The loop answers a call run here (an error, a reply that cannot go from here),

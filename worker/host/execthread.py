@@ -146,9 +146,9 @@ class ExecutionThread:
 
     def lend(self, reader: Any) -> None:
         """Give ``reader`` this thread's idle time (on the loop; see the module docstring):
-        whenever no job is queued, the thread calls ``reader.serve()``, which waits on its
-        socket and :attr:`wake_fd` and returns; ``reader.let_go()`` hands the socket back
-        (it calls :meth:`release` first)."""
+        whenever no job is queued, the thread calls ``reader.serve(idle)``, which serves its
+        socket (waiting on it and on :attr:`wake_fd`) while ``idle()`` says no job is queued,
+        then returns; ``reader.let_go()`` hands the socket back (it calls :meth:`release` first)."""
         self._reader = reader
         self._queue.put(_SERVE)
 
@@ -185,7 +185,7 @@ class ExecutionThread:
                 # queued before the second empty().
                 self._polling = True
                 if self._queue.empty():
-                    reader.serve()
+                    reader.serve(self._queue.empty)
                 self._polling = False
                 continue
             job = self._queue.get()
