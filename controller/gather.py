@@ -21,10 +21,11 @@ class _Tally:
     The slots point here, not to the gather, so nothing cycles: when the call is over, its
     values (views of received buffers) go as soon as the gather does, not at a collection."""
 
-    __slots__ = ("left", "first", "all")
+    __slots__ = ("left", "failures", "first", "all")
 
     def __init__(self, n: int) -> None:
         self.left = n
+        self.failures = 0  # (failed() looks at the ranks only when one failed)
         self.first = asyncio.get_running_loop().create_future()  # every rank answered, or one failed
         self.all: asyncio.Future | None = None  # every rank answered (made when waited for)
         if not n:
@@ -32,6 +33,8 @@ class _Tally:
 
     def settled(self, failed: bool) -> None:
         self.left -= 1
+        if failed:
+            self.failures += 1
         if not self.first.done() and (not self.left or failed):
             self.first.set_result(None)
         if not self.left and self.all is not None and not self.all.done():
@@ -92,6 +95,8 @@ class GroupGather:
 
     def failed(self) -> list[int]:
         """Indexes of the ranks whose call failed, in order."""
+        if not self._tally.failures:
+            return []
         return [i for i, outcome in enumerate(self.ranks) if outcome.error is not None]
 
     def values(self) -> list[Any]:

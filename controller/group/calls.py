@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import operator
 import threading
 import time
 from typing import Any, Callable
@@ -40,6 +41,7 @@ log = logging.getLogger("podium.controller")
 _DEATH_LOOKUP_SECONDS = 5.0
 #: After one rank's deadline, how long the others (same deadline) get to answer or expire.
 _DEADLINE_GRACE_SECONDS = 1.0
+_NBYTES = operator.attrgetter("nbytes")
 
 #: ``route(method_name, args) -> (remote_name, remote_args)``: what a worker is asked to run.
 Route = Callable[[str, tuple], "tuple[str, tuple]"]
@@ -300,12 +302,14 @@ class GroupCaller:
         (:mod:`podium.transport.shmstage`) when two or more ranks take one and together they
         reach the shared-memory threshold (each rank's shard may be below it: 16 MiB over 128
         ranks): the name (pinned), or None. Off the loop: it copies the batch."""
+        if max(map(_NBYTES, payloads.values()), default=0) < REF_MIN_BYTES:
+            return None  # most calls: nothing to stage (checked without a step per rank)
         workers = self._members.workers
         local: dict[int, Any] = {}  # the distinct payloads (a ONE_TO_ALL's ranks share one)
         ranks = sent = threshold = 0
         for i, (rank, _, _, _) in enumerate(prepared):
             payload = payloads[i]
-            if payload.nbytes < REF_MIN_BYTES:  # most calls: nothing to stage, checked first
+            if payload.nbytes < REF_MIN_BYTES:
                 continue
             client = workers[rank].client
             if client.same_host is True and client.segments is not None:
