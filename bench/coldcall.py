@@ -1,6 +1,6 @@
 """A worker's cost per call on cold caches, in one process: ``python -m bench.coldcall``.
 
-    python -m bench.coldcall [--calls 3000] [--evict-mib 48] [--json PATH]
+    python -m bench.coldcall [--calls 3000] [--evict-mib 48] [--controller-n 32] [--json PATH]
 
 At 128 workers on 2 cores each call lands on caches that the other processes have just
 used. What a call costs there is set by how much Python it runs, more than by how fast
@@ -18,7 +18,10 @@ enough to compare two versions of the worker's path:
   median of three interleaved rounds;
 * then, traced in a second pass on a fresh host and floor, the bytecodes and the Python
   function calls each side runs per call (``sys.settrace`` opcode events): a count that
-  does not move from run to run.
+  does not move from run to run;
+* first of all, the same count per rank for the controller's side of a blocking no-op
+  ``ONE_TO_ALL`` (``--controller-n`` ranks of an embedded cluster, its calling thread and
+  its event loop) beside the event-loop floor's sender (``bench.floors``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any
 import torch
 import uvloop
 
-from bench.floors import _serve_wire
+from bench.floors import _serve_wire, fanout
 from podium.transport import callsocket
 from podium.transport.frames import call_frame_tail, frame_with_call_id, trace_suffix
 from podium.v1 import worker_pb2
@@ -156,19 +159,33 @@ def cpu_per_call(side: _Side, calls: int, evict: Any) -> float:
     return (_others_cpu_ns() - before) / 1e3 / calls
 
 
+class _Counter:
+    """A trace function counting bytecodes and Python function calls while :attr:`on`
+    (on every thread but ``skip``, when given)."""
+
+    def __init__(self, skip: int | None = None) -> None:
+        self.on = False
+        self.counts: collections.Counter = collections.Counter()
+        self._skip = skip
+
+    def trace(self, frame: Any, event: str, arg: Any) -> Any:
+        """The ``sys.settrace`` function."""
+        if self.on and threading.get_ident() != self._skip:
+            frame.f_trace_opcodes = True
+            self.counts[event] += 1
+        return self.trace
+
+    def per(self, units: int, minus: _Counter | None = None) -> dict[str, float]:
+        """Bytecodes and calls per unit (less what ``minus`` counted)."""
+        less = minus.counts if minus is not None else collections.Counter()
+        return {"bytecodes": (self.counts["opcode"] - less["opcode"]) / units,
+                "py_calls": (self.counts["call"] - less["call"]) / units}
+
+
 def count_per_call(start: Callable[[], _Side], calls: int) -> dict[str, float]:
     """Bytecodes and Python function calls per call on the threads ``start`` starts."""
-    counts = collections.Counter()
-    on = [False]
-    main = threading.get_ident()
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if on[0] and threading.get_ident() != main:
-            frame.f_trace_opcodes = True
-            counts[event] += 1
-        return trace
-
-    threading.settrace(trace)  # the threads started from here on
+    counter = _Counter(skip=threading.get_ident())
+    threading.settrace(counter.trace)  # the threads started from here on
     try:
         side = start()
     finally:
@@ -176,13 +193,64 @@ def count_per_call(start: Callable[[], _Side], calls: int) -> dict[str, float]:
     try:
         for _ in range(100):
             side.call()
-        on[0] = True
+        counter.on = True
         for _ in range(calls):
             side.call()
-        on[0] = False
+        counter.on = False
     finally:
         side.stop()
-    return {"bytecodes_per_call": counts["opcode"] / calls, "py_calls_per_call": counts["call"] / calls}
+    counts = counter.per(calls)
+    return {"bytecodes_per_call": counts["bytecodes"], "py_calls_per_call": counts["py_calls"]}
+
+
+def controller_counts(n: int, calls: int) -> list[dict[str, Any]]:
+    """Bytecodes and Python calls per rank of a blocking no-op ``ONE_TO_ALL`` to ``n`` ranks:
+    from Podium's controller (the calling thread and its event loop), on an embedded cluster;
+    and from the event-loop floor's sender (``bench.floors.fanout``, ``sender="uvloop"``), as
+    the difference between ``calls`` and ``2 * calls`` calls, so its set-up is not counted."""
+    from bench import workloads
+    from bench.podium_side import PodiumAdapter
+    from podium.controller.runtime import get_runtime
+
+    floor = []
+    for count in (calls, 2 * calls):
+        floor.append(_Counter())
+        # (Before the cluster's gRPC threads start, which would make forking noisy. The forked
+        # ranks inherit the trace and count in their own memory.)
+        sys.settrace(floor[-1].trace)
+        floor[-1].on = True
+        try:
+            fanout(n, count, kind="wire", sender="uvloop")
+        finally:
+            sys.settrace(None)
+    counter = _Counter()
+    adapter = PodiumAdapter()
+    adapter.start(n)
+    try:
+        group = adapter.make_group(workloads.define_bench_worker(workloads.verl_api("podium")), n)
+        for _ in range(50):
+            group.noop()
+        loop = get_runtime(auto_init=False).loop
+        asyncio.run_coroutine_threadsafe(_settrace(counter.trace), loop).result(30)
+        sys.settrace(counter.trace)
+        counter.on = True
+        for _ in range(calls):
+            group.noop()
+        counter.on = False
+        sys.settrace(None)
+        asyncio.run_coroutine_threadsafe(_settrace(None), loop).result(30)
+        adapter.destroy_group(group)
+    finally:
+        adapter.stop()
+    podium, sender = counter.per(calls * n), floor[1].per(calls * n, minus=floor[0])
+    return [{"side": "controller", "n": n, "bytecodes_per_rank": podium["bytecodes"],
+             "py_calls_per_rank": podium["py_calls"]},
+            {"side": "event-loop floor sender", "n": n, "bytecodes_per_rank": sender["bytecodes"],
+             "py_calls_per_rank": sender["py_calls"]}]
+
+
+async def _settrace(function: Any) -> None:
+    sys.settrace(function)  # (on the loop's thread, between two of its steps)
 
 
 def measure(calls: int, evict_mib: int) -> list[dict[str, Any]]:
@@ -216,17 +284,22 @@ def measure(calls: int, evict_mib: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print one JSON line per side, and one of the ratios."""
+    """Print one JSON line per side (the controller's and its floor's counts first), and one
+    of the worker's ratios to its floor."""
     parser = argparse.ArgumentParser(prog="python -m bench.coldcall", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=3000, help="calls per side and cache state")
     parser.add_argument("--evict-mib", type=int, default=48, help="memory written before each cold call")
+    parser.add_argument("--controller-n", type=int, default=32,
+                        help="ranks of the controller's traced fan-out (0: skip it)")
     parser.add_argument("--json", metavar="PATH", help="also append the lines here")
     args = parser.parse_args(argv)
-    if not 3 <= args.calls <= 1_000_000 or not 1 <= args.evict_mib <= 4096:
-        parser.error("--calls must be 3..1000000 and --evict-mib 1..4096")
-    os.environ.setdefault("RANK", "0")
-    lines = [json.dumps({k: round(v, 2) if type(v) is float else v for k, v in row.items()})
-             for row in measure(args.calls, args.evict_mib)]
+    if not 3 <= args.calls <= 1_000_000 or not 1 <= args.evict_mib <= 4096 or not 0 <= args.controller_n <= 256:
+        parser.error("--calls must be 3..1000000, --evict-mib 1..4096 and --controller-n 0..256")
+    # The controller first: measure() pins this process to one CPU, and the cluster's
+    # processes would inherit that.
+    rows = controller_counts(args.controller_n, 100) if args.controller_n else []
+    rows += measure(args.calls, args.evict_mib)
+    lines = [json.dumps({k: round(v, 2) if type(v) is float else v for k, v in row.items()}) for row in rows]
     print("\n".join(lines))
     if args.json:
         with open(args.json, "a") as f:
