@@ -35,8 +35,8 @@ import os
 import select
 import socket
 import time
-from time import monotonic
 from collections.abc import Callable
+from time import monotonic
 from typing import Any, Protocol
 
 from podium import errors
@@ -115,7 +115,6 @@ class DirectReader:
     def __init__(self, stream: DirectStream, loop: asyncio.AbstractEventLoop) -> None:
         self.stream = stream
         self._host = stream.host
-        self._admission = stream.host.admission
         self._thread = stream.host.exec_thread
         self._loop = loop
         self._sock: socket.socket | None = None
@@ -138,6 +137,7 @@ class DirectReader:
         self._quick: dict[str, bool] = {}
         # Whether the socket's send buffer is full (read per call: the connection's own flag).
         self._writer = stream.conn.carrier.writer
+        # Bound once: on the hot path every attribute hop is paid per call.
         self._write_frames = stream.conn.carrier.loan.write_frames_from_thread
         self._conn = stream.conn
         self._admit = stream.host.admission.admit
