@@ -33,9 +33,9 @@ import json
 import os
 import socket
 import statistics
-import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,14 +43,14 @@ import torch
 import uvloop
 
 from bench.floors import _serve_wire, fanout
+from bench.measure import processes_cpu_seconds
 from podium.transport import callsocket
-from podium.transport.frames import call_frame_tail, frame_with_call_id, trace_suffix
+from podium.transport.frames import FRAME_LENGTH, call_frame_tail, frame_with_call_id, trace_suffix
 from podium.v1 import worker_pb2
 from podium.worker import Dispatch, register
 from podium.worker.client import WorkerClient, prepare
 from podium.worker.host.process import start_host
 
-_LEN = struct.Struct("<I")
 _ROUNDS = 3
 
 
@@ -76,9 +76,9 @@ class _Side:
         """One no-op call and its whole reply."""
         call_id, self._next = self._next, self._next + 1
         frame = frame_with_call_id(call_id, self._tail) + trace_suffix(call_id)
-        self.sock.sendall(_LEN.pack(len(frame)) + frame)
+        self.sock.sendall(FRAME_LENGTH.pack(len(frame)) + frame)
         reply = b""
-        while len(reply) < 4 or len(reply) < 4 + _LEN.unpack_from(reply)[0]:
+        while len(reply) < 4 or len(reply) < 4 + FRAME_LENGTH.unpack_from(reply)[0]:
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError(f"{self.name} closed the connection")
@@ -122,7 +122,7 @@ def start_worker() -> _Side:
 
     host = asyncio.run_coroutine_threadsafe(setup(), loop).result(60)
     sock = socket.create_connection(("127.0.0.1", host.runtime.call_port), timeout=30)
-    sock.sendall(struct.pack("<4sBH", callsocket.MAGIC, callsocket.VERSION, len(token)) + token.encode())
+    sock.sendall(callsocket.hello(token))
     if sock.recv(1) != b"\x00":
         raise ConnectionError("the worker host refused the call socket's handshake")
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -137,15 +137,7 @@ def start_worker() -> _Side:
 
 def _others_cpu_ns() -> int:
     """CPU time of every thread of this process but the calling one."""
-    me, total = str(threading.get_native_id()), 0
-    for tid in os.listdir("/proc/self/task"):
-        if tid != me:
-            try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except OSError:  # the thread ended
-                pass
-    return total
+    return int(processes_cpu_seconds([os.getpid()]) * 1e9) - time.thread_time_ns()
 
 
 def cpu_per_call(side: _Side, calls: int, evict: Any) -> float:
@@ -258,7 +250,8 @@ def measure(calls: int, evict_mib: int) -> list[dict[str, Any]]:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread starts
     torch.set_num_threads(1)  # the eviction runs on the caller thread, not on a pool counted as the side's
     evict = torch.zeros(evict_mib << 20, dtype=torch.uint8)
-    sides = [start_worker(), start_floor()]
+    starters = {"worker": start_worker, "floor": start_floor}
+    sides = [start() for start in starters.values()]
     cells: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     try:
         for side in sides:
@@ -276,7 +269,7 @@ def measure(calls: int, evict_mib: int) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"side": side.name}
         for caches in ("warm", "cold"):
             row[f"{caches}_us_per_call"] = statistics.median(cells[side.name, caches])
-        row.update(count_per_call(start_worker if side.name == "worker" else start_floor, 200))
+        row.update(count_per_call(starters[side.name], 200))
         rows.append(row)
     worker, floor = rows
     rows.append({"side": "worker/floor", **{key: worker[key] / floor[key] for key in worker if key != "side"}})

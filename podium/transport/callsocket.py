@@ -63,7 +63,7 @@ from podium.transport.preauth import HANDSHAKE_SECONDS, MAX_TOKEN_BYTES, PreAuth
 from podium.transport.threadloan import ThreadLoan
 
 __all__ = ["MAGIC", "VERSION", "MAX_FRAME_BYTES", "BULK_MIN_BYTES", "HANDSHAKE_SECONDS", "BulkFrame",
-           "FrameConnection", "serve", "connect"]
+           "FrameConnection", "serve", "connect", "hello"]
 
 log = logging.getLogger("podium.transport.callsocket")
 
@@ -89,6 +89,12 @@ _MAX_QUEUED_FRAMES = 64
 # Before the token is checked a server-side connection reads into this much, the longest
 # hello, and nothing more (podium.transport.preauth); the frame buffer comes after.
 _HELLO_BUFFER = _HELLO.size + MAX_TOKEN_BYTES
+
+
+def hello(token: str) -> bytes:
+    """The first bytes a client sends on a raw call socket: magic, version and ``token``."""
+    raw = token.encode()
+    return _HELLO.pack(MAGIC, VERSION, len(raw)) + raw
 
 
 class FrameConnection(asyncio.BufferedProtocol):
@@ -166,8 +172,7 @@ class FrameConnection(asyncio.BufferedProtocol):
                 peer = transport.get_extra_info("peername")
                 self._gate.admit(self, str(peer[0]) if peer else "")
         else:
-            token = (self._token or "").encode()
-            transport.write(_HELLO.pack(MAGIC, VERSION, len(token)) + token)  # type: ignore[attr-defined]
+            transport.write(hello(self._token or ""))  # type: ignore[attr-defined]
 
     def get_buffer(self, sizehint: int) -> memoryview:
         bulk = self._bulk
