@@ -202,7 +202,7 @@ def controller_counts(n: int, calls: int) -> list[dict[str, Any]]:
     the difference between ``calls`` and ``2 * calls`` calls, so its set-up is not counted."""
     from bench import workloads
     from bench.podium_side import PodiumAdapter
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.runtime import get_runtime
 
     floor = []
     for count in (calls, 2 * calls):

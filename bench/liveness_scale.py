@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import podium
     from podium import errors
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.runtime import get_runtime
     from podium.worker import Dispatch, Worker, register
 
     class Napper(Worker):

@@ -231,7 +231,7 @@ def _child(args: argparse.Namespace) -> int:
     from bench import workloads
     from bench.measure import _breakdown, percentile, processes_cpu_seconds, pss_mib, worker_pids
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.runtime import get_runtime
 
     n, nodes = args.n[0], args.nodes[0]
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="scale512-"))

@@ -4,20 +4,20 @@
 ``verl.single_controller.ray``'s ``RayResourcePool`` / ``RayClassWithInitArgs`` /
 ``RayWorkerGroup`` (the Ray names are aliases here), so a verl trainer ports by changing
 imports. The session itself (``init``, ``shutdown``, ``get``, ``wait``, and Ray's ``put``,
-``remote``, ``get_actor``, ``kill``: :mod:`~podium.controller.objects`,
-:mod:`~podium.controller.tasks`, :mod:`~podium.controller.actors`) and the errors are in the
+``remote``, ``get_actor``, ``kill``: :mod:`~podium.controller.remote.objects`,
+:mod:`~podium.controller.remote.tasks`, :mod:`~podium.controller.remote.actors`) and the errors are in the
 top-level ``podium`` package; the two scheduling strategies an actor or task takes are here. See ``docs/architecture.md`` and each module's docstring for
 where Podium deliberately differs from verl.
 """
 
 from podium.controller.dispatch import (make_nd_compute_dataproto_dispatch_fn, register_dispatch_mode,
                                         update_dispatch_mode)
-from podium.controller.actoroptions import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from podium.controller.group import RayWorkerGroup, WorkerGroup, WorkerHandle
+from podium.controller.group.colocate import (create_colocated_worker_cls, create_colocated_worker_cls_fused,
+                                              create_colocated_worker_raw_cls)
 from podium.controller.pool import (RayResourcePool, ResourcePool, ResourcePoolManager, SubRayResourcePool,
                                     merge_resource_pool, split_resource_pool)
-from podium.worker.colocate import (create_colocated_worker_cls, create_colocated_worker_cls_fused,
-                                    create_colocated_worker_raw_cls)
+from podium.controller.remote.actoroptions import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from podium.worker.factory import ClassWithInitArgs, RayClassWithInitArgs
 
 __all__ = [

@@ -148,7 +148,7 @@ class ResourcePool:
         ``bin_pack=False``), as in verl; ``device_name`` is accepted for compatibility.
         """
         if self.pgs is None:
-            from podium.controller.runtime import get_runtime
+            from podium.controller.session.runtime import get_runtime
             rt = get_runtime()
             # The scheduler's own deadline (placement_timeout) says why a group is still
             # pending; the call timeout must not cut it short with a bare timeout.
@@ -309,7 +309,7 @@ class ResourcePoolManager:
         return sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
 
     def _check_resource_available(self) -> None:
-        from podium.controller.runtime import get_runtime
+        from podium.controller.session.runtime import get_runtime
         rt = get_runtime()
         state = rt.run(rt.cluster_state())
         check_pools_fit(list(self.resource_pool_dict.items()), state)
@@ -318,7 +318,7 @@ class ResourcePoolManager:
 def check_pools_fit(pools: list[tuple[str, ResourcePool]], state: Any) -> None:
     """Raise InfeasibleError unless every pool's placement groups fit the cluster's free
     capacity together (placed in order with the scheduler's own algorithm)."""
-    from podium.controller.capacity import snapshot_of
+    from podium.controller.session.capacity import snapshot_of
     from podium.resources import BundleSpec, Strategy
     from podium.scheduler.core import Placement, PlacementRequest, apply, place
 

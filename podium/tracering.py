@@ -5,7 +5,7 @@ Every Podium process (the controller and each worker) keeps its recent spans in 
 costs one ``time.time_ns()`` at each end and one append (thread-safe in CPython, no lock),
 and memory stays bounded however long the job runs: the oldest spans fall out. The
 controller asks every worker for its ring (the Worker ``Timeline`` RPC) and turns them all
-into one Chrome trace (:mod:`podium.controller.timeline`).
+into one Chrome trace (:mod:`podium.controller.observe.timeline`).
 
 ``PODIUM_TIMELINE=0`` turns recording off (``bench`` measures the cost side by side);
 ``PODIUM_TIMELINE_EVENTS`` sets the ring's size (65,536 spans by default, about 10 MiB).

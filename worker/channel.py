@@ -49,7 +49,7 @@ class WorkerChannel:
         #: Payloads that went through shared memory, each way.
         #: Payloads this client sent and received through shared memory and as bulk frames.
         self.stats = {"shm_sent": 0, "shm_received": 0, "bulk_sent": 0, "bulk_received": 0, "in_place_received": 0}
-        #: Ids of held results to drop in the worker (:class:`podium.controller.releaser.Releaser`
+        #: Ids of held results to drop in the worker (:class:`podium.controller.session.releaser.Releaser`
         #: appends from any thread): the next call frame takes them along, else one Release RPC.
         self.releasable: collections.deque[str] = collections.deque()
         self._token = token

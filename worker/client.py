@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
@@ -38,7 +38,7 @@ from podium.transport.payload import Payload, Written, prepare, shares_shm
 from podium.v1 import worker_pb2
 from podium.worker.channel import MAX_REPLY_BYTES, RELEASE_PER_CALL, WorkerChannel
 from podium.worker.host.config import FETCH_CALL
-from podium.worker.pendingcalls import PendingCall, PendingCalls
+from podium.worker.pendingcalls import PendingCall, PendingCalls, Sink
 from podium.worker.replydecoder import FailedReply, InPlaceReply, ReplyDecoder, ShmReply
 
 __all__ = ["WorkerClient", "Payload", "prepare"]
@@ -384,11 +384,11 @@ class WorkerClient(WorkerChannel):
                 return payload.snapshot_while_sent(self._loop)
         return payload.snapshot()
 
-    def submit_into(self, method: str, payload: Payload, sink: Any, on_error: Any, *, hold: bool = False,
+    def submit_into(self, method: str, payload: Payload, sink: Sink, on_error: Callable[[Sink, BaseException], Any], *, hold: bool = False,
                     timeout: float | None = None, trace: int = 0) -> None:
         """Start a call whose outcome settles ``sink`` instead of a future.
 
-        ``sink._set_result(value)`` (the ObjectRef with ``hold``) on success, else
+        ``sink.set_result(value)`` (the ObjectRef with ``hold``) on success, else
         ``on_error(sink, exc)``; both on the client's loop. ``sink.done()`` says whether it
         still wants an outcome. No asyncio future, task or callback per call: what a burst
         of ``blocking=False`` calls needs. Must be called on the client's loop. ``trace``: the
@@ -400,10 +400,10 @@ class WorkerClient(WorkerChannel):
             def settle(t: asyncio.Task) -> None:
                 if t.cancelled():
                     on_error(sink, errors.CancelledError(f"call {method!r} to {self._who()} was cancelled"))
-                elif t.exception() is not None:
-                    on_error(sink, t.exception())
+                elif (exc := t.exception()) is not None:
+                    on_error(sink, exc)
                 else:
-                    sink._set_result(t.result())
+                    sink.set_result(t.result())
 
             task.add_done_callback(settle)
             return

@@ -17,7 +17,7 @@ description of a class's methods that the worker host serves in ``Describe`` and
 the controller binds from).
 
 The dispatch/collect *functions* (``DISPATCH_MODE_FN_REGISTRY``,
-``register_dispatch_mode``) live in ``podium.controller.dispatch``: they run on
+``register_dispatch_mode``) live in ``podium.controller.dispatch.modes``: they run on
 the controller, and this module must stay free of torch and grpc.
 """
 

@@ -139,7 +139,7 @@ def _modules_of(obj: Any, seen: set[int], out: set[str]) -> None:
     if isinstance(obj, type):
         for klass in obj.__mro__:
             out.add(klass.__module__)
-        # Colocated classes carry their role classes (see podium.worker.colocate).
+        # Colocated classes carry their role classes (see podium.controller.group.colocate).
         for role in getattr(obj, "_podium_role_classes", {}).values():
             _modules_of(role, seen, out)
         return

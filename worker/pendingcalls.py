@@ -11,11 +11,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from podium.transport import chunks
 
-__all__ = ["PendingCall", "PendingCalls"]
+__all__ = ["PendingCall", "PendingCalls", "Sink"]
+
+
+class Sink(Protocol):
+    """Where the outcome of one call lands without a future of its own (``submit_into``): a
+    pending result of a ``blocking=False`` call, one rank's slot of a group call. Settled once;
+    a later outcome is dropped."""
+
+    def done(self) -> bool:
+        """Whether the outcome has arrived (or nobody wants it any more)."""
+
+    def set_result(self, value: Any) -> Any:
+        """Settle with the call's value."""
+
+    def set_exception(self, exc: BaseException) -> Any:
+        """Settle with the call's error."""
 
 
 class PendingCall:
@@ -26,9 +41,9 @@ class PendingCall:
 
     def __init__(self, future: asyncio.Future | None, method: str) -> None:
         self.future = future
-        #: With ``future`` None: settled by ``sink._set_result(value)`` or ``on_error(sink, exc)``.
-        self.sink: Any = None
-        self.on_error: Any = None
+        #: With ``future`` None: settled by ``sink.set_result(value)`` or ``on_error(sink, exc)``.
+        self.sink: Sink = None  # type: ignore[assignment]
+        self.on_error: Callable[[Sink, BaseException], Any] = None  # type: ignore[assignment]
         self.method = method
         self.assembler: chunks.Assembler | None = None
         #: loop.time() by which the call must have answered (0: none).
@@ -60,7 +75,7 @@ class PendingCall:
             else:
                 future.set_exception(exc)
         elif exc is None:
-            self.sink._set_result(value)
+            self.sink.set_result(value)
         else:
             self.on_error(self.sink, exc)
 

@@ -13,7 +13,7 @@ Where Podium deliberately differs from verl:
   payload several ranks receive (ONE_TO_ALL, the TP ranks of one dp rank under mesh
   dispatch) is encoded once and the same bytes are sent to each.
 * ``blocking=False`` returns PendingRefs / a PendingDataProtoFuture (see
-  :mod:`podium.controller.futures`); a future's padding is removed through its row range.
+  :mod:`podium.controller.session.futures`); a future's padding is removed through its row range.
 * ``Dispatch.RANK_ZERO`` is refused when the group is built, with a message that says to use
   ``Execute.RANK_ZERO`` (verl: a bare ``KeyError``).
 * Under ``Execute.RANK_ZERO`` a dispatch that produced per-rank lists sends rank 0 its own

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from podium.controller import dispatch as _dispatch
+from podium.controller.dispatch import modes as _dispatch
 from podium.tracering import RING, now_ns
 from podium.errors import InvalidArgumentError
 from podium.worker.decorator import MAGIC_ATTR, Execute, get_registration

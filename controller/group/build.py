@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podium.controller.group.calls import GroupCaller
 from podium.controller.group.handle import WorkerHandle, class_name
 from podium.controller.group.members import GroupMembers
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
-from podium.controller.progress import Progress
+from podium.controller.session.progress import Progress
 from podium.errors import InvalidArgumentError, NotFoundError
 from podium.worker.factory import ClassWithInitArgs, by_value
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.contract import Session
 
 __all__ = ["attach", "connect", "distinct_group_key", "pool_specs", "start_workers"]
 
@@ -44,7 +48,7 @@ def pool_specs(pool: ResourcePool, cia: ClassWithInitArgs, name_prefix: str, *, 
     return specs, sorted({pg.id for pg, _, _ in slots})
 
 
-async def start_workers(rt: Any, members: GroupMembers, calls: GroupCaller, specs: list,
+async def start_workers(rt: Session, members: GroupMembers, calls: GroupCaller, specs: list,
                         cia: ClassWithInitArgs, detached: bool, name_prefix: str) -> None:
     """Create the workers of ``specs``, wait until they run, connect (filling ``members``)
     and construct ``cia`` in each."""
@@ -103,7 +107,7 @@ async def start_workers(rt: Any, members: GroupMembers, calls: GroupCaller, spec
         progress.done("ready" if ok else "failed")
 
 
-async def distinct_group_key(rt: Any, specs: list, name_prefix: str, cls_name: str) -> None:
+async def distinct_group_key(rt: Session, specs: list, name_prefix: str, cls_name: str) -> None:
     """Ray accepts two live groups with one ``name_prefix`` (their actor names differ by
     class): when workers of ``name_prefix`` already run, this group's scheduler key
     (its WG_PREFIX, ranks and MASTER_PORT) becomes ``name_prefix + class name``."""
@@ -115,7 +119,7 @@ async def distinct_group_key(rt: Any, specs: list, name_prefix: str, cls_name: s
             spec.group = f"{name_prefix}{cls_name}"
 
 
-async def connect(rt: Any, members: GroupMembers, infos: list, liveness: bool = True) -> None:
+async def connect(rt: Session, members: GroupMembers, infos: list, liveness: bool = True) -> None:
     """Connect to the workers of ``infos`` (rank order), watch them for death, and record
     them in ``members``."""
     from podium.worker.client import WorkerClient
@@ -131,7 +135,7 @@ async def connect(rt: Any, members: GroupMembers, infos: list, liveness: bool = 
     members.connected(handles)
 
 
-async def attach(rt: Any, members: GroupMembers, worker_names: list[str] | None, name_prefix: str) -> None:
+async def attach(rt: Session, members: GroupMembers, worker_names: list[str] | None, name_prefix: str) -> None:
     """Connect to existing workers: those named ``worker_names``, else every worker of the
     group ``name_prefix`` (NotFoundError when there is none)."""
     sched = rt.scheduler

@@ -15,23 +15,27 @@ import logging
 import operator
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from podium.controller import dispatch as _dispatch
-from podium.controller.calltimeout import effective_call_timeout
-from podium.controller.deathwatch import died_error
-from podium.controller.futures import PendingRef, is_pending, resolve_args
-from podium.controller.gather import GroupGather, RankOutcome
+from podium.controller.dispatch import modes as _dispatch
+from podium.controller.session.calltimeout import effective_call_timeout
+from podium.controller.session.deathwatch import died_error
+from podium.controller.session.futures import PendingRef, is_pending, resolve_args
+from podium.controller.group.gather import GroupGather, RankOutcome
 from podium.controller.group.handle import WorkerHandle, no_arguments
 from podium.controller.group.members import GroupMembers
-from podium.controller.loopqueue import soon
-from podium.controller.objects import owned_refs_in
+from podium.controller.session.loopqueue import soon
+from podium.controller.session.objects import owned_refs_in
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
 from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
                            WorkerDiedError)
 from podium.worker.factory import by_value
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.contract import Session
 
 __all__ = ["GroupCaller", "Route", "direct_route"]
 
@@ -66,7 +70,7 @@ class GroupCaller:
     refuses new calls and reports a broken worker's error as it is.
     """
 
-    def __init__(self, rt: Any, members: GroupMembers, label: str, route: Route = direct_route) -> None:
+    def __init__(self, rt: Session, members: GroupMembers, label: str, route: Route = direct_route) -> None:
         self._rt = rt
         self._members = members
         self._route = route
@@ -153,7 +157,7 @@ class GroupCaller:
             payloads = self.encode_payloads(calls, snapshot=self._snapshot)
         except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
             for ref in refs:
-                ref._set_exception(exc)
+                ref.set_exception(exc)
             return refs
         soon(rt.loop, self._submit_all, calls, payloads, True, refs, timeout, None, trace)  # one wake-up per burst
         # Payloads copied while they are sent (a bulk frame on plain TCP) are copied now, as
@@ -174,7 +178,7 @@ class GroupCaller:
                 payloads = self.encode_payloads(calls, snapshot=lambda _ranks, payload: payload.snapshot())
             except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
                 for ref in refs:
-                    ref._set_exception(exc)
+                    ref.set_exception(exc)
                 return True
         with self._gate_lock:
             gate = self.gate
@@ -186,7 +190,7 @@ class GroupCaller:
                     self.gate = None
                     return False
                 for ref in refs:
-                    ref._set_exception(error)
+                    ref.set_exception(error)
                 return True
             if self._queued is None:
                 self._queued = []
@@ -210,7 +214,7 @@ class GroupCaller:
                 calls, payloads, refs, timeout, trace = self._queued.pop(0)
             if error is not None:
                 for ref in refs:
-                    ref._set_exception(error)
+                    ref.set_exception(error)
             elif payloads is not None:
                 self._submit_all(calls, payloads, True, refs, timeout, None, trace)
             else:
@@ -267,7 +271,7 @@ class GroupCaller:
             if sinks is None:
                 raise
             for sink in sinks:
-                sink._set_exception(exc)
+                sink.set_exception(exc)
             return []
         staged = await self._stage(prepared, payloads)
         gather = None
@@ -276,7 +280,7 @@ class GroupCaller:
                 self._submit_all(prepared, payloads, hold, sinks, timeout, None, trace)
             else:  # a blocking call's outcomes land in the slots of one gather: no future per rank
                 gather = GroupGather(len(prepared))
-                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, RankOutcome.fail, trace)
+                self._submit_all(prepared, payloads, hold, gather.ranks, timeout, RankOutcome.set_exception, trace)
         finally:
             if staged is not None:
                 # Each rank's call pins the segment itself as it starts (its task's first
@@ -328,7 +332,7 @@ class GroupCaller:
     def _submit_all(self, prepared: list, payloads: dict[int, Any], hold: bool, sinks: list,
                     timeout: float | None = None, on_error: Callable | None = None, trace: int = 0) -> None:
         """Send every rank its call; each outcome settles its sink (no task or future per
-        rank on the raw call path): ``sink._set_result(value)``, or ``on_error(sink, exc)``.
+        rank on the raw call path): ``sink.set_result(value)``, or ``on_error(sink, exc)``.
         By default (the PendingRefs of a ``blocking=False`` call) a broken worker's error is
         turned into WorkerDiedError first."""
         timeout = self._rt.call_timeout if timeout is None else timeout
@@ -344,12 +348,12 @@ class GroupCaller:
         worker = self._members.workers[sink.rank]
         if isinstance(exc, UnavailableError) and not isinstance(exc, WorkerDiedError) and not self.closed:
             async def fail() -> None:  # asks the scheduler how the worker ended
-                sink._set_exception(await self.convert(worker, exc, sink.method))
+                sink.set_exception(await self.convert(worker, exc, sink.method))
             asyncio.get_running_loop().create_task(fail())
             return
         if isinstance(exc, RemoteError) and exc.rank < 0:
             exc.rank = worker.rank
-        sink._set_exception(exc)
+        sink.set_exception(exc)
 
     async def _deadline_error(self, gather: GroupGather, ranks: list[int], method: str,
                               timeout: float) -> DeadlineExceededError:

@@ -4,10 +4,14 @@ client), the releaser of its held results, and the small helpers the group modul
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from podium.controller.calltimeout import effective_call_timeout
-from podium.controller.runtime import get_runtime
+from podium.controller.session.calltimeout import effective_call_timeout
+from podium.controller.session.runtime import get_runtime
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.contract import Session
 
 __all__ = ["WorkerHandle", "class_name", "no_arguments"]
 
@@ -57,7 +61,7 @@ class WorkerHandle:
         """Process id on its node."""
         return self.info.pid
 
-    def held_releaser(self, rt: Any) -> "_HeldReleaser":
+    def held_releaser(self, rt: Session) -> "_HeldReleaser":
         """The callable that releases this worker's held results (made once)."""
         releaser = self.__dict__.get("_held_releaser")
         if releaser is None or releaser._client is not self.client:
@@ -93,11 +97,11 @@ class _HeldReleaser:
 
     __slots__ = ("_rt", "_releaser", "_client")
 
-    def __init__(self, rt: Any, client: Any) -> None:
+    def __init__(self, rt: Session, client: Any) -> None:
         self._rt = rt
         self._releaser = rt.releaser
         self._client = client
 
     def __call__(self, object_id: str) -> None:
-        if not self._rt._closed:
+        if not self._rt.closed:
             self._releaser.add(self._client, object_id)

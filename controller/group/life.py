@@ -17,7 +17,11 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.contract import Session
 
 __all__ = ["Lifetime", "arm", "remove_later"]
 
@@ -38,11 +42,11 @@ class Lifetime:
             self.finalizer.detach()
 
 
-def remove_later(rt: Any, worker_ids: list[str], clients: list, user: int, pg_ids: list[str],
+def remove_later(rt: Session, worker_ids: list[str], clients: list, user: int, pg_ids: list[str],
                  owned_pg_ids: Sequence[str] = ()) -> None:
     """Queue the removal of workers (and of placement groups) onto ``rt``'s loop; returns at
     once and does no I/O (safe in a finalizer)."""
-    if rt._closed:
+    if rt.closed:
         return
 
     async def remove() -> None:
@@ -61,14 +65,14 @@ def remove_later(rt: Any, worker_ids: list[str], clients: list, user: int, pg_id
         log.debug("removed %d workers whose last handle was dropped", len(worker_ids))
 
     def start() -> None:
-        if not rt._closed:
+        if not rt.closed:
             rt.loop.create_task(remove())
 
     with contextlib.suppress(RuntimeError):  # the loop is closed: the runtime removed them
         rt.loop.call_soon_threadsafe(start)
 
 
-def arm(rt: Any, workers: Sequence[Any], user: int, pg_ids: Sequence[str],
+def arm(rt: Session, workers: Sequence[Any], user: int, pg_ids: Sequence[str],
         owned_pg_ids: Sequence[str] = ()) -> Lifetime:
     """A token for ``workers`` (WorkerHandles of ``rt``'s group ``user``, which uses the
     placement groups ``pg_ids``): once it is garbage, they are removed."""

@@ -13,15 +13,15 @@ import random
 import string
 from typing import Any, Callable
 
-from podium.controller import dispatch as _dispatch
-from podium.controller.futures import PendingRef, get as _get
+from podium.controller.dispatch import modes as _dispatch
+from podium.controller.session.futures import PendingRef, get as _get
 from podium.controller.group import build, life, views
 from podium.controller.group.binding import bind_worker_methods, func_generator, runs_on
 from podium.controller.group.calls import GroupCaller
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.members import GroupMembers
 from podium.controller.pool import ResourcePool
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.errors import InvalidArgumentError
 from podium.memcap import group_env
 from podium.resources import check_user_env
@@ -259,7 +259,7 @@ class WorkerGroup:
             if pg_ids:
                 await rt.release_pgs(self._gid, pg_ids)
 
-        if rt._closed:
+        if rt.closed:
             return
         with contextlib.suppress(Exception):
             rt.run(teardown(), timeout=60, what="WorkerGroup shutdown")

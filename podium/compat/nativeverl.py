@@ -112,7 +112,7 @@ def install() -> None:
                                       "installed before it (podium run --native-verl does this)")
     if not installed():
         sys.meta_path.insert(0, _FINDER)
-        from podium.controller import dispatchdata
+        from podium.controller.dispatch import data as dispatchdata
 
         dispatchdata.future_factory = verl_future  # blocking=False concat calls give verl's future type
 
@@ -120,12 +120,12 @@ def install() -> None:
 @functools.cache
 def verl_future_class() -> type:
     """The type of a ``blocking=False`` concat-mode call's result in native mode: Podium's
-    :class:`~podium.controller.futures.PendingDataProtoFuture` that is also verl's
+    :class:`~podium.controller.session.futures.PendingDataProtoFuture` that is also verl's
     ``verl.protocol.DataProtoFuture`` (verl code and tests check ``isinstance`` against
     verl's class). Podium's methods (``get``, ``chunk``, lazy resolution) are the ones used."""
     from verl.protocol import DataProtoFuture as VerlDataProtoFuture
 
-    from podium.controller.futures import PendingDataProtoFuture
+    from podium.controller.session.futures import PendingDataProtoFuture
 
     class NativeDataProtoFuture(PendingDataProtoFuture, VerlDataProtoFuture):
         """A PendingDataProtoFuture that is an instance of verl's DataProtoFuture too."""
@@ -138,7 +138,7 @@ def verl_future_class() -> type:
 def verl_future(outputs: list) -> Any:
     """The future over the ranks' ``outputs`` (ObjectRefs or PendingRefs) of a ``blocking=False``
     call whose results are concatenated, as an instance of :func:`verl_future_class`."""
-    from podium.controller.futures import concat_refs
+    from podium.controller.session.futures import concat_refs
 
     concat_refs(outputs)  # the same checks (no futures of futures) as outside native mode
     return verl_future_class()(list(outputs))

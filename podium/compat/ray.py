@@ -21,16 +21,16 @@ import types
 from typing import Any
 
 from podium import errors as _errors
-from podium.controller import actoroptions as _options
-from podium.controller import placement as _placement
-from podium.controller import runtime as _runtime
-from podium.controller.actors import get_actor as _get_actor
-from podium.controller.actors import kill as _kill
-from podium.controller.futures import PendingRef as _PendingRef
-from podium.controller.futures import get as _get
-from podium.controller.futures import wait as _wait
-from podium.controller.objects import put as _put
-from podium.controller.tasks import remote as _remote
+from podium.controller.remote import actoroptions as _options
+from podium.controller.remote import placement as _placement
+from podium.controller.session import runtime as _runtime
+from podium.controller.remote.actors import get_actor as _get_actor
+from podium.controller.remote.actors import kill as _kill
+from podium.controller.session.futures import PendingRef as _PendingRef
+from podium.controller.session.futures import get as _get
+from podium.controller.session.futures import wait as _wait
+from podium.controller.remote.objects import put as _put
+from podium.controller.remote.tasks import remote as _remote
 from podium.refs import ObjectRef as _HeldRef
 
 __all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
@@ -58,7 +58,7 @@ class _ObjectRefType(type):
 class ObjectRef(metaclass=_ObjectRefType):
     """``ray.ObjectRef``, for ``isinstance`` checks: what ``ray.put`` returns (a held
     :class:`podium.refs.ObjectRef`) and what ``.remote()`` returns (a
-    :class:`podium.controller.futures.PendingRef`, before and after its call finished) are both
+    :class:`podium.controller.session.futures.PendingRef`, before and after its call finished) are both
     instances, as in Ray both are ObjectRefs (verl's collect functions check a
     ``blocking=False`` call's per-rank results this way). It is not constructed directly."""
 
@@ -155,7 +155,7 @@ def cancel(object_ref: Any, *, force: bool = False, recursive: bool = True) -> N
         raise NotImplementedError("ray.cancel(force=True) is not supported: kill the actor instead")
     if not isinstance(object_ref, _PendingRef):
         raise _errors.InvalidArgumentError(f"cancel takes the ref of a call, got {type(object_ref).__name__}")
-    object_ref._set_exception(_errors.CancelledError(f"{object_ref.method} was cancelled by ray.cancel"))
+    object_ref.set_exception(_errors.CancelledError(f"{object_ref.method} was cancelled by ray.cancel"))
 
 
 class RuntimeContext:
@@ -172,8 +172,8 @@ class RuntimeContext:
             return here  # in a worker (no controller runtime): its node's address names the node
         rt = _runtime.get_runtime()
         state = rt.run(rt.cluster_state(), timeout=60, what="get_node_id")
-        from podium.controller.objects import controller_host
-        here = here or controller_host(rt.address, embedded=bool(rt.processes))
+        from podium.controller.session.objects import controller_host
+        here = here or controller_host(rt.address, embedded=rt.embedded)
         alive = [n for n in state.nodes if n.state == 1]
         for node in alive:
             if node.info.address == here:
@@ -207,8 +207,8 @@ def get_runtime_context() -> RuntimeContext:
 
 def timeline(filename: str | None = None) -> list[dict] | None:
     """``ray.timeline``: the session's Chrome trace events (written to ``filename`` as JSON
-    when given); see :mod:`podium.controller.timeline`."""
-    from podium.controller.timeline import timeline as podium_timeline
+    when given); see :mod:`podium.controller.observe.timeline`."""
+    from podium.controller.observe.timeline import timeline as podium_timeline
     return podium_timeline(filename)
 
 

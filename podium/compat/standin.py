@@ -12,12 +12,12 @@ from typing import Any, NoReturn
 
 from podium.compat import ray as _compat
 from podium.compat.activation import RAYPATH
-from podium.controller.actoroptions import (
+from podium.controller.remote.actoroptions import (
     Options,
     PlacementGroupSchedulingStrategy,
     parse_options,
 )
-from podium.controller.tasks import RemoteFunction
+from podium.controller.remote.tasks import RemoteFunction
 from podium.errors import UnimplementedError
 
 __all__ = [
@@ -93,8 +93,8 @@ def _wrap_made(made: Any) -> Any:
 
 
 def timeline(filename: str | None = None) -> list[dict] | None:
-    """``ray.timeline``: the session's Chrome trace (:func:`podium.controller.timeline.timeline`)."""
-    from podium.controller.timeline import timeline as podium_timeline
+    """``ray.timeline``: the session's Chrome trace (:func:`podium.controller.observe.timeline.timeline`)."""
+    from podium.controller.observe.timeline import timeline as podium_timeline
     return podium_timeline(filename)
 
 
@@ -104,17 +104,17 @@ def get_node_ip_address() -> str:
     here = os.environ.get("PODIUM_NODE_ADDRESS")
     if here:
         return here
-    from podium.controller import runtime
-    from podium.controller.objects import controller_host
+    from podium.controller.session import runtime
+    from podium.controller.session.objects import controller_host
 
     if runtime.is_initialized():
         rt = runtime.get_runtime()
-        return controller_host(rt.address, embedded=bool(rt.processes))
+        return controller_host(rt.address, embedded=rt.embedded)
     return controller_host(os.environ.get("PODIUM_ADDRESS") or "127.0.0.1:1", embedded=False)
 
 
 def _state() -> Any:
-    from podium.controller import runtime
+    from podium.controller.session import runtime
 
     rt = runtime.get_runtime()
     return rt.run(rt.cluster_state(), timeout=60, what="cluster state")
@@ -165,7 +165,7 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
 def actor_state(actor_id: str) -> dict[str, Any] | None:
     """``ray.experimental.state.api.get_actor``: ``{"actor_id", "name", "state", "node_id", "pid"}``
     of the actor whose ``handle._actor_id.hex()`` is ``actor_id``, or None."""
-    from podium.controller import runtime
+    from podium.controller.session import runtime
     from podium.errors import NotFoundError
 
     rt = runtime.get_runtime()

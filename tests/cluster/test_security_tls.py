@@ -27,7 +27,7 @@ from tests.support.certs import make_foreign_tls, make_tls
 import podium
 from podium import errors, rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium import DataProtoFuture
 from podium.dataproto import DataProto
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.certs import make_tls
 import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]

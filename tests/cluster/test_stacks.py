@@ -24,7 +24,7 @@ import pytest
 import podium
 from podium import rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.process import STATE_NAMES
 from podium.v1 import node_pb2, node_pb2_grpc, worker_pb2, worker_pb2_grpc
 from podium.worker import Dispatch, Worker, register

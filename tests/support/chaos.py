@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import podium
-from podium.controller.placement import get_placement_group, placement_group, remove_placement_group
+from podium.controller.remote.placement import get_placement_group, placement_group, remove_placement_group
 from podium.errors import PodiumError
 from tests.support.chaosjob import BUILD_BOUND, CALL_BOUND, LIVENESS, MARGIN, Job
 from tests.support.faultkit import http_json, shm_segments

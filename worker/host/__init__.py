@@ -11,6 +11,13 @@
 - :mod:`~podium.worker.host.execthread`: the thread that runs user methods in call order;
   :mod:`~podium.worker.host.invoke`: running one there and packaging what it returned.
 - :mod:`~podium.worker.host.heldstore`: results held for ``blocking=False`` callers.
+- :mod:`~podium.worker.host.objectstore`: values held for ``put`` (a worker's own, or a
+  controller's store with a server of its own): :func:`object_store`, the one function of
+  the host that the controller calls.
 - :mod:`~podium.worker.host.config` and :mod:`~podium.worker.host.results`: the host's
   settings, and what results and user errors become.
 """
+
+from podium.worker.host.objectstore import ObjectStore, StoreServer, object_store
+
+__all__ = ["ObjectStore", "StoreServer", "object_store"]

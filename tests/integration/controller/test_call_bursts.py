@@ -9,7 +9,7 @@ import time
 import pytest
 
 from podium import errors
-from podium.controller.futures import PendingRef
+from podium.controller.session.futures import PendingRef
 from podium.refs import ObjectRef, inline_value
 from podium.worker.client import WorkerClient, prepare
 from podium.worker.host.process import start_host

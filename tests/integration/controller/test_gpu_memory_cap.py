@@ -15,7 +15,7 @@ import torch
 
 import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.errors import InvalidArgumentError, RemoteError, WorkerDiedError
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import two_node_processes

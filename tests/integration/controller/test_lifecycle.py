@@ -15,7 +15,7 @@ import torch
 import podium
 from podium.controller import (ClassWithInitArgs, ResourcePool, ResourcePoolManager, WorkerGroup, create_colocated_worker_cls)
 from podium import DataProtoFuture
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.errors import InfeasibleError, SlotFullError, WorkerDiedError
 from podium.dataproto import DataProto
 from podium.worker import Dispatch, Worker, register
@@ -249,7 +249,7 @@ class Waiter(Worker):
 
 
 def test_non_blocking_returns_before_the_workers_finish(tmp_path):
-    from podium.controller.futures import PendingRef
+    from podium.controller.session.futures import PendingRef
     wg = WorkerGroup(ResourcePool([2], use_gpu=False, max_colocate_count=1), ClassWithInitArgs(Waiter))
     try:
         gate = tmp_path / "gate"

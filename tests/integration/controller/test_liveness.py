@@ -14,7 +14,7 @@ import pytest
 import podium
 from podium import call_timeout, errors
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import controller_cluster
 

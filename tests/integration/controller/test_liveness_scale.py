@@ -2,7 +2,7 @@
 bound, not N of them.
 
 256 workers nap in one call while 8 of them are SIGSTOPped: every busy rank is pinged at
-once on a connection of its own (``podium.controller.liveness``), so the call fails with one
+once on a connection of its own (``podium.controller.session.liveness``), so the call fails with one
 ``UnresponsiveError`` that names exactly the 8 stopped ranks, and the 248 others, which kept
 answering, are named by nothing. The time it took is printed, not asserted
 (``python -m bench.liveness_scale`` measures it against the bound).
@@ -20,7 +20,7 @@ import pytest
 import podium
 from podium import errors
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.worker import Dispatch, Worker, register
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]

@@ -16,7 +16,7 @@ import torch
 
 import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.dataproto import DataProto
 from podium.errors import (AlreadyExistsError, InvalidArgumentError, NotFoundError, ObjectLostError,
                            RemoteError, WorkerDiedError)
@@ -270,7 +270,7 @@ def test_named_actor_lookup_kill_and_died_error(cluster):
 
 def test_actor_in_a_placement_group_bundle(cluster):
     from podium.controller import PlacementGroupSchedulingStrategy
-    from podium.controller.placement import placement_group, remove_placement_group
+    from podium.controller.remote.placement import placement_group, remove_placement_group
 
     pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD" if cluster == "two_nodes" else "PACK")
     assert podium.get(pg.ready(), timeout=60) is True
@@ -397,4 +397,4 @@ def test_the_object_server_runs_no_calls(cluster, arun):
     # The stream is refused (how the client words it depends on when it notices).
     with pytest.raises(errors.PodiumError):
         arun(call(), timeout=60)
-    assert rt.objects.runtime.stats["calls"] == 0 and rt.objects.runtime.hosted is None
+    assert rt.objects.store._runtime.stats["calls"] == 0 and rt.objects.store._runtime.hosted is None

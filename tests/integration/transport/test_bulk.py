@@ -20,7 +20,7 @@ import torch
 import podium
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.memorypool import POOL
 from podium.transport.payload import prepare
 from podium.worker import Dispatch, Worker, register

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from podium.controller import dispatch as d
+from podium.controller.dispatch import modes as d
 from podium.dataproto import DataProto
 from podium.worker.decorator import Dispatch, Execute
 

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 import podium
-from podium.controller import dispatch as d
+from podium.controller.dispatch import modes as d
 from podium.dataproto import DataProto
 from podium.errors import InvalidArgumentAssertion, InvalidArgumentError, PodiumError
 
@@ -65,7 +65,7 @@ def test_verl_style_except_assertion_error_still_catches():
 
 
 def test_the_checks_survive_python_dash_o():
-    code = ("import types\nfrom podium.controller import dispatch as d\n"
+    code = ("import types\nfrom podium.controller.dispatch import modes as d\n"
             "try:\n    d.dispatch_dp_compute(types.SimpleNamespace(world_size=4), [1])\n"
             "except AssertionError as exc:\n    print(type(exc).__name__, exc)\n")
     done = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120)

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from podium.controller import dispatch as d
-from podium.controller import futures as fu
+from podium.controller.dispatch import modes as d
+from podium.controller.session import futures as fu
 from podium.errors import DeadlineExceededError, RemoteError
 from podium.refs import DataProtoFuture, ObjectRef
 
@@ -27,10 +27,10 @@ class _Settler:
         self.ref = pending_ref
 
     def set_result(self, value) -> None:
-        assert self.ref._set_result(value)
+        assert self.ref.set_result(value)
 
     def set_exception(self, exc) -> None:
-        assert self.ref._set_exception(exc)
+        assert self.ref.set_exception(exc)
 
 
 def pending(n: int):
@@ -113,7 +113,7 @@ def test_collect_of_refs_gives_futures_and_unpads_by_row_range():
 def test_a_ref_settles_once():
     settlers, refs = pending(1)
     settlers[0].set_result(ref(0))
-    assert not refs[0]._set_exception(RemoteError("late", rank=0))
+    assert not refs[0].set_exception(RemoteError("late", rank=0))
     assert refs[0].ref(timeout=0) == ref(0)
 
 
@@ -165,8 +165,8 @@ def test_a_garbage_ref_releases_its_held_result_only_after_success():
     ok = fu.PendingRef(0, "m", released.append)
     failed = fu.PendingRef(1, "m", released.append)
     unfinished = fu.PendingRef(2, "m", released.append)
-    ok._set_result(ref(0))
-    failed._set_exception(RemoteError("boom", rank=1))
+    ok.set_result(ref(0))
+    failed.set_exception(RemoteError("boom", rank=1))
     del ok, failed, unfinished
     gc.collect()
     assert released == ["o-0"]
@@ -175,7 +175,7 @@ def test_a_garbage_ref_releases_its_held_result_only_after_success():
 def test_get_of_refs_with_inline_values_waits_for_them(monkeypatch):
     from podium import codec
     rt = types.SimpleNamespace(call_timeout=30, stats={"fetches": 0, "fetched_bytes": 0})
-    monkeypatch.setattr("podium.controller.runtime.get_runtime", lambda: rt)
+    monkeypatch.setattr("podium.controller.session.runtime.get_runtime", lambda: rt)
     settlers, refs = pending(3)
     inline = b"".join(codec.encode("value").to_segments())
 

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import weakref
 
-from podium.controller.gather import GroupGather, RankOutcome
+from podium.controller.group.gather import GroupGather, RankOutcome
 
 
 def test_it_waits_for_every_rank_and_keeps_their_order():
@@ -14,10 +14,10 @@ def test_it_waits_for_every_rank_and_keeps_their_order():
         gather = GroupGather(3)
         waiting = asyncio.ensure_future(gather.first_failure_or_all())
         for index in (2, 0):
-            gather.ranks[index]._set_result(f"v{index}")
+            gather.ranks[index].set_result(f"v{index}")
         await asyncio.sleep(0)
         assert not waiting.done()  # rank 1 has not answered
-        gather.ranks[1]._set_result("v1")
+        gather.ranks[1].set_result("v1")
         await asyncio.wait_for(waiting, 5)
         assert gather.values() == ["v0", "v1", "v2"] and gather.failed() == []
         await asyncio.wait_for(gather.all_settled(5), 5)  # already all in: returns at once
@@ -29,18 +29,18 @@ def test_the_first_failure_ends_the_wait_and_the_rest_still_land():
     async def go():
         gather = GroupGather(4)
         boom = ValueError("boom")
-        RankOutcome.fail(gather.ranks[2], boom)  # as submit_into calls on_error(sink, exc)
+        RankOutcome.set_exception(gather.ranks[2], boom)  # as submit_into calls on_error(sink, exc)
         await asyncio.wait_for(gather.first_failure_or_all(), 5)  # without ranks 0, 1, 3
         assert gather.failed() == [2] and gather.ranks[2].error is boom
         assert [outcome.done() for outcome in gather.ranks] == [False, False, True, False]
         # A rank's outcome is settled once: a later one is dropped.
-        gather.ranks[2]._set_result("late")
+        gather.ranks[2].set_result("late")
         assert gather.ranks[2].value is None and gather.ranks[2].error is boom
         # The others may still answer or fail; all_settled waits for them, within its bound.
         settled = asyncio.ensure_future(gather.all_settled(5))
-        gather.ranks[0]._set_result(0)
-        gather.ranks[1].fail(TimeoutError())
-        gather.ranks[3]._set_result(3)
+        gather.ranks[0].set_result(0)
+        gather.ranks[1].set_exception(TimeoutError())
+        gather.ranks[3].set_result(3)
         await asyncio.wait_for(settled, 5)
         assert gather.failed() == [1, 2]
 
@@ -50,7 +50,7 @@ def test_the_first_failure_ends_the_wait_and_the_rest_still_land():
 def test_waiting_for_silent_ranks_is_bounded_and_no_rank_is_instant():
     async def go():
         gather = GroupGather(2)
-        gather.ranks[0]._set_result(1)
+        gather.ranks[0].set_result(1)
         loop = asyncio.get_running_loop()
         began = loop.time()
         await gather.all_settled(0.05)  # rank 1 never answers
@@ -70,8 +70,8 @@ def test_a_dropped_gather_frees_its_values_without_a_collection():
         gather = GroupGather(2)
         value = Value()
         alive = weakref.ref(value)
-        gather.ranks[0]._set_result(value)
-        gather.ranks[1]._set_result(None)
+        gather.ranks[0].set_result(value)
+        gather.ranks[1].set_result(None)
         del value
         await gather.first_failure_or_all()
         del gather

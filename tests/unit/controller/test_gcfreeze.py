@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from podium.controller import gcfreeze
+from podium.controller.session import gcfreeze
 
 
 @pytest.fixture

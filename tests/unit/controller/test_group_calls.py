@@ -11,7 +11,7 @@ import pytest
 from podium.controller.group import GroupCaller, GroupMembers, WorkerHandle
 from podium.controller.group.calls import direct_route
 from podium.controller.group.views import FUSED_EXECUTE, FUSED_EXECUTE_ASYNC, FusedRoute
-from podium.controller.runtime import Runtime
+from podium.controller.session.runtime import Runtime
 from podium.errors import DeadlineExceededError, PodiumError, RemoteError
 
 
@@ -35,7 +35,7 @@ class LocalRank:
         except BaseException as exc:  # noqa: BLE001 - the rank's failure, reported through the sink
             on_error(sink, exc)
             return
-        sink._set_result(value)
+        sink.set_result(value)
 
 
 def _info(rank: int, env: dict | None = None):
@@ -166,7 +166,7 @@ def test_members_take_the_master_address_from_rank_zero():
 
 def _bound(rt, execute_fn, **kwargs):
     """A bound ONE_TO_ALL method over three in-process ranks that answer with their rank."""
-    from podium.controller import dispatch
+    from podium.controller.dispatch import modes as dispatch
     from podium.controller.group import func_generator
     calls, ranks = _group(rt, [lambda name, p, i=i: i for i in range(3)])
     group = types.SimpleNamespace(_calls=calls, world_size=3)

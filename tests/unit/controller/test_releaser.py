@@ -8,7 +8,7 @@ import collections
 import threading
 import types
 
-from podium.controller.releaser import Releaser
+from podium.controller.session.releaser import Releaser
 from tests.support.waiting import eventually_async
 
 
@@ -25,7 +25,7 @@ class FakeClient:
 def test_ids_from_many_threads_go_out_in_one_rpc_per_client():
     async def main():
         loop = asyncio.get_running_loop()
-        rt = types.SimpleNamespace(loop=loop, _closed=False, stats={})
+        rt = types.SimpleNamespace(loop=loop, closed=False, stats={})
         releaser = Releaser(rt)
         a, b = FakeClient(), FakeClient()
 
@@ -69,7 +69,7 @@ def test_an_add_inside_an_add_neither_deadlocks_nor_loses_ids():
             def create_task(self, coro):
                 return loop.create_task(coro)
 
-        rt = types.SimpleNamespace(loop=ReentrantLoop(), _closed=False, stats={})
+        rt = types.SimpleNamespace(loop=ReentrantLoop(), closed=False, stats={})
         releaser = Releaser(rt)
         releaser.add(client, "outer")
         await eventually_async(lambda: len(sum(client.calls, [])) == 2, "the outer and inner ids released")
@@ -84,7 +84,7 @@ def test_an_add_inside_an_add_neither_deadlocks_nor_loses_ids():
 def test_ids_a_call_took_along_are_not_sent_again():
     async def main():
         loop = asyncio.get_running_loop()
-        rt = types.SimpleNamespace(loop=loop, _closed=False, stats={})
+        rt = types.SimpleNamespace(loop=loop, closed=False, stats={})
         releaser = Releaser(rt)
         client = FakeClient()
         for i in range(4):

@@ -87,8 +87,8 @@ def test_every_public_exception_is_in_the_one_tree():
     # Every exception class defined in a Podium module derives from PodiumError and is
     # exported by the top-level facade.
     import podium
-    for mod_name in ("podium.errors", "podium.controller.dispatch", "podium.controller.group",
-                     "podium.controller.actors", "podium.controller.objects", "podium.controller.tasks",
+    for mod_name in ("podium.errors", "podium.controller.dispatch.modes", "podium.controller.group",
+                     "podium.controller.remote.actors", "podium.controller.remote.objects", "podium.controller.remote.tasks",
                      "podium.worker.decorator", "podium.dataproto", "podium.refs", "podium.compat.ray"):
         module = importlib.import_module(mod_name)
         for attr in dir(module):

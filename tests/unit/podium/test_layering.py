@@ -162,8 +162,33 @@ def upward(module: str, target: str) -> bool:
         return False
     if layer == "worker" and target.startswith("podium.scheduler"):
         return target not in SCHEDULER_FOR_WORKERS
+    if layer == "controller" and target.startswith("podium.worker.host"):
+        return target not in WORKER_HOST_FOR_CONTROLLER
     forbidden = LAYERS[layer][1]
     return any(target == f or target.startswith(f + ".") for f in forbidden)
+
+
+#: The controller's rooms, lowest first (docs/architecture.md, section 2): a room imports its
+#: own and lower rooms only. The facade (``podium.controller``) stands above them all.
+CONTROLLER_ROOMS = ["session", "observe", "dispatch", "pool", "group", "remote"]
+#: The worker host's one public function the controller may call: the package itself.
+WORKER_HOST_FOR_CONTROLLER = {"podium.worker.host"}
+
+
+def room_of(module: str) -> int | None:
+    """The index of ``module``'s controller room (None outside the rooms)."""
+    parts = module.split(".")
+    if parts[:2] != ["podium", "controller"] or len(parts) < 3:
+        return None
+    return CONTROLLER_ROOMS.index(parts[2]) if parts[2] in CONTROLLER_ROOMS else None
+
+
+def room_upward(module: str, target: str) -> bool:
+    """Whether ``module`` importing ``target`` goes up the controller's rooms."""
+    here, there = room_of(module), room_of(target)
+    if target == "podium.controller" and here is not None:
+        return True  # the facade is above every room
+    return here is not None and there is not None and there > here
 
 
 def test_every_module_has_a_layer():
@@ -174,6 +199,15 @@ def test_every_module_has_a_layer():
 def test_no_import_goes_upward_even_inside_functions():
     bad = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets if upward(m, t))
     assert not bad, "imports against the layer table (lazy and type-only ones included):\n" + "\n".join(bad)
+
+
+def test_controller_rooms_import_nothing_above_them():
+    rooms = {p.name for p in (REPO / "controller").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    loose = sorted(f"controller/{p.name}" for p in (REPO / "controller").glob("*.py")
+                   if p.name not in ("__init__.py", "pool.py"))
+    assert rooms | {"pool"} == set(CONTROLLER_ROOMS) and not loose, (rooms, loose)
+    bad = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets if room_upward(m, t))
+    assert not bad, "imports against the controller's rooms:\n" + "\n".join(bad)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -234,7 +268,10 @@ def test_upward_knows_an_upward_import():
     assert upward("podium.rowcat", "podium.transport.shmstage")
     assert upward("podium.worker.agent.service", "podium.scheduler.service")
     assert not upward("podium.worker.agent.service", "podium.scheduler.client")
-    assert not upward("podium.controller.objects", "podium.worker.host.runtime")
+    assert upward("podium.controller.remote.objects", "podium.worker.host.runtime")
+    assert not upward("podium.controller.remote.objects", "podium.worker.host")
+    assert room_upward("podium.controller.session.runtime", "podium.controller.group.calls")
+    assert not room_upward("podium.controller.group.calls", "podium.controller.session.futures")
 
 
 #: The most lines a product module may have (generated code aside).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 
-from podium.controller.logdriver import is_internal_line, log_to_driver_enabled
-from podium.controller.progress import Progress
+from podium.controller.session.logdriver import is_internal_line, log_to_driver_enabled
+from podium.controller.session.progress import Progress
 from podium.cli.status_table import human_bytes, render_status, table
 from podium.v1 import common_pb2, scheduler_pb2
 from tests.support.waiting import eventually_async

@@ -13,8 +13,8 @@ import sys
 from typing import ClassVar
 
 import pytest
-from podium.controller.actoroptions import parse_options
-from podium.controller.actors import ActorClass
+from podium.controller.remote.actoroptions import parse_options
+from podium.controller.remote.actors import ActorClass
 
 from podium.compat.activation import RAYPATH, activated_env
 
@@ -155,7 +155,7 @@ def test_a_bundle_index_may_be_any_integer_type_as_in_ray():
     # verl's split_resource_pool computes the bundle indices of its sub-pools with numpy.
     import numpy as np
 
-    from podium.controller.actoroptions import PlacementGroupSchedulingStrategy
+    from podium.controller.remote.actoroptions import PlacementGroupSchedulingStrategy
 
     assert parse_options({"placement_group_bundle_index": np.int64(3)}, actor=True).bundle_index == 3
     strategy = PlacementGroupSchedulingStrategy("pg-1", placement_group_bundle_index=np.int32(2))

@@ -85,7 +85,7 @@ def test_group_advantages_and_target_reward():
 def test_colocated_roles_see_their_siblings(monkeypatch):
     """A WorkerDict gives every role the shared role dict: the rollout finds the actor."""
     from podium.worker import Worker
-    from podium.worker.colocate import create_colocated_worker_cls
+    from podium.controller.group.colocate import create_colocated_worker_cls
     from podium.worker.factory import ClassWithInitArgs
 
     # Worker.__init__ writes these back to os.environ: monkeypatch restores them all after.

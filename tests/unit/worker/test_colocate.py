@@ -1,4 +1,4 @@
-"""podium.worker.colocate: WorkerDict (legacy colocation) and FusedWorker, in-process."""
+"""podium.controller.group.colocate: WorkerDict (legacy colocation) and FusedWorker, in-process."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """podium.worker.decorator: DynamicEnum, Dispatch/Execute, @register, method_table.
 
 Mirrors verl's tests/single_controller/base/test_decorator.py for the enum part
-(register_dispatch_mode itself lives in podium.controller.dispatch).
+(register_dispatch_mode itself lives in podium.controller.dispatch.modes).
 """
 
 from __future__ import annotations

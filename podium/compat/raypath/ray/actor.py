@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from podium.controller.actors import ActorClass, ActorHandle, ActorMethod
+from podium.controller.remote.actors import ActorClass, ActorHandle, ActorMethod
 
 from podium.compat.ray import method
 from podium.compat.standin import missing
@@ -11,4 +11,4 @@ __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method"]
 
 
 def __getattr__(name: str):
-    return missing(f"ray.actor.{name}", "podium.controller.actors (ActorClass, ActorHandle, ActorMethod)")
+    return missing(f"ray.actor.{name}", "podium.controller.remote.actors (ActorClass, ActorHandle, ActorMethod)")

@@ -1,8 +1,8 @@
-"""``ray.util.placement_group``: Podium's placement groups (:mod:`podium.controller.placement`)."""
+"""``ray.util.placement_group``: Podium's placement groups (:mod:`podium.controller.remote.placement`)."""
 
 from __future__ import annotations
 
-from podium.controller.placement import (
+from podium.controller.remote.placement import (
     PlacementGroup,
     get_placement_group,
     placement_group,
@@ -21,4 +21,4 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    return missing(f"ray.util.placement_group.{name}", "podium.controller.placement")
+    return missing(f"ray.util.placement_group.{name}", "podium.controller.remote.placement")

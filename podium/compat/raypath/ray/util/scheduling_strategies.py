@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from podium.controller.actoroptions import (
+from podium.controller.remote.actoroptions import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
 )

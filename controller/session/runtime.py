@@ -27,12 +27,12 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Coroutine
 
-from podium.controller import gcfreeze
-from podium.controller.deathwatch import DeathWatch
-from podium.controller.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
+from podium.controller.session import gcfreeze
+from podium.controller.session.deathwatch import DeathWatch
+from podium.controller.session.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
                                         _stop_process)
-from podium.controller.objects import ObjectServer, serve_puts_from
-from podium.controller.releaser import Releaser
+from podium.controller.session.objects import ObjectServer
+from podium.controller.session.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class _Resolver:
             self._runtime.stats["fetched_bytes"] += len(ref.inline)
             return inline_value(ref, rows)
         objects = self._runtime.objects
-        if objects.runtime is not None and ref.owner_address == objects.address:
+        if objects.store is not None and ref.owner_address == objects.address:
             try:  # put() here: no RPC to ourselves
                 return objects.local_value(ref, rows)
             except Exception as exc:  # noqa: BLE001 - released: said as ObjectLostError
@@ -142,7 +142,7 @@ class Runtime:
         #: Controller-side counters: fetches made through the resolver, bytes they moved, and
         #: held results released because their PendingRefs were garbage collected.
         self.stats = {"fetches": 0, "fetched_bytes": 0, "released": 0}
-        #: Whether init() froze the import-time heap (podium.controller.gcfreeze).
+        #: Whether init() froze the import-time heap (podium.controller.session.gcfreeze).
         self.gc_frozen = False
         self._loop_thread = _LoopThread()
         self.loop = self._loop_thread.loop
@@ -150,7 +150,7 @@ class Runtime:
         self.releaser = Releaser(self)
         #: Fails pending calls of workers the scheduler reports dead.
         self.deathwatch = DeathWatch(self)
-        #: Values put() here (podium.controller.objects), served from this process.
+        #: Values put() here (podium.controller.session.objects), served from this process.
         self.objects = ObjectServer(self)
         #: The scheduler's client (set by connect(), before anything else uses it).
         self.scheduler: SchedulerClient = None  # type: ignore[assignment]
@@ -160,8 +160,22 @@ class Runtime:
         self._groups: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._pg_users: dict[str, set[int]] = {}
         self._closed = False
-        #: Streams of worker output to this terminal (podium.controller.logdriver), or None.
+        #: Streams of worker output to this terminal (podium.controller.session.logdriver), or None.
         self.log_to_driver: Any = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the session is over)."""
+        return self._closed
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this session started its own cluster (its scheduler and agent children)."""
+        return bool(self.processes)
+
+    def groups(self) -> list[Any]:
+        """The live WorkerGroups of this session."""
+        return list(self._groups)
 
     # ---- running coroutines -----------------------------------------------------------
 
@@ -230,7 +244,7 @@ class Runtime:
 
     async def create_placement_groups(self, pool, strategy: str, name: str | None) -> list[Any]:
         """Create one placement group per pool entry, wait for all, sort by node address."""
-        from podium.controller.progress import Progress
+        from podium.controller.session.progress import Progress
         from podium.resources import sort_key_address
         created = []
         groups = len(pool.store)
@@ -370,7 +384,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     this process's stdout/stderr, each line prefixed with role, rank and node.
     A second ``init()`` returns the running runtime. Until :func:`shutdown`, the objects alive
     at ``init()`` (torch and the other imports) are frozen out of the garbage collector's
-    scans (:mod:`podium.controller.gcfreeze`; ``PODIUM_GC_FREEZE=0`` turns that off).
+    scans (:mod:`podium.controller.session.gcfreeze`; ``PODIUM_GC_FREEZE=0`` turns that off).
     """
     global _runtime
     with _runtime_lock:
@@ -397,7 +411,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             session_lease = float(os.environ.get("PODIUM_SESSION_LEASE") or 0)
         runtime = Runtime(address=address, token=token, call_timeout=call_timeout,
                           processes=processes, log_dir=log_dir, tls=tls, session_lease=session_lease)
-        from podium.controller.logdriver import LogToDriver, log_to_driver_enabled
+        from podium.controller.session.logdriver import LogToDriver, log_to_driver_enabled
         if log_to_driver_enabled(log_to_driver):
             runtime.log_to_driver = LogToDriver(token, tls)
         try:
@@ -457,5 +471,3 @@ def get_runtime(auto_init: bool = True) -> Runtime:
         return init()
     return _runtime
 
-
-serve_puts_from(is_initialized, get_runtime)  # podium.put reaches the session without importing it

@@ -16,10 +16,14 @@ import asyncio
 import logging
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from podium.controller.liveness import Liveness
+from podium.controller.session.liveness import Liveness
 from podium.errors import WorkerDiedError
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.core import SessionCore
 
 __all__ = ["DeathWatch", "died_error"]
 
@@ -45,7 +49,7 @@ def died_error(info: Any, rank: int, name: str, what: str) -> WorkerDiedError:
 class DeathWatch:
     """Watches the workers of one runtime's groups (see the module docstring)."""
 
-    def __init__(self, runtime: Any, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(self, runtime: SessionCore, interval: float = DEFAULT_INTERVAL) -> None:
         self._runtime = runtime
         self.interval = interval
         #: worker id -> its WorkerClient (weak: a group dropped without shutdown drops out).
@@ -53,7 +57,7 @@ class DeathWatch:
         self._task: asyncio.Task | None = None
         #: How many workers it found dead (for tests and stats).
         self.found = 0
-        #: The same workers' liveness: ranks that stop answering (podium.controller.liveness).
+        #: The same workers' liveness: ranks that stop answering (podium.controller.session.liveness).
         self.liveness = Liveness(runtime)
 
     def watch(self, worker_id: str, client: Any, *, liveness: bool = True) -> None:
@@ -76,7 +80,7 @@ class DeathWatch:
     async def _run(self) -> None:
         from podium.v1 import common_pb2
         ended = (common_pb2.WORKER_EXITED, common_pb2.WORKER_FAILED)
-        while self._clients and not self._runtime._closed:
+        while self._clients and not self._runtime.closed:
             await asyncio.sleep(self.interval)
             busy = {wid: c for wid, c in list(self._clients.items())
                     if c.pending and c.broken is None}

@@ -1,6 +1,6 @@
 """The data side of dispatch: splitting a call's DataProto / TensorDict / DataProtoFuture
 arguments over ranks and concatenating the ranks' outputs back (jagged nested tensors are
-split and re-nested by row). :mod:`podium.controller.dispatch` builds its dispatch and
+split and re-nested by row). :mod:`podium.controller.dispatch.modes` builds its dispatch and
 collect functions on these.
 
 A DataProto is Podium's (:mod:`podium.dataproto`) or verl's own ``verl.protocol.DataProto``
@@ -112,7 +112,7 @@ def looks_like_ref(value: Any) -> bool:
     if isinstance(value, ObjectRef):
         return True
     try:
-        from podium.controller.futures import PendingRef
+        from podium.controller.session.futures import PendingRef
     except ImportError:  # pragma: no cover - the controller package is partially imported
         return False
     return isinstance(value, PendingRef)
@@ -127,5 +127,5 @@ future_factory: Callable[[list], Any] | None = None
 def _future_concat(outputs: list) -> Any:
     if future_factory is not None and "verl.protocol" in sys.modules:
         return future_factory(outputs)
-    from podium.controller.futures import concat_refs
+    from podium.controller.session.futures import concat_refs
     return concat_refs(outputs)

@@ -22,11 +22,15 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError, InvalidArgumentError
 from podium.refs import DataProtoFuture, ObjectRef
 from podium.tracering import RING, now_ns
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.contract import Session
 
 __all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
            "first_failed", "resolve_args", "is_pending", "unpadded_future"]
@@ -126,11 +130,11 @@ class PendingRef:
         """The value: waits for the call, then fetches the result from its worker."""
         return get(self, timeout=timeout)
 
-    def _set_result(self, ref: ObjectRef) -> bool:
+    def set_result(self, ref: ObjectRef) -> bool:
         """Settle with the call's ObjectRef (from any thread); False if already settled."""
         return self._settle(_VALUE, ref)
 
-    def _set_exception(self, exc: BaseException) -> bool:
+    def set_exception(self, exc: BaseException) -> bool:
         """Settle with the call's error (from any thread); False if already settled."""
         return self._settle(_ERROR, exc)
 
@@ -250,7 +254,7 @@ class PendingDataProtoFuture(DataProtoFuture):
         if kind == "unpad":
             return base.slice(0, len(base) - self._op[1])
         raise InternalError(f"PendingDataProtoFuture has an unknown op {self._op!r} "
-                            f"(a bug in podium.controller.futures)")
+                            f"(a bug in podium.controller.session.futures)")
 
     def resolved(self, timeout: float | None = None) -> DataProtoFuture:
         """The plain DataProtoFuture, waiting up to ``timeout`` for the producers."""
@@ -406,8 +410,8 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
     other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout;
     DeadlineExceededError when it runs out.
     """
-    from podium.controller.calltimeout import effective_call_timeout
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.calltimeout import effective_call_timeout
+    from podium.controller.session.runtime import get_runtime
     rt = get_runtime()
     if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
         timeout = effective_call_timeout(rt.call_timeout)
@@ -428,7 +432,7 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
             RING.add("get", f"{count} ref{'s' if count != 1 else ''}", started, now_ns())
 
 
-def _get_inline(rt: Any, values: list | tuple, timeout: float | None) -> list | None:
+def _get_inline(rt: Session, values: list | tuple, timeout: float | None) -> list | None:
     """``get`` of refs that all carry their value inline, right here in the calling thread
     (no hop to the loop thread, no coroutine per ref); None when some ref needs a fetch."""
     if not all(type(v) is PendingRef or type(v) is ObjectRef for v in values):

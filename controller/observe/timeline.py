@@ -35,7 +35,7 @@ from podium.tracering import RING, Span
 
 __all__ = ["timeline", "chrome_events", "COLLECT_TIMEOUT"]
 
-log = logging.getLogger("podium.controller.timeline")
+log = logging.getLogger("podium.controller.observe.timeline")
 
 #: How long one worker may take to send its ring.
 COLLECT_TIMEOUT = 10.0
@@ -46,10 +46,10 @@ def timeline(filename: str | None = None) -> list[dict] | None:
     """Ray's ``ray.timeline``: the trace events of this session (see the module docstring);
     with ``filename`` they are written there as a JSON array (what Perfetto's JSON importer
     and ``chrome://tracing`` open) and None is returned."""
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.runtime import get_runtime
 
     rt = get_runtime()
-    workers = {h.worker_id: h for group in list(rt._groups) for h in group._members.workers}
+    workers = {h.worker_id: h for group in rt.groups() for h in group._members.workers}
     answers = rt.run(_collect(list(workers.values())), timeout=COLLECT_TIMEOUT + 10, what="timeline")
     events = chrome_events(RING.spans(), answers)
     if filename is None:

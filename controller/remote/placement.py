@@ -14,7 +14,7 @@ import math
 import secrets
 from typing import Any
 
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.errors import InvalidArgumentError, NotFoundError
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
@@ -54,7 +54,7 @@ class PlacementGroup:
     def ready(self) -> Any:
         """A ref that resolves to True once every bundle is placed (``get``/``wait`` it)."""
         from podium import codec
-        from podium.controller.futures import PendingRef
+        from podium.controller.session.futures import PendingRef
         from podium.refs import ObjectRef
 
         rt = get_runtime()
@@ -65,9 +65,9 @@ class PlacementGroup:
             try:
                 self._info = await rt.scheduler.wait_placement_group(self.id, timeout=rt.placement_timeout)
             except BaseException as exc:  # noqa: BLE001 - reported through the ref
-                ref._set_exception(exc)
+                ref.set_exception(exc)
             else:
-                ref._set_result(ObjectRef(f"ready:{self.id}", "", "", -1, len(inline), -1, inline))
+                ref.set_result(ObjectRef(f"ready:{self.id}", "", "", -1, len(inline), -1, inline))
 
         rt.submit(wait())
         return ref

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,6 +35,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from podium import rpc
 from podium.errors import UnresponsiveError
 from podium.workerstacks import collect_from, first_lines
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.core import SessionCore
 
 __all__ = ["Liveness", "DEFAULT_SILENCE_SECONDS"]
 
@@ -51,7 +55,7 @@ STACK_LINES = 15
 class Liveness:
     """Pings the busy workers of one runtime and fails the calls of silent ones."""
 
-    def __init__(self, runtime: Any, silence: float = DEFAULT_SILENCE_SECONDS) -> None:
+    def __init__(self, runtime: SessionCore, silence: float = DEFAULT_SILENCE_SECONDS) -> None:
         self._runtime = runtime
         #: Seconds of silence that fail a busy rank's calls (0: off).
         self.silence = silence
@@ -115,7 +119,7 @@ class Liveness:
         # Silent this long (at least half the bound: several pings missed), a rank's stacks
         # are fetched ahead, so they are in hand when the bound runs out.
         early = max(self.silence / 2, self.silence - STACKS_SECONDS - interval)
-        while self._clients and not self._runtime._closed:
+        while self._clients and not self._runtime.closed:
             await asyncio.sleep(interval)
             now = loop.time()
             busy = {wid: c for wid, c in list(self._clients.items()) if c.pending and c.broken is None}

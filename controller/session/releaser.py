@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.core import SessionCore
 
 __all__ = ["FLUSH_AFTER_S", "Releaser"]
 
@@ -25,7 +29,7 @@ class Releaser:
     """Queues (worker client, object id) pairs on their client; flushes leftovers per client
     in one RPC. A client has ``releasable`` (a deque of ids) and ``async release(ids)``."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: SessionCore) -> None:
         self._rt = runtime
         # Deques, not a lock: add() runs from PendingRef.__del__, which the cyclic collector
         # may call in any thread at any allocation, also inside add() itself.
@@ -52,7 +56,7 @@ class Releaser:
         while clients:
             client = clients.popleft()
             seen[id(client)] = client
-        if self._rt._closed:
+        if self._rt.closed:
             return
         for client in seen.values():
             queued = client.releasable

@@ -56,14 +56,14 @@ class RankOutcome:
         """Whether the outcome has arrived (the sink protocol of ``submit_into``)."""
         return self.settled
 
-    def _set_result(self, value: Any) -> None:
+    def set_result(self, value: Any) -> None:
         if not self.settled:
             self.settled = True
             self.value = value
             self._tally.settled(False)
 
-    def fail(self, exc: BaseException) -> None:
-        """Settle with ``exc`` (the first outcome wins); ``RankOutcome.fail`` is the
+    def set_exception(self, exc: BaseException) -> None:
+        """Settle with ``exc`` (the first outcome wins); ``RankOutcome.set_exception`` is the
         ``on_error(sink, exc)`` of ``submit_into``."""
         if not self.settled:
             self.settled = True

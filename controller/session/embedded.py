@@ -1,7 +1,7 @@
 """The embedded cluster of ``init()`` without an address: a scheduler and one node agent on
 127.0.0.1, started as child processes with a fresh random token (and stopped by the runtime).
 
-Split from :mod:`podium.controller.runtime`, which keeps the names importable.
+Split from :mod:`podium.controller.session.runtime`, which keeps the names importable.
 """
 
 from __future__ import annotations

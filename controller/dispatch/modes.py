@@ -37,13 +37,13 @@ from typing import Any, Callable
 
 from tensordict import TensorDict
 
-from podium.controller.dispatchdata import chunk as _chunk
-from podium.controller.dispatchdata import concat as _concat
-from podium.controller.dispatchdata import concat_tensordict, split_tensordict
-from podium.controller.dispatchdata import is_data as _is_data
-from podium.controller.dispatchdata import is_proto as _is_proto
-from podium.controller.dispatchdata import padded_copy as _padded_copy
-from podium.controller.dispatchdata import looks_like_ref as _looks_like_ref
+from podium.controller.dispatch.data import chunk as _chunk
+from podium.controller.dispatch.data import concat as _concat
+from podium.controller.dispatch.data import concat_tensordict, split_tensordict
+from podium.controller.dispatch.data import is_data as _is_data
+from podium.controller.dispatch.data import is_proto as _is_proto
+from podium.controller.dispatch.data import padded_copy as _padded_copy
+from podium.controller.dispatch.data import looks_like_ref as _looks_like_ref
 from podium.dataproto import PADDING_SIZE_KEY
 from podium.errors import InvalidArgumentAssertion, RankZeroDispatchError, UnimplementedError
 from podium.refs import DataProtoFuture
@@ -421,7 +421,7 @@ def unpad_output(output: Any, padding_size: int, padded_rows: int | None, world_
     if _is_proto(output) or isinstance(output, TensorDict):
         return output[:len(output) - padding_size]
     if isinstance(output, DataProtoFuture):
-        from podium.controller.futures import unpadded_future
+        from podium.controller.session.futures import unpadded_future
         return unpadded_future(output, padding_size)
     if isinstance(output, list):
         if padded_rows is not None and len(output) == world_size:

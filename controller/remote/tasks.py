@@ -19,8 +19,8 @@ import os
 import threading
 from typing import Any, Callable
 
-from podium.controller.actoroptions import Options, parse_options
-from podium.controller.actors import ActorClass, ActorHandle, start_actor
+from podium.controller.remote.actoroptions import Options, parse_options
+from podium.controller.remote.actors import ActorClass, ActorHandle, start_actor
 from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnresponsiveError,
                            WorkerDiedError)
 from podium.worker.actorshell import TaskRunner
@@ -98,7 +98,7 @@ _pools_lock = threading.Lock()
 
 
 def _pool_for(opts: Options) -> _Pool:
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.runtime import get_runtime
 
     rt = get_runtime()
     pg = opts.placement_group

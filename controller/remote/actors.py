@@ -21,18 +21,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from podium.controller.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
+from podium.controller.remote.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
-from podium.controller.runtime import get_runtime
+from podium.controller.session.runtime import get_runtime
 from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
                            NotFoundError, SlotFullError, UnimplementedError)
 from podium.worker.actorshell import ActorShell
 from podium.worker.factory import ClassWithInitArgs, by_value
 from podium.worker.processenv import WithProcessEnv
+
+
+if TYPE_CHECKING:
+    from podium.controller.session.contract import Session
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "get_actor", "kill", "actor_worker_name",
            "start_actor"]
@@ -167,7 +171,7 @@ def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
         return prepare(tuple(cia.construct_payload()))
 
 
-async def _reserve(rt: Any, opts: Options, wname: str) -> tuple[str, int, str]:
+async def _reserve(rt: Session, opts: Options, wname: str) -> tuple[str, int, str]:
     """(placement group id, bundle index, id of a group made for this actor or "")."""
     if opts.placement_group is not None:
         if opts.node is not None:
@@ -201,7 +205,7 @@ async def _reserve(rt: Any, opts: Options, wname: str) -> tuple[str, int, str]:
     return pg.id, 0, pg.id
 
 
-async def _create_worker(rt: Any, opts: Options, wname: str, pg_id: str, bundle: int) -> Any:
+async def _create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bundle: int) -> Any:
     from podium.v1 import common_pb2
 
     owner = "" if opts.detached else rt.session_id
@@ -224,7 +228,7 @@ async def _create_worker(rt: Any, opts: Options, wname: str, pg_id: str, bundle:
     raise InvalidArgumentError(f"placement group {pg_id} has no bundles")
 
 
-def _attached_group(rt: Any, info: Any, owns: bool, detached: bool = False) -> Any:
+def _attached_group(rt: Session, info: Any, owns: bool, detached: bool = False) -> Any:
     from podium.controller.group import WorkerGroup
 
     group = WorkerGroup(resource_pool=None, worker_handles=[], name_prefix=info.spec.name)
@@ -270,7 +274,7 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     return ActorHandle(group, _class_name(cls), opts.name, opts.namespace)
 
 
-async def _construct_or_stop(rt: Any, group: Any, payload: Any, own_pg: str) -> None:
+async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str) -> None:
     """Build the actor; when its constructor fails, remove its worker (and own placement
     group) and raise the error, which every call made to it then fails with."""
     try:
@@ -309,7 +313,7 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     return ActorHandle(group, described.class_name or "?", name, namespace)
 
 
-async def _remove(rt: Any, group: Any, pg_id: str = "") -> None:
+async def _remove(rt: Session, group: Any, pg_id: str = "") -> None:
     """Remove the actor's worker (and ``pg_id``), on the runtime's loop."""
     worker = group.workers[0]
     with contextlib.suppress(Exception):
@@ -327,7 +331,7 @@ async def _remove(rt: Any, group: Any, pg_id: str = "") -> None:
             await rt.scheduler.remove_placement_group(pg_id)
 
 
-def _stop(rt: Any, group: Any, pg_id: str = "") -> None:
+def _stop(rt: Session, group: Any, pg_id: str = "") -> None:
     """Remove the actor's worker (and ``pg_id``); its pending calls then fail with
     WorkerDiedError once its connection breaks (the scheduler has its exit record)."""
     if group._life is not None:

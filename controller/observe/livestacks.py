@@ -23,7 +23,7 @@ def stacks(group: Any = None, rank: int | None = None, worker_id: str | None = N
     Each worker (and each node agent) gets ``timeout`` seconds. Returns one
     :class:`~podium.workerstacks.WorkerStacks` per worker; ``print()`` the result to read it.
     """
-    from podium.controller.runtime import get_runtime
+    from podium.controller.session.runtime import get_runtime
 
     check_seconds(timeout, "timeout", MAX_TIMEOUT_SECONDS)
     rt = get_runtime()
