@@ -49,6 +49,15 @@ class ObjectStore:
         """The event loop the store's releases run on."""
         return self._runtime.loop
 
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The host's counters (calls served, fetches served, bytes)."""
+        return self._runtime.stats
+
+    def holds(self, object_id: str) -> bool:
+        """Whether the value ``object_id`` is held here."""
+        return object_id in self._runtime.held
+
     def hold(self, value: Any) -> worker_pb2.ObjectRefInfo:
         """Hold a snapshot of ``value`` and return its ref's description."""
         return self._runtime.hold_value(value)
