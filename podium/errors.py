@@ -19,6 +19,8 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     ├── DeadlineExceededError (TimeoutError) ...... DEADLINE_EXCEEDED
     │   └── UnresponsiveError ..................... ranks stopped answering liveness pings (ranks)
     ├── NotFoundError (LookupError) ............... NOT_FOUND
+    │   └── ObjectLostError ....................... a ref's value is gone (released, owner gone)
+    │       └── OwnerDiedError .................... the process that owns the ref's value ended
     ├── AlreadyExistsError ........................ ALREADY_EXISTS
     ├── PermissionDeniedError (PermissionError) ... PERMISSION_DENIED
     ├── ResourceExhaustedError .................... RESOURCE_EXHAUSTED
@@ -181,6 +183,11 @@ class ObjectLostError(NotFoundError):
     """A ref's value cannot be fetched: its owner (the process that holds it) is gone, or
     released it. The message names the owner; ``details`` has ``object_id``, ``owner_address``
     and ``worker_id``."""
+
+
+class OwnerDiedError(ObjectLostError):
+    """A ref's value cannot be fetched because its owner, the process that created it and
+    holds it, has ended (Ray's ``OwnerDiedError``)."""
 
 
 class AlreadyExistsError(PodiumError):

@@ -20,6 +20,8 @@ This module imports no gRPC, torch or tensordict at import time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import sys
 from collections.abc import Sequence
@@ -27,10 +29,45 @@ from typing import Any, Protocol
 
 from podium import codec
 from podium.errors import (ArgumentMismatchError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
-                           ObjectLostError, OutOfRangeError, UnavailableError)
+                           ObjectLostError, OutOfRangeError, OwnerDiedError, UnavailableError)
 
-__all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver",
+__all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver", "on_loop", "exporting",
+           "keep_if_exported",
            "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value", "lost_error"]
+
+
+#: Set while a worker encodes what leaves it for good (a result, a held value).
+_exporting: contextvars.ContextVar[bool] = contextvars.ContextVar("podium_exporting", default=False)
+#: Refs this process owns that left it inside a result: kept until the process ends. Nothing
+#: tells the owner when the receiver is done with them, and the value must outlive the local
+#: ref that made it (a method that returns ``[ray.put(x)]``); the hold budget bounds them.
+_exported: list[Any] = []
+
+
+@contextlib.contextmanager
+def exporting():
+    """Mark the encoding of a value that leaves this process inside a result."""
+    token = _exporting.set(True)
+    try:
+        yield
+    finally:
+        _exporting.reset(token)
+
+
+def keep_if_exported(ref: Any) -> None:
+    """Called as a ref this process owns is pickled: inside a result, keep it (and so its
+    value) alive until the process ends."""
+    if _exporting.get():
+        _exported.append(ref)
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
+    """Await ``coro`` on ``loop``: here when this is that loop, else there, waiting here
+    without blocking this loop (a ref awaited in the driver's own loop, or in an async actor,
+    is fetched by the loop that owns the clients)."""
+    if asyncio.get_running_loop() is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,9 +96,13 @@ class ObjectRef:
                             self.size_bytes, self.rows))
 
     async def aget(self, timeout: float | None = None) -> Any:
-        """Fetch the whole value from its owner (async)."""
+        """Fetch the whole value from its owner (async, on any event loop)."""
         coro = get_resolver().fetch(self)
         return await (asyncio.wait_for(coro, timeout) if timeout is not None else coro)
+
+    def __await__(self):
+        """``await ref``: the value, as ``ray``'s refs are awaited."""
+        return self.aget().__await__()
 
     def get(self, timeout: float | None = None) -> Any:
         """Fetch the whole value from its owner (blocking; not on the resolver's loop)."""
@@ -82,9 +123,10 @@ def lost_error(ref: ObjectRef, exc: BaseException) -> BaseException:
     if isinstance(exc, ObjectLostError) or not isinstance(exc, (UnavailableError, NotFoundError)):
         return exc
     owner = ref.worker_id or "?"
-    why = ("no longer holds it (released, or the owner restarted)" if isinstance(exc, NotFoundError)
-           else "cannot be reached (the owner process is gone)")
-    return ObjectLostError(
+    gone = not isinstance(exc, NotFoundError)
+    why = ("cannot be reached (the owner process is gone)" if gone
+           else "no longer holds it (released, or the owner restarted)")
+    return (OwnerDiedError if gone else ObjectLostError)(
         f"object {ref.object_id} is lost: its owner {owner} at {ref.owner_address} (rank "
         f"{ref.owner_rank}) {why}: {exc}",
         details={"object_id": ref.object_id, "owner_address": ref.owner_address, "worker_id": owner})
@@ -252,7 +294,8 @@ class Resolver(Protocol):
     """What fetches refs in this process (see the module docstring)."""
 
     async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None) -> Any:
-        """The value of ``ref``, or only rows ``[rows[0], rows[1])`` of it."""
+        """The value of ``ref``, or only rows ``[rows[0], rows[1])`` of it (awaited on any
+        event loop: the resolver runs it on its own, :func:`on_loop`)."""
 
     def run_sync(self, coro, timeout: float | None) -> Any:
         """Run ``coro`` to completion from a thread that is not the resolver's loop."""

@@ -18,14 +18,13 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from podium.controller.dispatch import modes as _dispatch
-from podium.controller.session.calltimeout import effective_call_timeout
+from podium.controller.session.calltimeout import effective_call_timeout, plus
 from podium.controller.session.deathwatch import died_error
-from podium.controller.session.futures import PendingRef, is_pending, resolve_args
+from podium.controller.session.futures import PendingRef, is_pending, refs_inside, resolve_args
 from podium.controller.group.gather import GroupGather, RankOutcome
 from podium.controller.group.handle import WorkerHandle, no_arguments
 from podium.controller.group.members import GroupMembers
 from podium.controller.session.loopqueue import soon
-from podium.controller.session.objects import owned_refs_in
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
@@ -129,25 +128,28 @@ class GroupCaller:
         timeout = effective_call_timeout(rt.call_timeout)  # a `with call_timeout(s):` block's
         if blocking and self.gate is not None:  # the constructor first (its error is this call's)
             try:
-                self.gate.result(timeout=rt.call_timeout + 10)  # it runs within the call timeout
+                self.gate.result(timeout=plus(timeout, 10))  # it runs within the call timeout
             except concurrent.futures.TimeoutError:
                 raise DeadlineExceededError(f"{method_name}: the actor's constructor did not finish within "
-                                            f"{rt.call_timeout + 10:g}s") from None
+                                            f"{plus(timeout, 10):g}s") from None
         if blocking:
-            return rt.run(self._call_all(calls, hold=False, timeout=timeout, trace=trace), timeout=timeout + 10,
+            return rt.run(self._call_all(calls, hold=False, timeout=timeout, trace=trace), timeout=plus(timeout, 10),
                           what=f"{method_name} on {len(ranks)} ranks")
         workers = self._members.workers
         # A held result lives in its worker until nothing here can name it any more: each
         # ref releases it when it is garbage (PendingRef.__del__).
         refs = [PendingRef(rank, method_name, workers[rank].held_releaser(rt)) for rank, *_ in calls]
-        owned = owned_refs_in(per_rank)
-        if owned:  # put() values the call reads live until it finished
-            keep_alive = functools.partial(_keep_until_done, owned)
+        # The refs the arguments carry, at any depth: their values (put() here, or results
+        # held in workers) live until the call finished, so the callee can read them.
+        entries = {id(e): e for e in per_rank}.values()  # ONE_TO_ALL's ranks share one entry
+        inside = refs_inside([v for args, kwargs in entries for v in (*args, *kwargs.values())])
+        if inside:
+            keep_alive = functools.partial(_keep_until_done, inside)
             for ref in refs:
                 ref.add_done_callback(keep_alive)
         if self.gate is not None and self._behind_gate(calls, refs, timeout, trace):
             return refs
-        if any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
+        if any(is_pending(v) for v in inside):
             # Arguments that are still computing: resolved, then encoded, in a task on the loop.
             soon(rt.loop, self._start_when_resolved, calls, refs, timeout, trace)
             return refs
@@ -173,7 +175,7 @@ class GroupCaller:
         Its arguments are encoded and copied now (later changes to them are not sent) unless
         some are still computing (resolved first, as without a gate)."""
         payloads = None
-        if not any(is_pending(v) for _, _, args, kwargs in calls for v in (*args, *kwargs.values())):
+        if not any(is_pending(v) for v in refs_inside([v for _, _, a, k in calls for v in (*a, *k.values())])):
             try:
                 payloads = self.encode_payloads(calls, snapshot=lambda _ranks, payload: payload.snapshot())
             except BaseException as exc:  # noqa: BLE001 - reported through every rank's ref
@@ -356,7 +358,7 @@ class GroupCaller:
         sink.set_exception(exc)
 
     async def _deadline_error(self, gather: GroupGather, ranks: list[int], method: str,
-                              timeout: float) -> DeadlineExceededError:
+                              timeout: float | None) -> DeadlineExceededError:
         """One DeadlineExceededError naming every rank that did not answer in time.
 
         The ranks of one call share its deadline, so the others expire within moments of
@@ -366,7 +368,7 @@ class GroupCaller:
                 if not outcome.settled or isinstance(outcome.error, DeadlineExceededError)]
         answered = len(ranks) - len(late)
         err = DeadlineExceededError(
-            f"{method} did not finish within {timeout:g}s: rank{'s' if len(late) > 1 else ''} "
+            f"{method} did not finish within {f'{timeout:g}s' if timeout else 'its deadline'}: rank{'s' if len(late) > 1 else ''} "
             f"{late if len(late) > 1 else late[0]} did not answer ({answered} of {len(ranks)} did); "
             f"a stopped or hung process, or a call that needs a longer call_timeout",
             rank=late[0])

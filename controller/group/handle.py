@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from podium.controller.session.calltimeout import effective_call_timeout
+from podium.controller.session.calltimeout import effective_call_timeout, plus
 from podium.controller.session.runtime import get_runtime
 
 
@@ -73,7 +73,7 @@ class WorkerHandle:
         rt = get_runtime()
         timeout = effective_call_timeout(rt.call_timeout)
         return rt.run(self.client.call(method, args, kwargs, timeout=timeout),
-                      timeout=timeout + 5, what=f"{method} on rank {self.rank}")
+                      timeout=plus(timeout, 5), what=f"{method} on rank {self.rank}")
 
     def __repr__(self) -> str:
         return f"WorkerHandle(rank={self.rank}, name={self.name!r}, address={self.address!r})"

@@ -14,6 +14,16 @@ are sent once it finished, in order, and fail with its error (RemoteError) when 
 which also stops the actor. Where Podium differs from Ray: names live in the namespace
 ``"default"`` unless one is given, so any controller of the cluster finds them; a dead
 actor's calls fail with WorkerDiedError (no restarts).
+
+A handle travels: pickled into the arguments of a call, a task or another actor's
+constructor, or into a result, at any depth, it arrives as a working handle. The receiving
+process attaches to the actor directly (its own session with the cluster, the cluster
+token), on the handle's first use, never through the process that created the actor. Its
+lifetime follows Ray's owner rule: a non-detached actor lives while its owner (the process
+that created it) lives and holds a handle; handles other processes borrowed do not keep it
+alive past that, and a call through one to an actor that is gone fails with
+``WorkerDiedError`` (Ray's ``ActorDiedError``) naming the actor. Where Ray differs: Ray also
+keeps an actor alive while a borrower holds a handle after the owner dropped its own.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from podium.controller.remote.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
@@ -29,7 +40,7 @@ from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
 from podium.controller.session.runtime import get_runtime
 from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
-                           NotFoundError, SlotFullError, UnimplementedError)
+                           NotFoundError, SlotFullError)
 from podium.worker.actorshell import ActorShell
 from podium.worker.factory import ClassWithInitArgs, by_value
 from podium.worker.processenv import WithProcessEnv
@@ -81,15 +92,35 @@ class _ActorId(str):
         return str(self)
 
 
+#: The one-worker group of each actor this process has attached to, by worker id: handles
+#: to one actor share it (and its connection), whether made here, looked up or borrowed.
+_attached: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
 class ActorHandle:
     """A handle to one actor; copies share it. When the last handle to a non-detached actor
-    this controller created is garbage, the actor stops and its resources are freed."""
+    this controller created is garbage, the actor stops and its resources are freed. Pickled,
+    it travels to other processes as a borrowed handle (see the module docstring)."""
 
-    def __init__(self, group: Any, class_name: str, name: str | None, namespace: str) -> None:
-        self._group = group
+    def __init__(self, group: Any, class_name: str, name: str | None, namespace: str,
+                 info: Any = None) -> None:
+        self._attached_group = group
+        #: The actor's WorkerInfo (what a borrowed handle attaches with).
+        self._info = info if info is not None else group.workers[0].info
         self._class_name = class_name
         self._actor_name = name
         self._namespace = namespace
+
+    @property
+    def _group(self) -> Any:
+        """The actor's one-worker group, attached on first use in a process that borrowed it."""
+        group = self._attached_group
+        if group is None:
+            group = _attached.get(self._info.id)
+            if group is None:
+                group = _attached_group(get_runtime(), self._info, owns=False)
+            self._attached_group = group
+        return group
 
     @property
     def worker(self) -> Any:
@@ -99,28 +130,36 @@ class ActorHandle:
     @property
     def _actor_id(self) -> "_ActorId":
         """Ray's ``handle._actor_id`` (verl reads ``.hex()``): the actor's cluster-wide worker name."""
-        return _ActorId(self.worker.name)
+        return _ActorId(self._info.spec.name)
 
     def __getattr__(self, name: str) -> ActorMethod:
         # As Ray: any method, private ones too (verl calls worker._query_dispatch_info);
         # only dunder probes (copy, pickle, inspect) and the handle's own fields are refused.
-        if name.startswith("__") or name in ("_group", "_class_name", "_actor_name", "_namespace"):
+        if name.startswith("__") or name in ("_attached_group", "_info", "_class_name", "_actor_name",
+                                             "_namespace"):
             raise AttributeError(name)
         return ActorMethod(self, name)
 
     def __copy__(self) -> "ActorHandle":
-        return ActorHandle(self._group, self._class_name, self._actor_name, self._namespace)
+        return ActorHandle(self._attached_group, self._class_name, self._actor_name, self._namespace, self._info)
 
     def __deepcopy__(self, memo: dict) -> "ActorHandle":
         return self.__copy__()
 
     def __reduce__(self):
-        raise UnimplementedError("an actor handle cannot be passed to another process: pass its name "
-                                 "and call podium.get_actor(name) there")
+        return (_borrowed, (self._info.SerializeToString(), self._class_name, self._actor_name, self._namespace))
 
     def __repr__(self) -> str:
         label = f" name={self._actor_name!r}" if self._actor_name else ""
-        return f"ActorHandle({self._class_name}{label}, worker={self.worker.name!r})"
+        return f"ActorHandle({self._class_name}{label}, worker={self._info.spec.name!r})"
+
+
+def _borrowed(info: bytes, class_name: str, name: str | None, namespace: str) -> ActorHandle:
+    """A handle unpickled in this process: attached on first use (see :class:`ActorHandle`)."""
+    from podium.v1 import common_pb2
+
+    worker = common_pb2.WorkerInfo.FromString(info)
+    return ActorHandle(_attached.get(worker.id), class_name, name, namespace, worker)
 
 
 class ActorClass:
@@ -236,6 +275,7 @@ def _attached_group(rt: Session, info: Any, owns: bool, detached: bool = False) 
     group._owns_workers = owns
     group.detached = detached  # the runtime's shutdown leaves a detached actor running
     rt.track_group(group)
+    _attached[info.id] = group
     return group
 
 

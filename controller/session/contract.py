@@ -32,8 +32,8 @@ class Session(SessionCore, Protocol):
     """A controller's session with a cluster (one per process): what groups, actors, tasks,
     placement groups and observers may use."""
 
-    #: Default deadline of a blocking call, in seconds.
-    call_timeout: float
+    #: Default deadline of a blocking call, in seconds (None: none, the default).
+    call_timeout: float | None
     #: Deadline of waiting for a placement group or for workers to start.
     placement_timeout: float
     #: Values put here, served from this process.

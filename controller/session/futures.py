@@ -19,13 +19,15 @@ controller, :func:`wait` waits for some of them like ``ray.wait``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError, InvalidArgumentError
-from podium.refs import DataProtoFuture, ObjectRef
+from podium.refs import DataProtoFuture, ObjectRef, keep_if_exported
 from podium.tracering import RING, now_ns
 
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from podium.controller.session.contract import Session
 
 __all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
-           "first_failed", "resolve_args", "is_pending", "unpadded_future"]
+           "first_failed", "resolve_args", "refs_inside", "is_pending", "unpadded_future"]
 
 log = logging.getLogger("podium.controller")
 
@@ -129,6 +131,26 @@ class PendingRef:
     def get(self, timeout: float | None = None) -> Any:
         """The value: waits for the call, then fetches the result from its worker."""
         return get(self, timeout=timeout)
+
+    def __await__(self):
+        """``await ref``: the value, on any event loop (the driver's own, an async actor's),
+        which stays free meanwhile; a failed call raises its error, as ``get`` does."""
+        return _await_value(self).__await__()
+
+    def future(self) -> concurrent.futures.Future:
+        """The value as a ``concurrent.futures.Future`` (Ray's ``ref.future()``;
+        ``asyncio.wrap_future`` makes it awaitable on any loop)."""
+        from podium.controller.session.runtime import get_runtime
+        return asyncio.run_coroutine_threadsafe(_aget_value(self), get_runtime().loop)
+
+    def __reduce__(self):
+        # Pickled into another call's arguments or a result, the ref travels as the
+        # ObjectRef it becomes: a ref still computing is waited for here first (a group
+        # call waits without blocking its caller: GroupCaller resolves nested refs before
+        # encoding), and a failed call's error is raised here, to the sender.
+        value = self.ref()
+        keep_if_exported(self)  # inside a worker's result: its held value outlives this ref
+        return value.__reduce__()
 
     def set_result(self, ref: ObjectRef) -> bool:
         """Settle with the call's ObjectRef (from any thread); False if already settled."""
@@ -381,10 +403,52 @@ async def _resolve_one(value: Any) -> Any:
     return value
 
 
+#: How many objects :func:`refs_inside` looks at in one call's arguments at most.
+MAX_WALK = 10_000
+#: How deep :func:`refs_inside` looks into nested containers.
+MAX_DEPTH = 16
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def refs_inside(values: Iterable[Any]) -> list[Any]:
+    """Every ref inside ``values`` at any depth: PendingRefs, PendingDataProtoFutures and
+    ObjectRefs (those ``put`` here among them), in lists, tuples, dicts, sets and dataclasses,
+    up to :data:`MAX_DEPTH` levels and :data:`MAX_WALK` objects (a bound on what a call's
+    arguments cost to look through; a ref beyond it still travels, but its call waits for it
+    while encoding and does not keep it alive). Each object is looked at once."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack = [(v, 0) for v in values]
+    walked = 0
+    while stack and walked < MAX_WALK:
+        value, depth = stack.pop()
+        walked += 1
+        kind = type(value)
+        if kind is PendingRef or isinstance(value, (ObjectRef, PendingRef, PendingDataProtoFuture)):
+            found.append(value)
+            continue
+        if depth >= MAX_DEPTH or id(value) in seen:
+            continue
+        if isinstance(value, _CONTAINERS):
+            seen.add(id(value))
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            seen.add(id(value))
+            stack.extend((getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value))
+    return found
+
+
 async def resolve_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Replace top-level pending handles by real ObjectRefs / DataProtoFutures (on the loop)."""
-    if not any(is_pending(v) for v in list(args) + list(kwargs.values())):
+    """Replace top-level pending handles by real ObjectRefs / DataProtoFutures (on the loop),
+    and wait for the pending refs nested deeper (they travel as the refs they become)."""
+    if not args and not kwargs:
         return args, kwargs
+    inside = [v for v in refs_inside((*args, *kwargs.values())) if is_pending(v)]
+    if not inside:
+        return args, kwargs
+    for value in inside:
+        await _resolve_one(value)
     args = tuple([await _resolve_one(a) for a in args])
     kwargs = {k: await _resolve_one(v) for k, v in kwargs.items()}
     return args, kwargs
@@ -403,16 +467,34 @@ async def _aget_value(value: Any) -> Any:
     return value
 
 
+async def _await_value(value: Any) -> Any:
+    """The value of a ref or future, awaited on the running loop; fetched on the runtime's."""
+    from podium.controller.session.runtime import get_runtime
+    from podium.refs import on_loop
+    return await on_loop(get_runtime().loop, _aget_value(value))
+
+
 def get(refs_or_future: Any, timeout: float | None = None) -> Any:
     """The value(s) of refs or futures (``ray.get``): a list in, a list out.
 
     Accepts PendingRef, ObjectRef, DataProtoFuture (pending or not), or a list of them;
-    other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout;
+    other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout
+    (none unless one was set: a get waits while the workers it waits on live);
     DeadlineExceededError when it runs out.
     """
+    from podium.controller.session import runtime
     from podium.controller.session.calltimeout import effective_call_timeout
-    from podium.controller.session.runtime import get_runtime
-    rt = get_runtime()
+    from podium.worker.host import object_store
+    if not runtime.is_initialized() and _only_held(refs_or_future) and object_store() is not None:
+        # Refs that arrived in a worker: fetched by its host, no session of its own needed.
+        from podium.refs import get_resolver
+        many = isinstance(refs_or_future, (list, tuple))
+
+        async def fetch_all() -> Any:
+            values = [await _aget_value(v) for v in (refs_or_future if many else [refs_or_future])]
+            return values if many else values[0]
+        return get_resolver().run_sync(fetch_all(), timeout)
+    rt = runtime.get_runtime()
     if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
         timeout = effective_call_timeout(rt.call_timeout)
     started = now_ns() if RING.on else 0
@@ -432,6 +514,13 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
             RING.add("get", f"{count} ref{'s' if count != 1 else ''}", started, now_ns())
 
 
+def _only_held(value: Any) -> bool:
+    """Whether ``value`` (or each item of a list) is a ref of a held value, or no ref at all:
+    nothing a session of this process made."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return not any(is_pending(v) for v in items)
+
+
 def _get_inline(rt: Session, values: list | tuple, timeout: float | None) -> list | None:
     """``get`` of refs that all carry their value inline, right here in the calling thread
     (no hop to the loop thread, no coroutine per ref); None when some ref needs a fetch."""
@@ -440,9 +529,8 @@ def _get_inline(rt: Session, values: list | tuple, timeout: float | None) -> lis
     pending = [v for v in values if type(v) is PendingRef and v._state == _PENDING]
     failed = first_failed(values)
     if pending and failed is None:
-        limit = rt.call_timeout if timeout is None else timeout
-        if not wait_all(pending, limit):
-            raise DeadlineExceededError(f"get did not finish within {limit:g}s")
+        if not wait_all(pending, timeout):
+            raise DeadlineExceededError(f"get did not finish within {timeout:g}s")
         failed = first_failed(values)
     if failed is not None:  # fail fast: the others may still run (their refs stay valid)
         failed._result()

@@ -8,7 +8,7 @@ exactly as they fetch a held result (shared memory when they share this host, ch
 otherwise), each consumer once per use. The caller gets an :class:`OwnedRef`, an
 :class:`~podium.refs.ObjectRef` that releases the value when it is garbage collected (copies
 pickled into call arguments are plain ObjectRefs: the owner's ref stays alive until every
-call it was passed to has finished, :func:`owned_refs_in`).
+call it was passed to has finished: ``podium.controller.session.futures.refs_inside``).
 
 The object server binds ``PODIUM_CONTROLLER_HOST`` when set, else the address this host uses
 to reach the scheduler (127.0.0.1 for an embedded cluster), on a free port.
@@ -27,19 +27,25 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from podium.errors import InvalidArgumentError
-from podium.refs import DataProtoFuture, ObjectRef
+from podium.refs import DataProtoFuture, ObjectRef, keep_if_exported
 from podium.worker.host import ObjectStore, StoreServer, object_store
 
 if TYPE_CHECKING:
     from podium.controller.session.core import SessionCore
 
-__all__ = ["OwnedRef", "ObjectServer", "hold", "controller_host", "owned_refs_in"]
+__all__ = ["OwnedRef", "ObjectServer", "hold", "controller_host"]
 
 
 class OwnedRef(ObjectRef):
     """An ObjectRef whose value this process holds: released when this ref is garbage.
 
-    Pickled (into call arguments, to other processes) it is a plain ObjectRef."""
+    Pickled (into call arguments, to other processes) it is a plain ObjectRef; pickled into a
+    worker's result it is kept, with its value, until this process ends
+    (:func:`podium.refs.keep_if_exported`)."""
+
+    def __reduce__(self):
+        keep_if_exported(self)
+        return super().__reduce__()
 
 
 class _LocalReleaser:
@@ -146,13 +152,3 @@ class ObjectServer:
         if self.store is not None:
             await self.store.close()
 
-
-def owned_refs_in(per_rank: list) -> list[OwnedRef]:
-    """The OwnedRefs among the top-level arguments of per-rank ``(args, kwargs)`` (a call keeps
-    them alive until it finished, so their values outlive the caller's own refs)."""
-    found = []
-    for args, kwargs in per_rank:
-        for v in (*args, *kwargs.values()):
-            if type(v) is OwnedRef:
-                found.append(v)
-    return found

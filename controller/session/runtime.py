@@ -9,7 +9,8 @@ reclaims it if this process dies without closing.
 
 Every gRPC client of the controller runs on ONE background thread with a uvloop event
 loop; the synchronous API submits coroutines there and waits with a deadline (the default
-call timeout comes from ``init(call_timeout=...)`` or ``PODIUM_CALL_TIMEOUT``, 3600 s).
+call timeout comes from ``init(call_timeout=...)`` or ``PODIUM_CALL_TIMEOUT``; by default a
+call waits as long as its worker lives, as in Ray: :mod:`~podium.controller.session.calltimeout`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Coroutine
 
 from podium.controller.session import gcfreeze
+from podium.controller.session.calltimeout import parse_call_timeout
 from podium.controller.session.deathwatch import DeathWatch
 from podium.controller.session.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
                                         _stop_process)
@@ -42,8 +44,8 @@ __all__ = ["init", "shutdown", "is_initialized", "get_runtime", "Runtime", "DEFA
 
 log = logging.getLogger("podium.controller")
 
-#: Default deadline of one synchronous API call, in seconds.
-DEFAULT_CALL_TIMEOUT = 3600.0
+#: Default deadline of one synchronous API call: none (a call waits while its worker lives).
+DEFAULT_CALL_TIMEOUT: float | None = None
 #: Deadline of waiting for a placement group / for workers to start.
 PLACEMENT_TIMEOUT = float(os.environ.get("PODIUM_PLACEMENT_TIMEOUT", "300"))
 
@@ -94,11 +96,25 @@ class _LoopThread:
 class _Resolver:
     """Fetches refs for the controller process (``podium.refs.set_resolver``)."""
 
-    def __init__(self, runtime: "Runtime") -> None:
+    def __init__(self, runtime: "Runtime", beside: Any = None) -> None:
         self._runtime = runtime
+        #: The resolver this one replaced (a worker host's, when a worker's code opened a
+        #: session): a fetch awaited on that resolver's loop is its to make.
+        self.beside = beside
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The runtime's loop, which owns the fetch clients."""
+        return self._runtime.loop
 
     async def fetch(self, ref, rows=None):
-        from podium.refs import inline_value, lost_error
+        from podium.refs import inline_value, lost_error, on_loop
+        running = asyncio.get_running_loop()
+        if running is not self._runtime.loop:
+            beside = self.beside
+            if beside is not None and getattr(beside, "loop", None) is running:
+                return await beside.fetch(ref, rows)
+            return await on_loop(self._runtime.loop, self.fetch(ref, rows))
         if ref.inline is not None:  # a small result that came with its ref: no RPC
             self._runtime.stats["fetches"] += 1
             self._runtime.stats["fetched_bytes"] += len(ref.inline)
@@ -125,7 +141,7 @@ class _Resolver:
 class Runtime:
     """The controller's connection to a cluster (one per process; see :func:`init`)."""
 
-    def __init__(self, *, address: str, token: str, call_timeout: float,
+    def __init__(self, *, address: str, token: str, call_timeout: float | None,
                  processes: list[subprocess.Popen] | None = None, log_dir: str | None = None,
                  tls: Any = None, session_lease: float = 0.0) -> None:
         self.address = address
@@ -180,14 +196,15 @@ class Runtime:
     # ---- running coroutines -----------------------------------------------------------
 
     def run(self, coro: Coroutine, timeout: float | None = None, *, what: str = "call") -> Any:
-        """Run ``coro`` on the loop thread and wait for it (``timeout``: the call timeout)."""
+        """Run ``coro`` on the loop thread and wait for it, up to ``timeout`` seconds (None: as
+        long as it runs; every coroutine the runtime runs has its own deadlines or ends when
+        its peer is found dead)."""
         if self._closed:
             coro.close()
             raise FailedPreconditionError("the podium controller runtime is shut down; call init()")
         if threading.current_thread() is self._loop_thread.thread:
             coro.close()
             raise FailedPreconditionError("a blocking podium call was made on the runtime's own loop")
-        timeout = self.call_timeout if timeout is None else timeout
         future = self._loop_thread.submit(coro)
         try:
             return future.result(timeout)
@@ -374,7 +391,8 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     scheduler and node agent start on 127.0.0.1 (``num_gpus`` fake GPUs; by default the real
     GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs) and stop
     at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
-    blocking call (``PODIUM_CALL_TIMEOUT``, else 3600 s). ``tls`` (a
+    blocking call (``PODIUM_CALL_TIMEOUT``; by default none: a call waits while its worker
+    lives, and fails within seconds when it dies or hangs). ``tls`` (a
     :class:`podium.auth.TlsConfig`, else ``PODIUM_TLS_CERT``/``PODIUM_TLS_KEY``/``PODIUM_TLS_CA``)
     makes every connection mutual TLS; an embedded cluster then serves with the same files.
     ``session_lease`` (``PODIUM_SESSION_LEASE``, else the scheduler's default) is how long
@@ -392,9 +410,11 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             if not ignore_reinit_error:
                 raise FailedPreconditionError("podium.controller.init() was already called")
             return _runtime
-        if call_timeout is None:
-            call_timeout = float(os.environ.get("PODIUM_CALL_TIMEOUT", DEFAULT_CALL_TIMEOUT))
-        address = address or os.environ.get("PODIUM_ADDRESS") or None
+        call_timeout = parse_call_timeout(call_timeout, os.environ.get("PODIUM_CALL_TIMEOUT"))
+        # A worker Podium started (an actor that calls other actors, a borrowed handle's first
+        # use) joins its own cluster, whose scheduler its agent named; never one of its own.
+        in_worker = os.environ.get("PODIUM_SCHEDULER") if os.environ.get("PODIUM_WORKER_ID") else None
+        address = address or os.environ.get("PODIUM_ADDRESS") or in_worker or None
         if tls is None:
             from podium.auth import TlsConfig
             tls = TlsConfig.from_paths(os.environ.get("PODIUM_TLS_CERT"), os.environ.get("PODIUM_TLS_KEY"),
@@ -420,8 +440,12 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
         except BaseException:
             runtime.close()
             raise
-        from podium.refs import set_resolver
-        set_resolver(_Resolver(runtime))
+        from podium.refs import get_resolver, set_resolver
+        try:
+            previous = get_resolver()
+        except FailedPreconditionError:  # no worker host in this process
+            previous = None
+        set_resolver(_Resolver(runtime, beside=previous))
         _runtime = runtime
         _register_atexit()
         runtime.gc_frozen = gcfreeze.freeze()
@@ -454,8 +478,9 @@ def shutdown() -> None:
 
         STAGE.close()  # no staged segment's file outlives the groups
         with contextlib.suppress(Exception):
-            if isinstance(get_resolver(), _Resolver):
-                set_resolver(None)
+            resolver = get_resolver()
+            if isinstance(resolver, _Resolver):
+                set_resolver(resolver.beside)
 
 
 def is_initialized() -> bool:

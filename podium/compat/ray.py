@@ -294,7 +294,7 @@ del util.placement_group_table
 exceptions = types.SimpleNamespace(
     RayError=_errors.PodiumError, RayTaskError=_errors.RemoteError, RayActorError=_errors.WorkerDiedError,
     ActorDiedError=_errors.WorkerDiedError, GetTimeoutError=_errors.DeadlineExceededError,
-    ObjectLostError=_errors.ObjectLostError, OwnerDiedError=_errors.ObjectLostError,
+    ObjectLostError=_errors.ObjectLostError, OwnerDiedError=_errors.OwnerDiedError,
     TaskCancelledError=_errors.CancelledError, WorkerCrashedError=_errors.WorkerDiedError)
 
 #: Ray names Podium does not provide, with what to use instead.

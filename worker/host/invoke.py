@@ -66,7 +66,11 @@ class SyncInvoker:
         """
         if value is None and not header.hold_result and not (header.reply_in_shm and self._none_in_shm):
             return NONE_OUTCOME  # most methods return None
-        encoded = ENCODED_NONE if value is None else codec.encode(value)
+        if value is None:
+            encoded = ENCODED_NONE
+        else:
+            with refs.exporting():  # refs this process owns, inside it, outlive the method
+                encoded = codec.encode(value)
         nbytes = encoded.nbytes
         if header.hold_result:
             rows = refs.rows_of(value)

@@ -49,8 +49,16 @@ class HostResolver:
         self._loop = asyncio.get_running_loop()
         self._clients: dict[str, Any] = {}
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The host's loop, which owns the peer clients."""
+        return self._loop
+
     async def fetch(self, ref: refs.ObjectRef, rows: tuple[int, int] | None = None) -> Any:
-        """The value of ``ref`` (or rows of it); a copy, so callers may mutate it."""
+        """The value of ``ref`` (or rows of it); a copy, so callers may mutate it. Awaited on
+        another loop (a thread of the user's own), it runs on the host's."""
+        if asyncio.get_running_loop() is not self._loop:
+            return await refs.on_loop(self._loop, self.fetch(ref, rows))
         host = self._host
         if ref.owner_address == host.address:
             _, encoded = host.fetch_value(ref.object_id, rows)
