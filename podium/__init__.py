@@ -25,7 +25,8 @@ import importlib
 from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchError, AuthenticationError,
                            CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
                            InfeasibleError, InternalError, InvalidArgumentAssertion, InvalidArgumentError,
-                           InvalidSpecError, NotFoundError, ObjectLostError, OutOfRangeError, PayloadTooLargeError,
+                           InvalidSpecError, NotFoundError, ObjectLostError, OutOfRangeError, OwnerDiedError,
+                           PayloadTooLargeError,
                            PermissionDeniedError, PodiumError, RankZeroDispatchError, RemoteError,
                            ResourceExhaustedError, SlotFullError, UnavailableError, UnimplementedError,
                            UnknownMethodError, UnresponsiveError, WeightBroadcastError, WorkerDiedError)
@@ -41,7 +42,7 @@ _LAZY = {
     "ObjectRef": "podium.refs",
     "TlsConfig": "podium.auth",
     "call_timeout": "podium.controller.session.calltimeout",
-    "get": "podium.controller.session.futures",
+    "get": "podium.controller.session.gets",
     "get_actor": "podium.controller.remote.actors",
     "init": "podium.controller.session.runtime",
     "is_initialized": "podium.controller.session.runtime",
@@ -51,7 +52,7 @@ _LAZY = {
     "shutdown": "podium.controller.session.runtime",
     "stacks": "podium.controller.observe.livestacks",
     "timeline": "podium.controller.observe.timeline",
-    "wait": "podium.controller.session.futures",
+    "wait": "podium.controller.session.gets",
 }
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "ObjectLostError",
     "ObjectRef",
     "OutOfRangeError",
+    "OwnerDiedError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "PodiumError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from podium.controller.group.calls import GroupCaller
 from podium.controller.group.handle import WorkerHandle, class_name

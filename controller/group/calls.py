@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from podium.controller.dispatch import modes as _dispatch
 from podium.controller.session.calltimeout import effective_call_timeout, plus
 from podium.controller.session.deathwatch import died_error
-from podium.controller.session.futures import PendingRef, is_pending, refs_inside, resolve_args
+from podium.controller.session.argrefs import refs_inside, resolve_args
+from podium.controller.session.futures import PendingRef, is_pending
 from podium.controller.group.gather import GroupGather, RankOutcome
 from podium.controller.group.handle import WorkerHandle, no_arguments
 from podium.controller.group.members import GroupMembers

@@ -14,7 +14,8 @@ import string
 from typing import Any, Callable
 
 from podium.controller.dispatch import modes as _dispatch
-from podium.controller.session.futures import PendingRef, get as _get
+from podium.controller.session.futures import PendingRef
+from podium.controller.session.gets import get as _get
 from podium.controller.group import build, life, views
 from podium.controller.group.binding import bind_worker_methods, func_generator, runs_on
 from podium.controller.group.calls import GroupCaller

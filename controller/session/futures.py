@@ -12,30 +12,28 @@ A non-blocking WorkerGroup call returns at once. Each rank's result stays in its
   the future padded).
 
 Pass either to another WorkerGroup call and the consuming workers fetch the rows they need
-straight from the producing workers (worker to worker); :func:`get` fetches values into the
-controller, :func:`wait` waits for some of them like ``ray.wait``.
+straight from the producing workers (worker to worker); :mod:`~podium.controller.session.gets`
+fetches values into the controller and waits for some of them like ``ray.wait``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError, InvalidArgumentError
+from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError
 from podium.refs import DataProtoFuture, ObjectRef, keep_if_exported
-from podium.tracering import RING, now_ns
 
 
 if TYPE_CHECKING:
-    from podium.controller.session.contract import Session
+    pass
 
-__all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "get", "wait", "wait_all",
-           "first_failed", "resolve_args", "refs_inside", "is_pending", "unpadded_future"]
+__all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "wait_all",
+           "first_failed", "is_pending", "unpadded_future"]
 
 log = logging.getLogger("podium.controller")
 
@@ -129,8 +127,9 @@ class PendingRef:
         self._callbacks.append(fn)
 
     def get(self, timeout: float | None = None) -> Any:
-        """The value: waits for the call, then fetches the result from its worker."""
-        return get(self, timeout=timeout)
+        """The value: waits for the call, then fetches the result from its worker (``timeout``:
+        the call timeout, none by default)."""
+        return _get_one(self, timeout)
 
     def __await__(self):
         """``await ref``: the value, on any event loop (the driver's own, an async actor's),
@@ -346,7 +345,7 @@ class PendingDataProtoFuture(DataProtoFuture):
 
     def get(self, timeout: float | None = None) -> Any:
         """Wait for the producers, then fetch and concatenate the covered rows."""
-        return get(self, timeout=timeout)
+        return _get_one(self, timeout)
 
     async def aget(self, timeout: float | None = None) -> Any:
         """Async :meth:`get` (on the runtime's loop)."""
@@ -403,57 +402,6 @@ async def _resolve_one(value: Any) -> Any:
     return value
 
 
-#: How many objects :func:`refs_inside` looks at in one call's arguments at most.
-MAX_WALK = 10_000
-#: How deep :func:`refs_inside` looks into nested containers.
-MAX_DEPTH = 16
-_CONTAINERS = (list, tuple, dict, set, frozenset)
-
-
-def refs_inside(values: Iterable[Any]) -> list[Any]:
-    """Every ref inside ``values`` at any depth: PendingRefs, PendingDataProtoFutures and
-    ObjectRefs (those ``put`` here among them), in lists, tuples, dicts, sets and dataclasses,
-    up to :data:`MAX_DEPTH` levels and :data:`MAX_WALK` objects (a bound on what a call's
-    arguments cost to look through; a ref beyond it still travels, but its call waits for it
-    while encoding and does not keep it alive). Each object is looked at once."""
-    found: list[Any] = []
-    seen: set[int] = set()
-    stack = [(v, 0) for v in values]
-    walked = 0
-    while stack and walked < MAX_WALK:
-        value, depth = stack.pop()
-        walked += 1
-        kind = type(value)
-        if kind is PendingRef or isinstance(value, (ObjectRef, PendingRef, PendingDataProtoFuture)):
-            found.append(value)
-            continue
-        if depth >= MAX_DEPTH or id(value) in seen:
-            continue
-        if isinstance(value, _CONTAINERS):
-            seen.add(id(value))
-            items = value.values() if isinstance(value, dict) else value
-            stack.extend((item, depth + 1) for item in items)
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            seen.add(id(value))
-            stack.extend((getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value))
-    return found
-
-
-async def resolve_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Replace top-level pending handles by real ObjectRefs / DataProtoFutures (on the loop),
-    and wait for the pending refs nested deeper (they travel as the refs they become)."""
-    if not args and not kwargs:
-        return args, kwargs
-    inside = [v for v in refs_inside((*args, *kwargs.values())) if is_pending(v)]
-    if not inside:
-        return args, kwargs
-    for value in inside:
-        await _resolve_one(value)
-    args = tuple([await _resolve_one(a) for a in args])
-    kwargs = {k: await _resolve_one(v) for k, v in kwargs.items()}
-    return args, kwargs
-
-
 async def _aget_value(value: Any) -> Any:
     if isinstance(value, PendingRef):
         value = await value.aref()
@@ -467,121 +415,18 @@ async def _aget_value(value: Any) -> Any:
     return value
 
 
+def _get_one(value: Any, timeout: float | None) -> Any:
+    """The value of one pending result, fetched through the session's loop (``timeout``: the
+    call timeout when None, which is none unless one was set)."""
+    from podium.controller.session.calltimeout import effective_call_timeout
+    from podium.controller.session.runtime import get_runtime
+    rt = get_runtime()
+    timeout = effective_call_timeout(rt.call_timeout) if timeout is None else timeout
+    return rt.run(_aget_value(value), timeout=timeout, what="get")
+
+
 async def _await_value(value: Any) -> Any:
     """The value of a ref or future, awaited on the running loop; fetched on the runtime's."""
     from podium.controller.session.runtime import get_runtime
     from podium.refs import on_loop
     return await on_loop(get_runtime().loop, _aget_value(value))
-
-
-def get(refs_or_future: Any, timeout: float | None = None) -> Any:
-    """The value(s) of refs or futures (``ray.get``): a list in, a list out.
-
-    Accepts PendingRef, ObjectRef, DataProtoFuture (pending or not), or a list of them;
-    other values are returned unchanged. ``timeout`` defaults to the runtime's call timeout
-    (none unless one was set: a get waits while the workers it waits on live);
-    DeadlineExceededError when it runs out.
-    """
-    from podium.controller.session import runtime
-    from podium.controller.session.calltimeout import effective_call_timeout
-    from podium.worker.host import object_store
-    if not runtime.is_initialized() and _only_held(refs_or_future) and object_store() is not None:
-        # Refs that arrived in a worker: fetched by its host, no session of its own needed.
-        from podium.refs import get_resolver
-        many = isinstance(refs_or_future, (list, tuple))
-
-        async def fetch_all() -> Any:
-            values = [await _aget_value(v) for v in (refs_or_future if many else [refs_or_future])]
-            return values if many else values[0]
-        return get_resolver().run_sync(fetch_all(), timeout)
-    rt = runtime.get_runtime()
-    if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
-        timeout = effective_call_timeout(rt.call_timeout)
-    started = now_ns() if RING.on else 0
-    try:
-        if isinstance(refs_or_future, (list, tuple)):
-            values = _get_inline(rt, refs_or_future, timeout)
-            if values is not None:
-                return values
-
-            async def all_of():
-                return list(await asyncio.gather(*(_aget_value(v) for v in refs_or_future)))
-            return rt.run(all_of(), timeout=timeout, what="get")
-        return rt.run(_aget_value(refs_or_future), timeout=timeout, what="get")
-    finally:
-        if started:
-            count = len(refs_or_future) if isinstance(refs_or_future, (list, tuple)) else 1
-            RING.add("get", f"{count} ref{'s' if count != 1 else ''}", started, now_ns())
-
-
-def _only_held(value: Any) -> bool:
-    """Whether ``value`` (or each item of a list) is a ref of a held value, or no ref at all:
-    nothing a session of this process made."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return not any(is_pending(v) for v in items)
-
-
-def _get_inline(rt: Session, values: list | tuple, timeout: float | None) -> list | None:
-    """``get`` of refs that all carry their value inline, right here in the calling thread
-    (no hop to the loop thread, no coroutine per ref); None when some ref needs a fetch."""
-    if not all(type(v) is PendingRef or type(v) is ObjectRef for v in values):
-        return None
-    pending = [v for v in values if type(v) is PendingRef and v._state == _PENDING]
-    failed = first_failed(values)
-    if pending and failed is None:
-        if not wait_all(pending, timeout):
-            raise DeadlineExceededError(f"get did not finish within {timeout:g}s")
-        failed = first_failed(values)
-    if failed is not None:  # fail fast: the others may still run (their refs stay valid)
-        failed._result()
-    refs = [v._result() if type(v) is PendingRef else v for v in values]  # raises a call's error
-    if not all(r.inline is not None for r in refs):
-        return None
-    from podium.refs import inline_value
-    out = [inline_value(r) for r in refs]
-    rt.stats["fetches"] += len(refs)
-    rt.stats["fetched_bytes"] += sum(len(r.inline or b"") for r in refs)
-    return out
-
-
-def _done(value: Any) -> bool:
-    if isinstance(value, (PendingRef, PendingDataProtoFuture)):
-        return value.done()
-    return True
-
-
-def _underlying(values: Iterable[Any]) -> list[PendingRef]:
-    out = []
-    for value in values:
-        if isinstance(value, PendingRef):
-            out.append(value)
-        elif isinstance(value, PendingDataProtoFuture):
-            out.extend(value._pending_refs())
-    return out
-
-
-def wait(refs: list, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
-    """Wait until ``num_returns`` of ``refs`` are done or ``timeout`` passes (``ray.wait``).
-
-    Returns ``(ready, not_ready)`` keeping the input order within each list. A finished call
-    counts as ready even when it failed (``get`` raises its error).
-    """
-    refs = list(refs)
-    if not 0 <= num_returns <= len(refs):
-        raise InvalidArgumentError(f"num_returns must be in [0, {len(refs)}] (the number of refs), got {num_returns}")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    underlying = _underlying(refs)
-    with _board:
-        while True:
-            for ref in underlying:
-                ref._watched = True  # before reading their state: see PendingRef._settle
-            ready = [r for r in refs if _done(r)]
-            if len(ready) >= num_returns:
-                break
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            _board.wait(remaining)
-    ready_ids = {id(r) for r in ready[:num_returns]} if num_returns else set()
-    ready_list = [r for r in refs if id(r) in ready_ids]
-    return ready_list, [r for r in refs if id(r) not in ready_ids]

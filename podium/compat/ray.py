@@ -27,8 +27,8 @@ from podium.controller.session import runtime as _runtime
 from podium.controller.remote.actors import get_actor as _get_actor
 from podium.controller.remote.actors import kill as _kill
 from podium.controller.session.futures import PendingRef as _PendingRef
-from podium.controller.session.futures import get as _get
-from podium.controller.session.futures import wait as _wait
+from podium.controller.session.gets import get as _get
+from podium.controller.session.gets import wait as _wait
 from podium.controller.remote.objects import put as _put
 from podium.controller.remote.tasks import remote as _remote
 from podium.refs import ObjectRef as _HeldRef

@@ -10,6 +10,7 @@ import types
 import pytest
 
 from podium.controller.dispatch import modes as d
+from podium.controller.session import argrefs, gets
 from podium.controller.session import futures as fu
 from podium.errors import DeadlineExceededError, RemoteError
 from podium.refs import DataProtoFuture, ObjectRef
@@ -71,7 +72,7 @@ def test_resolve_args_replaces_only_top_level_pending_handles():
     futures[0].set_result(ref(0))
 
     async def main():
-        return await fu.resolve_args((refs[0], 5, [refs[0]]), {"k": refs[0]})
+        return await argrefs.resolve_args((refs[0], 5, [refs[0]]), {"k": refs[0]})
 
     args, kwargs = asyncio.run(main())
     assert args[0] == ref(0) and args[1] == 5 and args[2] == [refs[0]] and kwargs == {"k": ref(0)}
@@ -89,15 +90,15 @@ def test_errors_and_deadlines_of_pending_refs():
 def test_wait_splits_ready_and_pending_in_input_order():
     futures, refs = pending(3)
     futures[2].set_result(ref(2))
-    ready, not_ready = fu.wait(refs, num_returns=1, timeout=0)
+    ready, not_ready = gets.wait(refs, num_returns=1, timeout=0)
     assert ready == [refs[2]] and not_ready == [refs[0], refs[1]]
-    ready, not_ready = fu.wait(refs, num_returns=2, timeout=0.01)
+    ready, not_ready = gets.wait(refs, num_returns=2, timeout=0.01)
     assert ready == [refs[2]]
     futures[0].set_result(ref(0))
-    ready, not_ready = fu.wait(refs, num_returns=2, timeout=1)
+    ready, not_ready = gets.wait(refs, num_returns=2, timeout=1)
     assert ready == [refs[0], refs[2]] and not_ready == [refs[1]]
     with pytest.raises(ValueError):
-        fu.wait(refs, num_returns=4)
+        gets.wait(refs, num_returns=4)
 
 
 def test_collect_of_refs_gives_futures_and_unpads_by_row_range():
@@ -126,7 +127,7 @@ def test_waiters_in_other_threads_wake_when_the_loop_thread_settles():
 
     threads = [threading.Thread(target=waiter, args=("all", refs)),
                threading.Thread(target=waiter, args=("last", refs[-1:])),
-               threading.Thread(target=lambda: results.setdefault("ray.wait", fu.wait(refs, 200, 30)))]
+               threading.Thread(target=lambda: results.setdefault("ray.wait", gets.wait(refs, 200, 30)))]
     for t in threads:
         t.start()
 
@@ -184,5 +185,5 @@ def test_get_of_refs_with_inline_values_waits_for_them(monkeypatch):
             settler.set_result(ObjectRef(f"o-{i}", "w", "a:1", i, len(inline), -1, inline))
 
     threading.Timer(0.05, settle).start()
-    assert fu.get(refs) == ["value"] * 3
+    assert gets.get(refs) == ["value"] * 3
     assert rt.stats["fetches"] == 3

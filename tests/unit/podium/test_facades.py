@@ -22,7 +22,7 @@ FACADES = {
         "CancelledError", "DataLossError", "DataProto", "DataProtoConfig", "DataProtoFuture",
         "DataProtoItem", "DeadlineExceededError", "FailedPreconditionError", "InfeasibleError",
         "InternalError", "InvalidArgumentAssertion", "InvalidArgumentError", "InvalidSpecError", "NotFoundError", "ObjectLostError", "ObjectRef",
-        "OutOfRangeError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
+        "OutOfRangeError", "OwnerDiedError", "PayloadTooLargeError", "PermissionDeniedError", "PodiumError",
         "RankZeroDispatchError", "RemoteError", "ResourceExhaustedError", "SlotFullError", "TlsConfig",
         "UnavailableError", "UnimplementedError", "UnknownMethodError", "UnresponsiveError",
         "WeightBroadcastError", "WorkerDiedError", "__version__", "call_timeout", "get", "get_actor", "init", "is_initialized",
