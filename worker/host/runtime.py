@@ -179,14 +179,22 @@ class HostRuntime:
             result = asyncio.run_coroutine_threadsafe(result, self._loop).result()
         return result
 
-    def _construct_sync(self, cls_ref: Any, args: Any, kwargs: Any) -> None:
-        # Runs on the execution thread: CUDA/NCCL state made here belongs to it.
+    def _construct_sync(self, header: worker_pb2.CallHeader, payload: Any, stream: CallOrigin) -> None:
+        # Runs on the execution thread: CUDA/NCCL state made here belongs to it, and decoding
+        # the payload here (a class by reference imports its module: verl's agent loop imports
+        # for seconds) keeps the loop answering liveness pings and other calls meanwhile.
         from podium.worker.factory import resolve_class
 
+        value = self._decode_payload(header, payload, stream)
+        if not (isinstance(value, (tuple, list)) and len(value) == 3):
+            raise errors.InvalidArgumentError(
+                "a CONSTRUCT payload must decode to (class_or_import_path, args, kwargs), "
+                f"got {type(value).__name__}")
+        cls_ref, args, kwargs = value
         cls = resolve_class(cls_ref)
         self._class_name = f"{cls.__module__}.{cls.__qualname__}"
         try:
-            obj = cls(*args, **kwargs)
+            obj = cls(*tuple(args), **dict(kwargs))
         except BaseException as exc:  # noqa: BLE001 - user code
             raise remote_error(exc, self.config.rank, self.config.node_address) from None
         self._obj = obj
@@ -200,16 +208,10 @@ class HostRuntime:
         admission = self.admission
         try:
             try:
-                value = self._decode_payload(active.header, payload, active.stream)
-                if not (isinstance(value, (tuple, list)) and len(value) == 3):
-                    raise errors.InvalidArgumentError(
-                        "a CONSTRUCT payload must decode to (class_or_import_path, args, kwargs), "
-                        f"got {type(value).__name__}")
-                cls_ref, args, kwargs = value
                 if not prev.done():
                     await prev
                 admission.check_start(active, "construct")
-                job = self.exec_thread.submit(self._construct_sync, cls_ref, tuple(args), dict(kwargs))
+                job = self.exec_thread.submit(self._construct_sync, active.header, payload, active.stream)
                 active.job = job
             finally:
                 admission.open_gate(prev, mine)

@@ -172,3 +172,12 @@ def test_actors_are_built_while_remote_returns_so_verl_workers_may_rendezvous_in
 def test_collective_nccl_groups_connect_at_their_first_operation_as_in_ray():
     # One worker group's blocking init, then the other's: an eager rendezvous would wait forever.
     podium_run("scenario_collective_pairs.py")
+
+
+@pytest.mark.parametrize("mode", [(), ("--native-verl",)], ids=["ray-mode", "native"])
+def test_verls_agent_loop_generates_through_its_llm_server_manager_and_load_balancer(mode):
+    # verl's trainer rollout path (LLMServerManager, AgentLoopManager, AgentLoopWorker,
+    # LLMServerClient with its load-balancer handle): handles passed into actors and returned
+    # from them, refs awaited in async actors and in the driver (scenario_agent_loop.py).
+    podium_run("scenario_agent_loop.py", "--num-cpus", "16", "--num-gpus", "4", *mode,
+               VERL_USE_EXTERNAL_MODULES="verl_cpu_rollout")
