@@ -71,8 +71,11 @@ class ActorMethod:
         self._name = name
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the method on the actor; a PendingRef (``get`` gives its value)."""
-        return self._handle._group._calls.run([0], self._name, [(args, kwargs)], blocking=False)[0]
+        """Call the method on the actor; a PendingRef (``get`` gives its value), which keeps the
+        actor alive while it lives."""
+        ref = self._handle._group._calls.run([0], self._name, [(args, kwargs)], blocking=False)[0]
+        ref.keep = self._handle
+        return ref
 
     def options(self, **options: Any) -> "ActorMethod":
         """Ray's per-call options: only the defaults are accepted (NotImplementedError names others)."""

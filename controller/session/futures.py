@@ -61,7 +61,7 @@ class PendingRef:
     """
 
     __slots__ = ("rank", "method", "_state", "_outcome", "_watched", "_callbacks", "_release",
-                 "__weakref__")
+                 "keep", "__weakref__")
 
     def __init__(self, rank: int, method: str, release: Callable[[str], None] | None = None) -> None:
         self.rank = rank
@@ -71,6 +71,9 @@ class PendingRef:
         self._watched = False
         self._callbacks: list | None = None
         self._release = release
+        #: What must live while this ref does (an actor call's handle: as in Ray, an actor
+        #: whose caller dropped its handle still answers the calls made through it).
+        self.keep: Any = None
 
     def done(self) -> bool:
         """True once the call finished (successfully or not)."""

@@ -33,6 +33,8 @@ def main(mode):
             print("deadline: none")
         except ray.exceptions.GetTimeoutError as exc:
             print("deadline:", type(exc).__name__, exc)
+    elif mode == "unkept":
+        print("unkept:", ray.get(TaskRunner.remote().run.remote(1)))
     elif mode == "dies":
         pid = ray.get(runner.pid.remote())
         ref = runner.run.remote(3600)

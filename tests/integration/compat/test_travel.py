@@ -86,5 +86,10 @@ def test_a_deadline_set_by_choice_still_ends_the_get():
     assert lines["deadline"].startswith("DeadlineExceededError") and "5s" in lines["deadline"], lines
 
 
+def test_an_actor_whose_handle_was_dropped_answers_the_calls_made_through_it():
+    # main_ppo's shape without the variable: ray.get(TaskRunner.remote().run.remote(config)).
+    assert _long_get("unkept")["unkept"] == "done"
+
+
 def test_a_get_without_deadline_ends_when_its_worker_dies():
     assert _long_get("dies")["dies"] == "WorkerDiedError True"
