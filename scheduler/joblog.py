@@ -13,6 +13,7 @@ import codecs
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from podium.private import open_private
 
@@ -38,20 +39,21 @@ class JobLog:
         self.path = folder / "driver.log"
         self.old = folder / "driver.log.1"
         self.max_bytes = max_bytes
-        self._out = None
+        self._out: BinaryIO | None = None
         self._size = 0
         self._wake = asyncio.Event()
 
     def append(self, data: bytes) -> None:
         """Add driver output (rotating at half the bound) and wake the followers."""
-        if self._out is None:
-            self._out = open_private(self.path, "ab")
-            self._size = self._out.tell()
-        self._out.write(data)
-        self._out.flush()
+        out = self._out
+        if out is None:
+            out = self._out = open_private(self.path, "ab")
+            self._size = out.tell()
+        out.write(data)
+        out.flush()
         self._size += len(data)
         if self._size > self.max_bytes // 2:
-            self._out.close()
+            out.close()
             os.replace(self.path, self.old)
             self._out = open_private(self.path, "ab")
             self._size = 0
