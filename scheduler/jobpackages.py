@@ -70,7 +70,8 @@ def _entry_path(info: zipfile.ZipInfo) -> PurePosixPath | None:
     if stat.S_ISLNK(mode):
         raise InvalidArgumentError(f"package entry {name!r} is a symbolic link; packages hold files "
                                    f"and folders only")
-    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    kind = stat.S_IFMT(mode)  # 0 where the zip tool recorded permissions only
+    if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
         raise InvalidArgumentError(f"package entry {name!r} is not a file or folder")
     return path if path.parts else None
 

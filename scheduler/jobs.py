@@ -170,7 +170,10 @@ class JobManager:
         env = request.runtime_env
         for uri in [env.get("working_dir"), *(env.get("py_modules") or [])]:
             if uri is not None:
-                self.packages.require(uri)  # 400/404 now, not a FAILED job later
+                try:
+                    self.packages.require(uri)  # a bad request now, not a FAILED job later
+                except errors.NotFoundError as exc:
+                    raise errors.InvalidArgumentError(str(exc)) from None
         submission_id = request.submission_id or new_submission_id()
         if submission_id in self.jobs:
             raise errors.AlreadyExistsError(f"Job with submission_id {submission_id} already exists. "
