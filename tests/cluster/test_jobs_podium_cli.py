@@ -1,0 +1,115 @@
+"""``podium job`` (no Ray installed) against a ``podium up`` cluster: the flow of
+test_jobs_rayclient.py (submit with a working dir and follow, list, status, logs --follow, stop
+a long job leaving nothing behind, stop again, delete, no token), and a scheduler killed with
+SIGKILL: restarted on its state file, it marks the job it was running FAILED with the reason
+and kills what was left of its driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.jobkit import UpCluster, podium, start_up, stop_up, write_working_dir
+from tests.support.proctable import alive
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+GRACE = 3.0  # the scheduler's stop grace (podium.scheduler.jobs.STOP_GRACE_SECONDS)
+
+
+@pytest.fixture
+def cluster(tmp_path, token):
+    up = start_up(tmp_path, token)
+    yield up
+    stop_up(up)
+
+
+def test_podium_job_flow(cluster, tmp_path):
+    work = write_working_dir(tmp_path / "wd")
+    env, url = cluster.env, cluster.http_url
+    done = podium("job", "submit", "--address", url, "--submission-id", "first", "--working-dir", str(work),
+                  "--runtime-env-json", json.dumps({"env_vars": {"WHO": "podium-cli"}}), "--",
+                  "python", "script.py", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "RESULTS [1, 2]" in done.stdout and "hello podium-cli from the working dir" in done.stdout
+    assert "Job 'first' succeeded" in done.stdout
+    # The local cluster is found through --dir too (no address), the token with it.
+    by_dir = podium("job", "status", "first", "--dir", str(cluster.dir), env=env)
+    assert "Status for job 'first': SUCCEEDED" in by_dir.stdout, by_dir.stderr
+    listed = podium("job", "list", "--address", url, env=env)
+    assert listed.stdout.startswith("first\tSUCCEEDED\tpython script.py")
+    logs = podium("job", "logs", "first", "--address", url, env=env)
+    assert "DONE" in logs.stdout
+
+    submitted = podium("job", "submit", "--address", url, "--no-wait", "--submission-id", "long",
+                       "--working-dir", str(work), "--entrypoint-num-cpus", "1", "--", "python", "script.py", "600",
+                       env=env)
+    assert submitted.returncode == 0 and "submitted successfully" in submitted.stdout, submitted.stderr
+    follower = subprocess.Popen([sys.executable, "-m", "podium.cli", "job", "logs", "--follow", "long",
+                                 "--address", url], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "tick 1" not in cluster.logs("long"):
+            assert time.monotonic() < deadline, cluster.job("long")
+            time.sleep(0.5)
+        running = cluster.job("long")
+        workers = cluster.live_workers()
+        assert running["entrypoint_num_cpus"] == 1 and len(workers) == 2
+        stop = podium("job", "stop", "long", "--address", url, env=env)
+        stopped_at = time.monotonic()
+        assert stop.returncode == 0 and "Job 'long' stopped" in stop.stdout, stop.stdout + stop.stderr
+        followed, _ = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert "RESULTS [1, 2]" in followed and "tick 1" in followed
+    pgid, pids = int(running["driver_info"]["pid"]), [w["pid"] for w in workers]
+    left = cluster.left_behind(pgid, pids)
+    while any(left.values()) and time.monotonic() < stopped_at + GRACE + 5:
+        time.sleep(0.2)
+        left = cluster.left_behind(pgid, pids)
+    assert not any(left.values()), left
+    again = podium("job", "stop", "long", "--address", url, env=env)
+    assert again.returncode == 0 and "had already ended (STOPPED): nothing to stop" in again.stdout
+    deleted = podium("job", "delete", "long", "--address", url, env=env)
+    assert deleted.returncode == 0, deleted.stderr
+    gone = podium("job", "status", "long", "--address", url, env=env)
+    assert gone.returncode == 1 and "404" in gone.stderr and "does not exist" in gone.stderr
+    wrong = podium("job", "list", "--address", url, env=dict(env, PODIUM_TOKEN="wrong"))
+    assert wrong.returncode == 1 and "401" in wrong.stderr
+    bad = podium("job", "submit", "--address", url, "--", "", env=env)
+    assert bad.returncode == 1 and "entrypoint is empty" in bad.stderr
+
+
+def test_a_job_whose_supervisor_died_is_failed_after_a_restart(scheduler_process, tmp_path, token):
+    state = tmp_path / "state.db"
+    scheduler = scheduler_process(state)
+    env = dict(os.environ, PODIUM_TOKEN=token)
+    env.pop("RAY_ADDRESS", None)
+    submitted = podium("job", "submit", "--address", scheduler.http_url, "--no-wait", "--submission-id", "lost",
+                       "--", "echo", "started;", "sleep", "600", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    before = UpCluster(dir=tmp_path, http_url=scheduler.http_url, token=token, env=env)
+    driver = int(before.wait_job("lost", {"RUNNING"}, timeout=60)["driver_info"]["pid"])
+    deadline = time.monotonic() + 60
+    while "started" not in before.logs("lost"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    scheduler.kill(signal.SIGKILL)
+    assert alive(driver)  # the supervisor died; its driver did not
+    restarted = scheduler_process(state)
+    status = podium("job", "status", "lost", "--address", restarted.http_url, env=env)
+    assert "FAILED" in status.stdout and "Job supervisor died" in status.stdout, status.stdout + status.stderr
+    assert f"its driver (pid {driver}) was still running and was killed" in status.stdout
+    after = UpCluster(dir=tmp_path, http_url=restarted.http_url, token=token, env=env)
+    assert after.job("lost")["error_type"] == "JOB_SUPERVISOR_ACTOR_DIED"
+    assert "started" in after.logs("lost")
+    deadline = time.monotonic() + 10
+    while alive(driver):
+        assert time.monotonic() < deadline, f"driver {driver} still alive"
+        time.sleep(0.1)
