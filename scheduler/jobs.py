@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,24 @@ def _start_ticks(pid: int) -> int:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+async def _exited(proc: subprocess.Popen) -> int:
+    """Wait for ``proc`` to exit (its pidfd readable on the loop), reap it, its exit status
+    (negative: the signal that ended it)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): a thread waits
+        return await asyncio.to_thread(proc.wait)
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await ended
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return proc.wait()
 
 
 def _kill_group(pgid: int, sig: int) -> bool:
@@ -275,10 +294,11 @@ class JobManager:
             return
         command = [sys.executable, "-m", "podium.cli", "run", "--", "/bin/sh", "-c", job.entrypoint]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, limit=READ_CHUNK)
+            # The stdlib's vfork+exec, not the event loop's own spawn (uvloop forks: in a
+            # process with gRPC's threads that runs its fork handlers and copies the page
+            # tables of the whole scheduler, on the loop).
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self._end(job, FAILED, START_ERROR, f"Job entrypoint command failed to start: {exc}")
             return
@@ -288,9 +308,11 @@ class JobManager:
         self._save(job)
         if job.stop_requested:  # stopped while it was being set up
             self._signal(job)
-        assert proc.stdout is not None
-        pump = asyncio.get_running_loop().create_task(self._pump(proc.stdout, logfile))
-        code = await proc.wait()
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=READ_CHUNK)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proc.stdout)
+        pump = loop.create_task(self._pump(reader, logfile))
+        code = await _exited(proc)
         _kill_group(job.pid, signal.SIGKILL)  # what the driver started and left behind
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(pump), _DRAIN_SECONDS)
