@@ -77,8 +77,12 @@ async def _exited(proc: subprocess.Popen) -> int:
     except (AttributeError, OSError):  # no pidfd (Linux < 5.3): a thread waits
         return await asyncio.to_thread(proc.wait)
     loop = asyncio.get_running_loop()
-    ended = loop.create_future()
-    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+    loop.add_reader(pidfd, readable)
     try:
         await ended
     finally:
