@@ -18,6 +18,7 @@ from podium.cli.job import zip_folder
 from podium.scheduler import jobs as jobs_module
 from podium.scheduler import jobshttp
 from podium.scheduler.server import run_scheduler
+from tests.support.httpattack import declared_body, endless_chunked_post
 from tests.support.proctable import alive, members_of_groups
 from tests.support.scheduler_fakes import config
 
@@ -244,4 +245,36 @@ def test_records_survive_a_restart(token, arun, tmp_path):
                 assert "scheduler stopped" in b["message"]
         finally:
             await again.stop()
+    arun(scenario(), timeout=120)
+
+
+def test_no_body_is_read_before_the_token_or_past_its_bound(token, arun):
+    """Submit and upload take bodies (their own bounds); still, without the token nothing of a
+    body is read (401, the connection closed), and a chunked or oversized one is cut off (413)."""
+    package = "/api/packages/gcs/_ray_pkg_0123456789abcdef.zip"
+
+    async def scenario():
+        running = await run_scheduler(config(token))
+        loop = asyncio.get_running_loop()
+        host, port = running.host, running.http_port
+        try:
+            attacks = [("PUT", package, 200 << 20, "", b"401"), ("POST", "/api/jobs/", 512 << 10, "", b"401"),
+                       ("POST", "/api/jobs/", 64 << 20, f"Authorization: Bearer {token}\r\n", b"413"),
+                       ("PUT", package, 1 << 40, f"Authorization: Bearer {token}\r\n", b"413")]
+            for method, path, length, headers, code in attacks:
+                status, sent = await loop.run_in_executor(
+                    None, declared_body, host, port, method, path, length, 256 << 20, headers)
+                assert status.startswith(b"HTTP/1.1 " + code), (method, path, status)
+                assert sent < 16 << 20, (method, path, sent)  # what the socket buffers took
+            for method, path in (("PUT", package), ("POST", "/api/jobs/")):
+                status, sent = await loop.run_in_executor(
+                    None, endless_chunked_post, host, port, path, 256 << 20, method,
+                    f"Authorization: Bearer {token}\r\n")
+                assert status.startswith(b"HTTP/1.1 413") and sent < 16 << 20, (method, status, sent)
+            assert not running.jobs.jobs and not list(running.jobs.packages.folder.iterdir())
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+                async with http.get(running.http_url + "/api/jobs/") as resp:  # still serving
+                    assert resp.status == 200
+        finally:
+            await running.stop()
     arun(scenario(), timeout=120)
