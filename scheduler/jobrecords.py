@@ -33,8 +33,9 @@ RUNTIME_ENV_FAILURE = "RUNTIME_ENV_SETUP_FAILURE"
 
 #: Jobs PENDING or RUNNING at once, at most (each is a driver process on the scheduler's machine).
 MAX_LIVE_JOBS = 64
-#: Job records kept; beyond it the oldest ended ones go, with their logs and working dirs.
-MAX_JOB_RECORDS = 1000
+#: Job records kept; beyond it the oldest ended ones go, with their logs (so at most this
+#: many logs of joblog.MAX_LOG_BYTES each are on disk).
+MAX_JOB_RECORDS = 256
 MAX_ENTRYPOINT_CHARS = 64 * 1024
 MAX_METADATA_ITEMS = 64
 MAX_ENV_VARS = 256

@@ -283,6 +283,10 @@ class JobManager:
                 self._end(job, FAILED, SUPERVISOR_DIED, "Job supervisor died: the scheduler stopped.")
             with contextlib.suppress(Exception):
                 await self._end_sessions(job)
+            # The unpacked packages go with the driver (its log stays with the record).
+            folder = self._job_dir(job)
+            await asyncio.to_thread(shutil.rmtree, folder / "working_dir", True)
+            await asyncio.to_thread(shutil.rmtree, folder / "py_modules", True)
             if not self._closing:
                 self._start_pending()
 

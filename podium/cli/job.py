@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import zipfile
 import zlib
@@ -155,7 +156,8 @@ async def _run(args: argparse.Namespace, address: str, token: str) -> int:
             entrypoint = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
             if not entrypoint:
                 raise errors.InvalidArgumentError("give the entrypoint after --, e.g. -- python train.py")
-            body = {"entrypoint": " ".join(entrypoint), "submission_id": args.submission_id,
+            # Joined as `ray job submit` joins it.
+            body = {"entrypoint": subprocess.list2cmdline(entrypoint), "submission_id": args.submission_id,
                     "runtime_env": await _packaged(client, _runtime_env(args)) or None,
                     "metadata": json.loads(args.metadata_json) if args.metadata_json else None,
                     "entrypoint_num_cpus": args.entrypoint_num_cpus,

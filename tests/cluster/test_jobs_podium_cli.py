@@ -82,8 +82,9 @@ def test_podium_job_flow(cluster, tmp_path):
     assert gone.returncode == 1 and "404" in gone.stderr and "does not exist" in gone.stderr
     wrong = podium("job", "list", "--address", url, env=dict(env, PODIUM_TOKEN="wrong"))
     assert wrong.returncode == 1 and "401" in wrong.stderr
-    bad = podium("job", "submit", "--address", url, "--", "", env=env)
-    assert bad.returncode == 1 and "entrypoint is empty" in bad.stderr
+    bad = podium("job", "submit", "--address", url, "--runtime-env-json", '{"pip": ["requests"]}', "--",
+                 "python", "x.py", env=env)
+    assert bad.returncode == 1 and "400" in bad.stderr and "pip is not supported" in bad.stderr
 
 
 def test_a_job_whose_supervisor_died_is_failed_after_a_restart(scheduler_process, tmp_path, token):
