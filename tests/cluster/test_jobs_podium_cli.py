@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tests.support.jobkit import UpCluster, podium, start_up, stop_up, write_working_dir
-from tests.support.proctable import alive
+from tests.support.jobkit import UpCluster, podium, start_up, stop_up, write_py_module, write_working_dir
+from tests.support.proctable import alive, members_of_groups
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 GRACE = 3.0  # the scheduler's stop grace (podium.scheduler.jobs.STOP_GRACE_SECONDS)
@@ -32,10 +32,12 @@ def cluster(tmp_path, token):
 def test_podium_job_flow(cluster, tmp_path):
     work = write_working_dir(tmp_path / "wd")
     env, url = cluster.env, cluster.http_url
+    extra = write_py_module(tmp_path / "modules")
+    runtime_env = {"env_vars": {"WHO": "podium-cli", "WITH_PY_MODULE": "1"}, "py_modules": [str(extra)]}
     done = podium("job", "submit", "--address", url, "--submission-id", "first", "--working-dir", str(work),
-                  "--runtime-env-json", json.dumps({"env_vars": {"WHO": "podium-cli"}}), "--",
-                  "python", "script.py", env=env, timeout=300)
+                  "--runtime-env-json", json.dumps(runtime_env), "--", "python", "script.py", env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "py_modules: from py_modules" in done.stdout
     assert "RESULTS [1, 2]" in done.stdout and "hello podium-cli from the working dir" in done.stdout
     assert "Job 'first' succeeded" in done.stdout
     # The local cluster is found through --dir too (no address), the token with it.
@@ -46,8 +48,11 @@ def test_podium_job_flow(cluster, tmp_path):
     logs = podium("job", "logs", "first", "--address", url, env=env)
     assert "DONE" in logs.stdout
 
+    # A driver that ignores SIGTERM: the SIGKILL after the grace ends it, and its sessions are
+    # closed by the scheduler then (not by the driver, nor 30 s later by their lease).
     submitted = podium("job", "submit", "--address", url, "--no-wait", "--submission-id", "long",
-                       "--working-dir", str(work), "--entrypoint-num-cpus", "1", "--", "python", "script.py", "600",
+                       "--working-dir", str(work), "--entrypoint-num-cpus", "1", "--runtime-env-json",
+                       json.dumps({"env_vars": {"IGNORE_SIGTERM": "1"}}), "--", "python", "script.py", "600",
                        env=env)
     assert submitted.returncode == 0 and "submitted successfully" in submitted.stdout, submitted.stderr
     follower = subprocess.Popen([sys.executable, "-m", "podium.cli", "job", "logs", "--follow", "long",
@@ -85,6 +90,13 @@ def test_podium_job_flow(cluster, tmp_path):
     bad = podium("job", "submit", "--address", url, "--runtime-env-json", '{"pip": ["requests"]}', "--",
                  "python", "x.py", env=env)
     assert bad.returncode == 1 and "400" in bad.stderr and "pip is not supported" in bad.stderr
+
+    # `podium down` while a job runs: the scheduler stops it first, nothing of it is left.
+    podium("job", "submit", "--address", url, "--no-wait", "--submission-id", "at-down", "--",
+           "sleep", "600", env=env)
+    driver = int(cluster.wait_job("at-down", {"RUNNING"})["driver_info"]["pid"])
+    stop_up(cluster)
+    assert members_of_groups({driver}) == []
 
 
 def test_a_job_whose_supervisor_died_is_failed_after_a_restart(scheduler_process, tmp_path, token):

@@ -17,14 +17,20 @@ from pathlib import Path
 from tests.support.proctable import alive, members_of_groups
 
 #: A driver as the issue asks: ray.init(), a placement group, actors in it, a module from its
-#: working dir; ``python script.py N`` then ticks N seconds.
+#: working dir; ``python script.py N`` then ticks N seconds. IGNORE_SIGTERM=1: it ignores
+#: SIGTERM; WITH_PY_MODULE=1: it imports ``extra`` (write_py_module's) too.
 SCRIPT = textwrap.dedent('''
-    import os, sys, time
+    import os, signal, sys, time
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     import helper
 
+    if os.environ.get("IGNORE_SIGTERM"):  # only the SIGKILL after the grace ends this driver
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.environ.get("WITH_PY_MODULE"):
+        import extra  # shipped in py_modules
+        print("py_modules:", extra.VALUE, flush=True)
     ray.init()
     pg = placement_group([{"CPU": 1}, {"CPU": 1}])
     ray.get(pg.ready())
@@ -91,6 +97,14 @@ def write_working_dir(folder: Path) -> Path:
     (folder / "verl_style.py").write_text(VERL_STYLE)
     (folder / "helper.py").write_text(HELPER)
     return folder
+
+
+def write_py_module(folder: Path) -> Path:
+    """A package ``extra`` (``extra.VALUE``) to ship with ``py_modules``: its folder."""
+    package = folder / "extra"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("VALUE = 'from py_modules'\n")
+    return package
 
 
 @dataclass
