@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobkit import start_up, stop_up, write_working_dir
+from tests.support.jobkit import start_up, stop_up, write_py_module, write_working_dir
 from tests.support.waiting import REPO
 
 VENV = Path(os.environ.get("PODIUM_RAY_CLIENT_VENV", REPO / ".venv-ray"))
@@ -67,9 +67,12 @@ def cluster(tmp_path, token):
 def test_ray_job_cli_submit_follow_status_list_stop(cluster, tmp_path):
     work = write_working_dir(tmp_path / "wd")
     # Submit and follow to the end, as verl's guide does (with the token header added).
+    extra = write_py_module(tmp_path / "modules")
+    runtime_env = {"env_vars": {"WHO": "ray-cli", "WITH_PY_MODULE": "1"}, "py_modules": [str(extra)]}
     code, out = _ray(cluster, "submit", "--submission-id", "first", "--working-dir", str(work),
-                     "--runtime-env-json", json.dumps({"env_vars": {"WHO": "ray-cli"}}), "--", "python", "script.py")
+                     "--runtime-env-json", json.dumps(runtime_env), "--", "python", "script.py")
     assert code == 0, out[-4000:]
+    assert "py_modules: from py_modules" in out
     assert "RESULTS [1, 2]" in out and "hello ray-cli from the working dir" in out and "DONE" in out
     assert "Job 'first' succeeded" in out
     assert "Job 'first' succeeded" in _ray(cluster, "status", "first")[1]
