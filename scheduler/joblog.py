@@ -42,6 +42,8 @@ class JobLog:
         self._out: BinaryIO | None = None
         self._size = 0
         self._wake = asyncio.Event()
+        #: Followers reading now (each WebSocket of ``logs/tail``).
+        self.followers = 0
 
     def append(self, data: bytes) -> None:
         """Add driver output (rotating at half the bound) and wake the followers."""
@@ -88,8 +90,17 @@ class JobLog:
 
     async def follow(self, ended: Callable[[], bool], poll: float = 1.0) -> AsyncIterator[str]:
         """Yield the log as text from the start, then what is appended, until ``ended()``
-        and everything is read. A rotation while following is read across: the rest of the
-        file that became ``driver.log.1``, then the new one from its start."""
+        and everything is read; ``""`` after each ``poll`` seconds without output, so the
+        caller can see its own reader leave. A rotation while following is read across: the
+        rest of the file that became ``driver.log.1``, then the new one from its start."""
+        self.followers += 1
+        try:
+            async for text in self._follow(ended, poll):
+                yield text
+        finally:
+            self.followers -= 1
+
+    async def _follow(self, ended: Callable[[], bool], poll: float) -> AsyncIterator[str]:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         if self.old.exists():
             for chunk in _chunks(self.old, 0):
@@ -117,7 +128,7 @@ class JobLog:
             try:
                 await asyncio.wait_for(wake.wait(), poll)
             except asyncio.TimeoutError:
-                pass
+                yield ""
 
 
 def _chunks(path: Path, offset: int):

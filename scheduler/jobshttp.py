@@ -157,12 +157,21 @@ class JobsEndpoints:
             return _error(exc)
         ws = web.WebSocketResponse(heartbeat=30.0)
         await ws.prepare(request)
-        async for text in self.jobs.log_of(job).follow(lambda: job.terminal):
-            if ws.closed:  # the follower left
-                break
-            if text:
-                await ws.send_str(text)
-        await ws.close(code=WSCloseCode.OK)
+        # The client sends nothing: a receive that returns means it closed or went away, and
+        # then following stops (checked at least every second, when follow yields "").
+        left = asyncio.ensure_future(ws.receive())
+        try:
+            async for text in self.jobs.log_of(job).follow(lambda: job.terminal):
+                if left.done() or ws.closed:
+                    break
+                if text:
+                    await ws.send_str(text)
+        except ConnectionResetError:
+            pass
+        finally:
+            left.cancel()
+        if not ws.closed:
+            await ws.close(code=WSCloseCode.OK)
         return ws
 
     async def stop(self, request: web.Request) -> web.Response:

@@ -208,6 +208,19 @@ def test_stop_kills_the_whole_group_and_bounds_hold(token, arun, monkeypatch):
                 assert not alive(pgid)
                 # Stopping the scheduler stops its running jobs too.
                 other = await _wait_status(http, base, "t", {"RUNNING"})
+                # A follower of a silent job that goes away is not followed on.
+                follows = running.jobs.log_of(running.jobs.get("t"))
+                async with http.ws_connect(base + "/api/jobs/t/logs/tail"):
+                    for _ in range(100):
+                        if follows.followers == 1:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert follows.followers == 1
+                for _ in range(100):
+                    if follows.followers == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert follows.followers == 0
         finally:
             await running.stop()
         assert not alive(int(other["driver_info"]["pid"]))
