@@ -17,8 +17,11 @@ DELETE /api/jobs/{id}                       ``{"deleted": true}`` for an ended j
 ==========================================  ===============================================
 
 Every one needs the cluster token (the HTTP server's guard, :mod:`podium.scheduler.http`).
-Errors are plain text, as Ray's are: 400 bad input or a job in the wrong state, 404 unknown,
-413 too large, 429 too many live jobs.
+Errors are plain text, as Ray's are, with Ray's codes: 400 bad input (a duplicate
+submission id included), 404 an unknown job or package. Where Ray answers 500 for what is
+the client's mistake, Podium says so: 400 for deleting a live job or a package that is not a
+safe zip, 413 for a package or submission over its bound, 429 for too many live jobs, 503
+while the scheduler stops.
 """
 
 from __future__ import annotations

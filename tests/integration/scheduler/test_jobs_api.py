@@ -9,6 +9,8 @@ in tests/cluster/test_jobs_rayclient.py and test_jobs_podium_cli.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import textwrap
 
 import aiohttp
@@ -291,3 +293,46 @@ def test_no_body_is_read_before_the_token_or_past_its_bound(token, arun):
         finally:
             await running.stop()
     arun(scenario(), timeout=120)
+
+
+def test_under_mutual_tls_the_driver_and_podium_job_use_it(token, arun, tls, tmp_path):
+    """With TLS the jobs API is HTTPS with a client certificate, `podium job` reads the
+    PODIUM_TLS_* files, and the driver gets them with the address and token, which is what
+    its controller reaches the scheduler with (no node here: a cluster-state call)."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent("""
+        import asyncio, os
+        from podium.auth import TlsConfig
+        from podium.scheduler.client import SchedulerClient
+
+        async def main():
+            tls = TlsConfig.from_paths(os.environ["PODIUM_TLS_CERT"], os.environ["PODIUM_TLS_KEY"],
+                                       os.environ["PODIUM_TLS_CA"])
+            async with SchedulerClient(os.environ["PODIUM_ADDRESS"], os.environ["PODIUM_TOKEN"], tls) as client:
+                print("JOINED", len((await client.cluster_state()).nodes))
+        asyncio.run(main())
+    """))
+    driver = ["python", str(script)]
+
+    async def scenario():
+        running = await run_scheduler(config(token, tls=tls))
+        assert running.http_url.startswith("https://")
+        env = dict(os.environ, PODIUM_TOKEN=token, PODIUM_TLS_CERT=tls.cert, PODIUM_TLS_KEY=tls.key,
+                   PODIUM_TLS_CA=tls.ca)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "podium.cli", "job", "submit", "--address", running.http_url,
+                "--submission-id", "tls", "--", *driver, env=env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT)
+            out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+            assert proc.returncode == 0, out
+            assert "JOINED 0" in out and "Job 'tls' succeeded" in out
+            plain = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "podium.cli", "job", "list", "--address", running.http_url,
+                env=dict(env, PODIUM_TLS_CERT="", PODIUM_TLS_KEY="", PODIUM_TLS_CA=""),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            out = (await asyncio.wait_for(plain.communicate(), 60))[0].decode()
+            assert plain.returncode == 1, out  # no client certificate: refused
+        finally:
+            await running.stop()
+    arun(scenario(), timeout=180)
