@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tests.support.jobkit import UpCluster, podium, start_up, stop_up, write_py_module, write_working_dir
+from tests.support.jobkit import (UpCluster, podium, start_up, stop_up, write_py_module, write_verl_layout,
+                                  write_working_dir)
 from tests.support.proctable import alive, members_of_groups
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -32,6 +33,12 @@ def cluster(tmp_path, token):
 def test_podium_job_flow(cluster, tmp_path):
     work = write_working_dir(tmp_path / "wd")
     env, url = cluster.env, cluster.http_url
+    # verl's command shape, its runtime env file as it is (YAML, working_dir ./, excludes).
+    repo = write_verl_layout(tmp_path / "verl")
+    ppo = podium("job", "submit", "--address", url, "--runtime-env", "trainer/runtime_env.yaml", "--", "python3",
+                 "-m", "trainer.main_ppo", "trainer.nnodes=2", env=env, cwd=repo, timeout=300)
+    assert ppo.returncode == 0, ppo.stdout[-3000:] + ppo.stderr[-3000:]
+    assert "MAIN_PPO ['trainer.nnodes=2'] 1 ['CPU', 'GPU', 'node:" in ppo.stdout
     extra = write_py_module(tmp_path / "modules")
     runtime_env = {"env_vars": {"WHO": "podium-cli", "WITH_PY_MODULE": "1"}, "py_modules": [str(extra)]}
     done = podium("job", "submit", "--address", url, "--submission-id", "first", "--working-dir", str(work),
@@ -44,7 +51,7 @@ def test_podium_job_flow(cluster, tmp_path):
     by_dir = podium("job", "status", "first", "--dir", str(cluster.dir), env=env)
     assert "Status for job 'first': SUCCEEDED" in by_dir.stdout, by_dir.stderr
     listed = podium("job", "list", "--address", url, env=env)
-    assert listed.stdout.startswith("first\tSUCCEEDED\tpython script.py")
+    assert "first\tSUCCEEDED\tpython script.py" in listed.stdout
     logs = podium("job", "logs", "first", "--address", url, env=env)
     assert "DONE" in logs.stdout
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobkit import start_up, stop_up, write_py_module, write_working_dir
+from tests.support.jobkit import start_up, stop_up, write_py_module, write_verl_layout, write_working_dir
 from tests.support.waiting import REPO
 
 VENV = Path(os.environ.get("PODIUM_RAY_CLIENT_VENV", REPO / ".venv-ray"))
@@ -166,3 +166,19 @@ def test_ray_token_auth_and_no_token(cluster):
         code, out = _ray(cluster, *args, headers=False)
         assert code != 0 and "Authentication required" in out, (args, out[-2000:])
     assert cluster.get("/api/jobs/")[1] == []
+
+
+def test_verls_multinode_command_with_the_token_header(cluster, tmp_path):
+    """The README's command: verl's guide's `ray job submit --runtime-env=...runtime_env.yaml
+    --no-wait -- python3 -m ...main_ppo ...`, run from the repository, token in RAY_JOB_HEADERS."""
+    repo = write_verl_layout(tmp_path / "verl")
+    env = _ray_env(cluster, RAY_JOB_HEADERS=json.dumps({"Authorization": f"Bearer {cluster.token}"}))
+    done = subprocess.run([str(RAY), "job", "submit", f"--address={cluster.http_url}",
+                           "--runtime-env=trainer/runtime_env.yaml", "--no-wait", "--submission-id", "ppo", "--",
+                           "python3", "-m", "trainer.main_ppo", "trainer.nnodes=2", "trainer.n_gpus_per_node=1"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, _plain(done.stdout + done.stderr)[-3000:]
+    job = cluster.wait_job("ppo", {"SUCCEEDED", "FAILED", "STOPPED"})
+    assert job["status"] == "SUCCEEDED", job["message"]
+    assert job["runtime_env"]["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert "MAIN_PPO ['trainer.nnodes=2', 'trainer.n_gpus_per_node=1'] 1 ['CPU', 'GPU', 'node:" in cluster.logs("ppo")

@@ -99,6 +99,38 @@ def write_working_dir(folder: Path) -> Path:
     return folder
 
 
+#: verl's own runtime env file (verl/trainer/runtime_env.yaml), which its multi-node guide
+#: passes to `ray job submit --runtime-env`.
+VERL_RUNTIME_ENV = textwrap.dedent('''
+    working_dir: ./
+    excludes: ["/.git/"]
+    env_vars:
+      TORCH_NCCL_AVOID_RECORD_STREAMS: "1"
+      CUDA_DEVICE_MAX_CONNECTIONS: "1"
+''')
+#: A stand-in for ``verl.trainer.main_ppo``: run with ``python3 -m trainer.main_ppo KEY=VALUE...``.
+MAIN_PPO = textwrap.dedent('''
+    import os, sys
+    import ray
+
+    ray.init()
+    print("MAIN_PPO", sys.argv[1:], os.environ["CUDA_DEVICE_MAX_CONNECTIONS"],
+          sorted(ray.cluster_resources()), flush=True)
+''')
+
+
+def write_verl_layout(folder: Path) -> Path:
+    """A repository shaped like verl's for its multi-node command: ``trainer/main_ppo.py``,
+    ``trainer/runtime_env.yaml`` (verl's), and a ``.git`` folder the runtime env excludes."""
+    (folder / "trainer").mkdir(parents=True, exist_ok=True)
+    (folder / "trainer" / "__init__.py").write_text("")
+    (folder / "trainer" / "main_ppo.py").write_text(MAIN_PPO)
+    (folder / "trainer" / "runtime_env.yaml").write_text(VERL_RUNTIME_ENV)
+    (folder / ".git").mkdir(exist_ok=True)
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return folder
+
+
 def write_py_module(folder: Path) -> Path:
     """A package ``extra`` (``extra.VALUE``) to ship with ``py_modules``: its folder."""
     package = folder / "extra"
