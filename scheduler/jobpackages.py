@@ -14,6 +14,7 @@ stay under :data:`MAX_STORED_BYTES`: the least recently used ones that no live j
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -126,6 +127,7 @@ class PackageStore:
         self.folder = Path(folder)
         private_dir(str(self.folder))
         self.max_stored_bytes = max_stored_bytes
+        self._uploads = itertools.count()
 
     def path(self, name: str) -> Path:
         """Where package ``name`` is (or would be) kept."""
@@ -152,20 +154,33 @@ class PackageStore:
         return path
 
     def put(self, protocol: str, name: str, data: bytes, in_use: Iterable[str] = ()) -> None:
-        """Check and keep one package (replacing one of the same name); older unused
-        packages go to stay under the stored bound."""
+        """Check and keep one package from bytes (see :meth:`adopt`)."""
         _check_name(protocol, name)
         if len(data) > MAX_PACKAGE_BYTES:
             raise PayloadTooLargeError(f"package is {len(data)} bytes; at most {MAX_PACKAGE_BYTES}")
-        staged = self.folder / f".{name}.{os.getpid()}.part"
+        staged = self.staging(name)
         try:
             with open_private(staged, "wb") as out:
                 out.write(data)
-            check_zip(staged)
-            self._make_room(len(data), set(in_use) | {name})
-            os.replace(staged, self.path(name))
+            self.adopt(protocol, name, staged, in_use)
         finally:
             staged.unlink(missing_ok=True)
+
+    def staging(self, name: str) -> Path:
+        """A fresh file name an upload of ``name`` is written to before :meth:`adopt`."""
+        return self.folder / f".{name}.{os.getpid()}.{next(self._uploads)}.part"
+
+    def adopt(self, protocol: str, name: str, staged: Path, in_use: Iterable[str] = ()) -> None:
+        """Check the uploaded file ``staged`` and keep it as package ``protocol://name``
+        (replacing one of the same name); older packages no live job needs go to stay under
+        the stored bound. Blocking file work: call it off the loop."""
+        _check_name(protocol, name)
+        size = staged.stat().st_size
+        if size > MAX_PACKAGE_BYTES:
+            raise PayloadTooLargeError(f"package is {size} bytes; at most {MAX_PACKAGE_BYTES}")
+        check_zip(staged)
+        self._make_room(size, set(in_use) | {name})
+        os.replace(staged, self.path(name))
 
     def _make_room(self, incoming: int, keep: set[str]) -> None:
         kept = []

@@ -32,11 +32,13 @@ import orjson
 from aiohttp import WSCloseCode, web
 
 from podium import errors
+from podium.private import open_private
+from podium.scheduler.joblog import READ_CHUNK
 from podium.scheduler.jobpackages import MAX_PACKAGE_BYTES
 from podium.scheduler.jobrecords import parse_submit
 from podium.scheduler.jobs import JobManager
 
-__all__ = ["JobsEndpoints", "RAY_API_VERSION", "RAY_VERSION", "MAX_SUBMIT_BYTES"]
+__all__ = ["JobsEndpoints", "RAY_API_VERSION", "RAY_VERSION", "MAX_SUBMIT_BYTES", "MAX_UPLOADS"]
 
 #: The Jobs API version and the Ray version this server answers to (Ray 2.60's clients check
 #: the version is at least 2.8 before sending entrypoint_memory, at least 1.9 for anything).
@@ -44,6 +46,9 @@ RAY_API_VERSION = "4"
 RAY_VERSION = "2.60.0"
 #: Largest job submission body.
 MAX_SUBMIT_BYTES = 1024 * 1024
+#: Package uploads received at once (each is written to disk as it arrives; others wait,
+#: their bodies left unread).
+MAX_UPLOADS = 4
 
 _STATUS = ((errors.PayloadTooLargeError, 413), (errors.NotFoundError, 404),
            (errors.InvalidArgumentError, 400), (errors.AlreadyExistsError, 400),
@@ -66,6 +71,7 @@ class JobsEndpoints:
     def __init__(self, jobs: JobManager, session_name: str) -> None:
         self.jobs = jobs
         self.session_name = session_name
+        self._uploads = asyncio.Semaphore(MAX_UPLOADS)
 
     def install(self, app: web.Application) -> None:
         """Add the routes to ``app``."""
@@ -109,12 +115,25 @@ class JobsEndpoints:
         return web.Response()
 
     async def upload(self, request: web.Request) -> web.Response:
-        """``PUT /api/packages/{protocol}/{name}``: check and keep the body (a zip)."""
+        """``PUT /api/packages/{protocol}/{name}``: check and keep the body (a zip), streamed
+        to a file (never held whole), :data:`MAX_UPLOADS` at a time."""
         protocol, name = request.match_info["protocol"], request.match_info["name"]
+        packages = self.jobs.packages
         try:
-            data = await request.read()
-            await asyncio.to_thread(self.jobs.packages.put, protocol, name, data,
-                                    self.jobs.packages_in_use())
+            packages.exists(protocol, name)  # the name's check, before any of the body is read
+            async with self._uploads:
+                staged = packages.staging(name)
+                try:
+                    received = 0
+                    with open_private(staged, "wb") as out:
+                        async for chunk in request.content.iter_chunked(READ_CHUNK):
+                            received += len(chunk)
+                            if received > MAX_PACKAGE_BYTES:  # the middleware checked the length
+                                raise errors.PayloadTooLargeError(f"package over {MAX_PACKAGE_BYTES} bytes")
+                            out.write(chunk)  # into the page cache: microseconds per chunk
+                    await asyncio.to_thread(packages.adopt, protocol, name, staged, self.jobs.packages_in_use())
+                finally:
+                    staged.unlink(missing_ok=True)
         except errors.PodiumError as exc:
             return _error(exc)
         return web.Response()
