@@ -91,6 +91,14 @@ async def _exited(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
+def _ours(pid: int, start: int) -> bool:
+    """Whether the process group ``pid`` is still the driver's that started at ``start``: its
+    leader is that process, or it is gone and only members are left (the kernel gives no new
+    process a pid still in use as a group's id, so such members are the driver's)."""
+    ticks = _start_ticks(pid)
+    return ticks == 0 or ticks == start
+
+
 def _kill_group(pgid: int, sig: int) -> bool:
     """Signal a process group; False when no process of it is left."""
     try:
@@ -104,8 +112,8 @@ class JobManager:
     """The jobs of one scheduler: records, their drivers, packages and logs.
 
     ``folder`` holds ``packages/`` and one folder per job; ``store`` keeps the records;
-    ``end_sessions(prefix)`` closes the sessions a driver opened; ``env`` is what every driver's
-    environment starts from (the address and token are set by :meth:`start`).
+    ``end_sessions(prefix)`` closes the sessions a driver opened; ``cpus`` is what entrypoint
+    CPUs are counted against (this machine's); ``grace`` the seconds from SIGTERM to SIGKILL.
     """
 
     def __init__(self, folder: str | os.PathLike, store, end_sessions, *, token: str,
@@ -137,8 +145,7 @@ class JobManager:
             if job.terminal:
                 continue
             left = ""
-            if job.pid and job.pid_start and _start_ticks(job.pid) == job.pid_start:
-                _kill_group(job.pid, signal.SIGKILL)
+            if job.pid and _ours(job.pid, job.pid_start) and _kill_group(job.pid, signal.SIGKILL):
                 left = f"; its driver (pid {job.pid}) was still running and was killed"
             self._end(job, FAILED, SUPERVISOR_DIED,
                       f"Job supervisor died: the scheduler stopped while the job was {job.status}{left}.")
@@ -383,7 +390,7 @@ class JobManager:
             pid, start = job.pid, job.pid_start
 
             def kill() -> None:
-                if not job.terminal or _start_ticks(pid) == start:
+                if _ours(pid, start):
                     _kill_group(pid, signal.SIGKILL)
             loop.call_later(self.grace, kill)
 
