@@ -40,7 +40,7 @@ from podium.scheduler import dashboard
 from podium.scheduler.callshttp import CallsEndpoint
 from podium.httplimits import HTTP_MAX_BODY_BYTES, BoundedRunner
 from podium.scheduler.jobpackages import MAX_PACKAGE_BYTES
-from podium.scheduler.jobshttp import JobsEndpoints
+from podium.scheduler.jobshttp import JobsCollector, JobsEndpoints
 from podium.scheduler.stackshttp import StacksEndpoint
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
@@ -374,6 +374,7 @@ class HttpServer:
         self.jobs = JobsEndpoints(jobs, service.scheduler_id) if jobs is not None else None
         if self.jobs is not None:
             self.jobs.install(app)  # Ray's Jobs REST API
+            service.metrics.registry.register(JobsCollector(jobs))
         self.app = app
 
     async def start(self, host: str, port: int) -> int:

@@ -38,7 +38,7 @@ from podium.scheduler.jobpackages import MAX_PACKAGE_BYTES
 from podium.scheduler.jobrecords import parse_submit
 from podium.scheduler.jobs import JobManager
 
-__all__ = ["JobsEndpoints", "RAY_API_VERSION", "RAY_VERSION", "MAX_SUBMIT_BYTES", "MAX_UPLOADS"]
+__all__ = ["JobsEndpoints", "JobsCollector", "RAY_API_VERSION", "RAY_VERSION", "MAX_SUBMIT_BYTES", "MAX_UPLOADS"]
 
 #: The Jobs API version and the Ray version this server answers to (Ray 2.60's clients check
 #: the version is at least 2.8 before sending entrypoint_memory, at least 1.9 for anything).
@@ -209,3 +209,23 @@ class JobsEndpoints:
             return _json({"deleted": self.jobs.delete(request.match_info["id"])})
         except errors.PodiumError as exc:
             return _error(exc)
+
+
+class JobsCollector:
+    """``podium_scheduler_jobs{status}`` on the scheduler's /metrics: its job records by status
+    (counted when scraped)."""
+
+    def __init__(self, jobs: JobManager) -> None:
+        self.jobs = jobs
+
+    def collect(self):
+        """The one gauge family (prometheus_client's collector protocol)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily("podium_scheduler_jobs", "Submitted jobs by status", labels=["status"])
+        counts = dict.fromkeys(("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"), 0)
+        for job in self.jobs.jobs.values():
+            counts[job.status] = counts.get(job.status, 0) + 1
+        for status, count in counts.items():
+            family.add_metric([status], count)
+        yield family

@@ -156,6 +156,10 @@ def test_submit_run_logs_and_errors_the_ray_way(token, arun, tmp_path):
                 async with http.get(base + "/api/jobs/") as resp:
                     listed = {j["submission_id"]: j["status"] for j in await resp.json()}
                 assert listed == {"ok-1": "SUCCEEDED", failed_id: "FAILED", missing["submission_id"]: "FAILED"}
+                async with http.get(base + "/metrics") as resp:
+                    metrics = await resp.text()
+                assert 'podium_scheduler_jobs{status="FAILED"} 2.0' in metrics
+                assert 'podium_scheduler_jobs{status="SUCCEEDED"} 1.0' in metrics
 
                 # Stopping an ended job is a no-op that says so; deleting forgets it.
                 async with http.post(base + "/api/jobs/ok-1/stop") as resp:
