@@ -103,12 +103,18 @@ class _Client:
         return f"gcs://{name}"
 
     async def follow(self, job_id: str) -> None:
-        async with self.session.ws_connect(f"{self.base}/api/jobs/{job_id}/logs/tail",
-                                           headers=self.headers) as ws:
-            async for msg in ws:
-                if msg.type.name == "TEXT":
-                    sys.stdout.write(msg.data)
-                    sys.stdout.flush()
+        import aiohttp
+
+        try:
+            async with self.session.ws_connect(f"{self.base}/api/jobs/{job_id}/logs/tail",
+                                               headers=self.headers) as ws:
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        sys.stdout.write(msg.data)
+                        sys.stdout.flush()
+        except aiohttp.WSServerHandshakeError as exc:  # 401, 404: say which, as call() does
+            await self.call("GET", f"/api/jobs/{job_id}")
+            raise errors.FailedPreconditionError(f"following job {job_id} failed with status code {exc.status}")
 
 
 def _runtime_env(args: argparse.Namespace) -> dict:
@@ -264,12 +270,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Run ``podium job ...``; the exit status (1 for a failed job or request)."""
+    import aiohttp
+
     args = _parser().parse_args(argv)
     try:
         address, token = _target(args)
         return asyncio.run(_run(args, address, token))
     except KeyboardInterrupt:
         return 130
-    except (errors.PodiumError, OSError, ValueError) as exc:
+    except (errors.PodiumError, OSError, ValueError, aiohttp.ClientError) as exc:
         print(f"podium job {args.command}: {exc}", file=sys.stderr)
         return 1

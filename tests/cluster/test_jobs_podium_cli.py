@@ -90,8 +90,9 @@ def test_podium_job_flow(cluster, tmp_path):
     assert again.returncode == 0 and "had already ended (STOPPED): nothing to stop" in again.stdout
     deleted = podium("job", "delete", "long", "--address", url, env=env)
     assert deleted.returncode == 0, deleted.stderr
-    gone = podium("job", "status", "long", "--address", url, env=env)
-    assert gone.returncode == 1 and "404" in gone.stderr and "does not exist" in gone.stderr
+    for command in (("status", "long"), ("logs", "long", "--follow")):
+        gone = podium("job", *command, "--address", url, env=env)
+        assert gone.returncode == 1 and "404" in gone.stderr and "does not exist" in gone.stderr, gone.stderr
     wrong = podium("job", "list", "--address", url, env=dict(env, PODIUM_TOKEN="wrong"))
     assert wrong.returncode == 1 and "401" in wrong.stderr
     bad = podium("job", "submit", "--address", url, "--runtime-env-json", '{"pip": ["requests"]}', "--",
