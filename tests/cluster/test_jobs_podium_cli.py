@@ -104,6 +104,9 @@ def test_podium_job_flow(cluster, tmp_path):
            "sleep", "600", env=env)
     driver = int(cluster.wait_job("at-down", {"RUNNING"})["driver_info"]["pid"])
     stop_up(cluster)
+    deadline = time.monotonic() + 5
+    while members_of_groups({driver}) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert members_of_groups({driver}) == []
 
 

@@ -210,6 +210,10 @@ def test_stop_kills_the_whole_group_and_bounds_hold(token, arun, monkeypatch):
                     assert await resp.json() == {"stopped": True}
                 stopped = await _wait_status(http, base, "s", TERMINAL, timeout=30)
                 assert stopped["status"] == "STOPPED" and stopped["message"] == "Job was intentionally stopped."
+                for _ in range(100):  # SIGKILLed already: gone as soon as the kernel has them exit
+                    if not members_of_groups({pgid}):
+                        break
+                    await asyncio.sleep(0.05)
                 assert members_of_groups({pgid}) == []
                 assert not alive(pgid)
                 # Stopping the scheduler stops its running jobs too.
@@ -229,6 +233,10 @@ def test_stop_kills_the_whole_group_and_bounds_hold(token, arun, monkeypatch):
                 assert follows.followers == 0
         finally:
             await running.stop()
+        for _ in range(100):
+            if not alive(int(other["driver_info"]["pid"])):
+                break
+            await asyncio.sleep(0.05)
         assert not alive(int(other["driver_info"]["pid"]))
         assert running.jobs.jobs["t"].status == "FAILED"
         assert "scheduler stopped" in running.jobs.jobs["t"].message
