@@ -290,10 +290,12 @@ class JobManager:
                 self._end(job, FAILED, SUPERVISOR_DIED, "Job supervisor died: the scheduler stopped.")
             with contextlib.suppress(Exception):
                 await self._end_sessions(job)
-            # The unpacked packages go with the driver (its log stays with the record).
+            # The unpacked packages go with the driver (its log stays with the record), unless
+            # the job was deleted meanwhile and its id reused: the folder is the new job's then.
             folder = self._job_dir(job)
-            await asyncio.to_thread(shutil.rmtree, folder / "working_dir", True)
-            await asyncio.to_thread(shutil.rmtree, folder / "py_modules", True)
+            for name in ("working_dir", "py_modules"):
+                if self.jobs.get(job.submission_id) is job:
+                    await asyncio.to_thread(shutil.rmtree, folder / name, True)
             if not self._closing:
                 self._start_pending()
 
