@@ -214,8 +214,11 @@ class JobManager:
                         entrypoint_num_gpus=request.entrypoint_num_gpus,
                         entrypoint_memory=request.entrypoint_memory,
                         entrypoint_resources=request.entrypoint_resources)
-        if env:
-            job.message = "Job has not started yet. It may be waiting for the runtime environment to be set up."
+        # Ray's PENDING message, with its hints.
+        hints = [" It may be waiting for resources (CPUs, GPUs, memory, custom resources) to become "
+                 "available." if request.entrypoint_num_cpus else "",
+                 " It may be waiting for the runtime environment to be set up." if env else ""]
+        job.message = "Job has not started yet." + "".join(hints)
         self.jobs[submission_id] = job
         self._save(job)
         self._prune()

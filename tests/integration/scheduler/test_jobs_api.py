@@ -348,3 +348,33 @@ def test_under_mutual_tls_the_driver_and_podium_job_use_it(token, arun, tls, tmp
         finally:
             await running.stop()
     arun(scenario(), timeout=180)
+
+
+def test_entrypoint_cpus_queue_jobs_until_they_fit(token, arun):
+    async def scenario():
+        running = await run_scheduler(config(token))
+        running.jobs.cpus = 2.0  # the machine's CPUs, as the jobs count them
+        running.jobs.grace = 1.0
+        base = running.http_url
+        try:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+                for job_id, cpus in (("big", 2), ("small", 1), ("queued", 1)):
+                    body = {"entrypoint": "sleep 300", "submission_id": job_id, "entrypoint_num_cpus": cpus}
+                    async with http.post(base + "/api/jobs/", json=body) as resp:
+                        assert resp.status == 200, await resp.text()
+                async with http.post(base + "/api/jobs/", json={"entrypoint": "true", "entrypoint_num_cpus": 3}) as resp:
+                    assert resp.status == 400 and "has 2 CPUs" in await resp.text()
+                await _wait_status(http, base, "big", {"RUNNING"})
+                small = await _wait_status(http, base, "small", {"PENDING"})
+                assert small["driver_info"] is None and "waiting for resources" in small["message"]
+                # A job stopped while it waits ends at once; one that ends lets the next start.
+                async with http.post(base + "/api/jobs/queued/stop") as resp:
+                    assert await resp.json() == {"stopped": True}
+                queued = await _wait_status(http, base, "queued", TERMINAL)
+                assert queued["status"] == "STOPPED" and queued["driver_info"] is None
+                async with http.post(base + "/api/jobs/big/stop") as resp:
+                    assert await resp.json() == {"stopped": True}
+                await _wait_status(http, base, "small", {"RUNNING"})
+        finally:
+            await running.stop()
+    arun(scenario(), timeout=120)
