@@ -21,8 +21,10 @@ speak, and ``/healthz`` and ``/readyz`` answered 503 (issue #34). So here:
   cap-sized crowd can keep in flight: with aiohttp's 128, 256 connections re-opened as
   fast as they are closed kept it full, the kernel dropped a probe's SYN, and its retry
   came 1 s, then 3 s later (a kubelet probe timed out);
-- no path takes a request body: a chunked one, or one over :data:`HTTP_MAX_BODY_BYTES`,
-  gets 413 and the connection is closed without reading it (token or not).
+- a request body over its path's bound gets 413 and the connection is closed without
+  reading it (token or not), as does a chunked one: the bound is :data:`HTTP_MAX_BODY_BYTES`
+  except where the app says otherwise (``body_limit``: the job submission and package upload
+  paths), and even there the body is read only by the path's handler, after the token check.
 
 Not covered: probes sent from the attacker's own address, which share its budget; and,
 with TLS, connections still in their TLS handshake: asyncio hands a connection to aiohttp
@@ -35,6 +37,7 @@ connections do not reach: the gRPC server closes a handshake that takes over 5 s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import cast
 
 from aiohttp import web
@@ -54,8 +57,9 @@ HTTP_MAX_SILENT_PER_PEER = 32
 HTTP_BACKLOG = 1024
 #: Seconds a new connection has to send its first complete request (a probe needs ms).
 HTTP_FIRST_REQUEST_SECONDS = 3.0
-#: Largest request body let through (no path reads one; this only spares small clients
-#: that send an empty form). Larger or chunked bodies: 413 and the connection closed.
+#: Largest request body let through where the app sets no other bound (those paths read
+#: none; this only spares small clients that send an empty form). Larger or chunked bodies:
+#: 413 and the connection closed.
 HTTP_MAX_BODY_BYTES = 4096
 
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -103,8 +107,10 @@ class _ConnectionBook:
     whom to close for a newcomer."""
 
     def __init__(self, cap: int, silent_cap: int, silent_per_peer: int,
-                 first_request_seconds: float) -> None:
+                 first_request_seconds: float, body_limit: Callable[[web.Request], int] | None = None) -> None:
         self.cap = cap
+        #: The largest body a request may carry (by its method and path).
+        self.body_limit = body_limit or (lambda request: HTTP_MAX_BODY_BYTES)
         self.silent_cap = silent_cap
         self.silent_per_peer = silent_per_peer
         self.first_request_seconds = first_request_seconds
@@ -235,15 +241,16 @@ class _ConnectionBook:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
-        """Marks the connection mid-request; refuses request bodies (no path takes one)."""
+        """Marks the connection mid-request; refuses request bodies over their bound."""
         protocol = request.protocol
         self.started(protocol)
         try:
             length = request.content_length
-            if request.body_exists and (length is None or length > HTTP_MAX_BODY_BYTES):
+            limit = self.body_limit(request)
+            if request.body_exists and (length is None or length > limit):
                 reply = web.json_response(
-                    {"error": f"request bodies are not accepted (at most {HTTP_MAX_BODY_BYTES} "
-                              f"bytes, not chunked)"}, status=413)
+                    {"error": f"request body too large for {request.method} {request.path} (at "
+                              f"most {limit} bytes, with a Content-Length, not chunked)"}, status=413)
                 reply.force_close()  # the body is never read: the connection ends after this
                 return reply
             return await handler(request)
@@ -284,7 +291,8 @@ class BoundedRunner(web.AppRunner):
     """``web.AppRunner`` with the connection and body bounds of this module."""
 
     def __init__(self, app: web.Application, *, idle_seconds: float | None = None,
-                 max_connections: int | None = None, **kwargs) -> None:
+                 max_connections: int | None = None,
+                 body_limit: Callable[[web.Request], int] | None = None, **kwargs) -> None:
         idle = HTTP_IDLE_SECONDS if idle_seconds is None else idle_seconds
         # lingering_time=0: a body left unread is not drained after the answer (aiohttp
         # reads and drops it for up to 10 s: gigabytes on the event loop); the connection
@@ -293,7 +301,7 @@ class BoundedRunner(web.AppRunner):
                          read_bufsize=HTTP_MAX_BODY_BYTES, **kwargs)
         cap = HTTP_MAX_CONNECTIONS if max_connections is None else max_connections
         self.book = _ConnectionBook(cap, min(HTTP_MAX_SILENT, cap), HTTP_MAX_SILENT_PER_PEER,
-                                    HTTP_FIRST_REQUEST_SECONDS)
+                                    HTTP_FIRST_REQUEST_SECONDS, body_limit)
         app.middlewares.insert(0, self.book.middleware)
 
     async def serve(self, host: str, port: int, ssl_context=None) -> int:

@@ -12,10 +12,14 @@ GET /v1/workers    yes    ``{"workers": [...]}``
 GET /v1/calls      yes    each group's last calls per method, rank by rank (callshttp)
 GET /v1/stacks     yes    live workers' Python stacks (podium.scheduler.stackshttp)
 GET /metrics       yes    Prometheus text
+/api/...           yes    Ray's Jobs REST API (podium.scheduler.jobshttp)
 =================  =====  ====================================================
 
-The token is ``Authorization: Bearer <token>`` (401 otherwise, constant-time
-check). Errors are JSON ``{"error": "..."}``: 404 unknown path, 405 wrong method.
+The token is ``Authorization: Bearer <token>`` (what ``ray job --headers`` and
+``RAY_JOB_HEADERS`` send), or the same in ``X-Ray-Authorization`` or the
+``ray-authentication-token`` cookie (what Ray's own token authentication sends); 401
+otherwise, constant-time check. Errors are JSON ``{"error": "..."}``: 404 unknown path,
+405 wrong method (the Jobs API's are Ray's plain text).
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from podium.memcap import requested_cap
 from podium.resources import CPU_UNITS, GPU_UNITS, BundleSpec, cpu_units, gpu_units
 from podium.scheduler import dashboard
 from podium.scheduler.callshttp import CallsEndpoint
-from podium.httplimits import BoundedRunner
+from podium.httplimits import HTTP_MAX_BODY_BYTES, BoundedRunner
+from podium.scheduler.jobpackages import MAX_PACKAGE_BYTES
+from podium.scheduler.jobshttp import JobsCollector, JobsEndpoints
 from podium.scheduler.stackshttp import StacksEndpoint
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
 from podium.v1 import common_pb2
@@ -329,10 +335,20 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+def _presented_token(request: web.Request) -> str | None:
+    """The token a request carries: ``Authorization: Bearer``, else Ray's own token auth's
+    ``X-Ray-Authorization: Bearer`` header or ``ray-authentication-token`` cookie."""
+    for name in ("Authorization", "X-Ray-Authorization"):
+        header = request.headers.get(name, "")
+        if header:
+            return header[len("Bearer "):] if header.startswith("Bearer ") else None
+    return request.cookies.get("ray-authentication-token")
+
+
 class HttpServer:
     """The aiohttp app bound to one SchedulerService."""
 
-    def __init__(self, service, config) -> None:
+    def __init__(self, service, config, jobs=None) -> None:
         self.service = service
         self.config = config
         #: Set by the server once gRPC serves and the state is loaded (/readyz).
@@ -342,7 +358,9 @@ class HttpServer:
         self._placement_cache: tuple[int, float, bytes] | None = None
         #: What each live group contributes to the page (placement_json's ``kept``).
         self._placement_groups: dict = {}
-        app = web.Application(middlewares=[self._guard])
+        # Bodies are bounded per path before they are read (BoundedRunner's body_limit);
+        # this is only aiohttp's own ceiling for the largest of them, a package upload.
+        app = web.Application(middlewares=[self._guard], client_max_size=MAX_PACKAGE_BYTES)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/v1/nodes", self._nodes)
@@ -353,12 +371,17 @@ class HttpServer:
         # Each group's last calls per method, rank by rank, from the workers' timelines.
         app.router.add_get("/v1/calls", CallsEndpoint(service, config.token, config.tls).handle)
         dashboard.install(app)  # GET /: the live dashboard page (its data needs the token)
+        self.jobs = JobsEndpoints(jobs, service.scheduler_id) if jobs is not None else None
+        if self.jobs is not None:
+            self.jobs.install(app)  # Ray's Jobs REST API
+            service.metrics.registry.register(JobsCollector(jobs))
         self.app = app
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve; returns the bound port (port 0 picks one)."""
         # Connections and bodies are bounded, probes never starved (podium.httplimits).
-        self._runner = BoundedRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = BoundedRunner(self.app, access_log=None, handle_signals=False,
+                                     body_limit=self._body_limit)
         ssl_context = self.config.tls.ssl_context(server=True) if self.config.tls else None
         return await self._runner.serve(host, port, ssl_context)
 
@@ -368,12 +391,15 @@ class HttpServer:
             await self._runner.cleanup()
             self._runner = None
 
+    def _body_limit(self, request: web.Request) -> int:
+        """The jobs API's submit and upload take larger bodies; no other path takes one."""
+        limit = self.jobs.body_limit(request) if self.jobs is not None else None
+        return HTTP_MAX_BODY_BYTES if limit is None else limit
+
     @web.middleware
     async def _guard(self, request: web.Request, handler):
         if request.path not in _OPEN_PATHS:
-            header = request.headers.get("Authorization", "")
-            presented = header[len("Bearer "):] if header.startswith("Bearer ") else None
-            if not token_matches(self.config.token, presented):
+            if not token_matches(self.config.token, _presented_token(request)):
                 return _error(401, "missing or wrong cluster token (Authorization: Bearer <token>)")
         try:
             return await handler(request)

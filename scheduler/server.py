@@ -12,8 +12,10 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import grpc
@@ -23,6 +25,7 @@ from podium.auth import TlsConfig, resolve_token
 from podium.private import write_private_atomic
 from podium.rpc import bind, make_server, start_server, use_uvloop
 from podium.scheduler.http import HttpServer
+from podium.scheduler.jobs import JobManager
 from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.service import SchedulerConfig, SchedulerService
 from podium.scheduler.store import Store
@@ -47,6 +50,9 @@ class RunningScheduler:
     port: int
     http_port: int
     host: str
+    #: Submitted jobs (podium.scheduler.jobs) and their folder if it is a temporary one.
+    jobs: JobManager | None = None
+    jobs_tmp: str = ""
 
     @property
     def address(self) -> str:
@@ -62,10 +68,30 @@ class RunningScheduler:
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving (in-flight RPCs get ``grace`` seconds), then close the state."""
         self.http.ready = False
+        if self.jobs is not None:
+            await self.jobs.close()  # SIGTERM, then SIGKILL, to running drivers
         await self.http.stop()
         await self.service.end_streams()
         await self.grpc_server.stop(grace)
         await self.service.close()
+        if self.jobs_tmp:
+            shutil.rmtree(self.jobs_tmp, ignore_errors=True)
+
+
+def _jobs_folder(config: SchedulerConfig) -> tuple[str, str]:
+    """(jobs folder, the same if it is temporary): ``--jobs-dir``, else ``jobs/`` beside the
+    state file, else (an in-memory state) a temporary folder removed on stop."""
+    if config.jobs_dir:
+        return os.path.expanduser(config.jobs_dir), ""
+    if config.state != ":memory:":
+        return os.path.join(os.path.dirname(os.path.abspath(os.path.expanduser(config.state))), "jobs"), ""
+    tmp = tempfile.mkdtemp(prefix="podium-jobs-")
+    return tmp, tmp
+
+
+def _connect_host(host: str) -> str:
+    """An address a process on this machine reaches a server bound to ``host`` at."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
 async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
@@ -80,18 +106,24 @@ async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
     port = bind(server, config.host, config.port, config.tls)
     await start_server(server, health)
     service.start()
-    http = HttpServer(service, config)
+    folder, jobs_tmp = _jobs_folder(config)
+    jobs = JobManager(folder, store, service.close_sessions, token=config.token, tls=config.tls)
+    http = HttpServer(service, config, jobs)
     try:
+        host = _connect_host(config.host)
+        await jobs.start(f"[{host}]:{port}" if ":" in host else f"{host}:{port}", host)
         http_port = await http.start(config.host, config.http_port)
     except BaseException:
         await server.stop(0)
         await service.close()
+        if jobs_tmp:
+            shutil.rmtree(jobs_tmp, ignore_errors=True)
         raise
     http.ready = True
     log.info("scheduler %s serving gRPC on %s:%d, HTTP on %d, state %s",
              service.scheduler_id, config.host, port, http_port, config.state)
     return RunningScheduler(service=service, grpc_server=server, http=http, port=port,
-                            http_port=http_port, host=config.host)
+                            http_port=http_port, host=config.host, jobs=jobs, jobs_tmp=jobs_tmp)
 
 
 def write_port_file(path: str, payload: dict) -> None:
@@ -107,6 +139,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8265, help="HTTP port (0: any free port)")
     p.add_argument("--state", default=DEFAULT_STATE,
                    help="SQLite state file (default ~/.podium/scheduler.db; ':memory:' keeps none)")
+    p.add_argument("--jobs-dir", default="",
+                   help="folder of submitted jobs' packages, logs and working dirs "
+                        "(default: jobs/ beside the --state file)")
     p.add_argument("--fresh-state", action="store_true",
                    help="start with an empty state: an existing --state file (say, one the "
                         "scheduler refused as damaged) is renamed to FILE.bad-<time>, not deleted")
@@ -160,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podium scheduler: {exc}", file=sys.stderr)
         return 2
     config = SchedulerConfig(token=token, host=args.host, port=args.port, http_port=args.http_port,
-                             state=args.state, fresh_state=args.fresh_state,
+                             state=args.state, fresh_state=args.fresh_state, jobs_dir=args.jobs_dir,
                              node_lease=args.node_lease,
                              heartbeat_interval=args.heartbeat_interval,
                              session_lease=args.session_lease, tls=tls)

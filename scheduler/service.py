@@ -70,6 +70,8 @@ class SchedulerConfig:
     restore_grace: float = RESTORE_GRACE_SECONDS
     #: Move an existing state file aside (kept as ``<state>.bad-<time>``) and start empty.
     fresh_state: bool = False
+    #: Jobs' packages, logs, working dirs ("": jobs/ beside the state file, else a temporary one).
+    jobs_dir: str = ""
 
     def __repr__(self) -> str:  # never print the token
         return (f"SchedulerConfig(host={self.host!r}, port={self.port}, http_port={self.http_port}, "
@@ -324,6 +326,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         await self.agents.stop_workers(effects)
         return scheduler_pb2.CloseSessionResponse(removed_placement_groups=groups,
                                                   removed_workers=workers)
+
+    async def close_sessions(self, prefix: str) -> int:
+        """Close the sessions whose description starts with ``prefix`` (a job's: scheduler.jobs)."""
+        ids = [s.id for s in self.model.sessions.values() if s.description.startswith(prefix)]
+        for session_id in ids:
+            _, _, effects = self.model.close_session(session_id, self.clock())
+            await self._commit()
+            await self.agents.stop_workers(effects)
+        return len(ids)
 
     # ------------------------------------------------------------ placement groups
 

@@ -19,10 +19,12 @@ import time
 from podium.errors import FailedPreconditionError, InvalidArgumentError
 from podium.private import PRIVATE_FILE, private_dir, private_file
 
-__all__ = ["StateFileError", "TABLES", "open_state_db", "set_aside", "refuse_directory"]
+__all__ = ["StateFileError", "TABLES", "JOBS_TABLE", "open_state_db", "set_aside", "refuse_directory"]
 
 #: Every table of a Podium state file (id, first-insert seq, serialized record).
 TABLES = ("nodes", "placement_groups", "workers", "sessions")
+#: Submitted jobs (podium.scheduler.jobs): JSON records, added to files of older versions.
+JOBS_TABLE = "jobs"
 #: Marks a file as Podium's (files of older versions have the tables but no mark).
 FORMAT = "podium-scheduler-state-1"
 
@@ -59,7 +61,7 @@ def set_aside(path: str) -> str:
 def _schema(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
-    for table in TABLES:
+    for table in (*TABLES, JOBS_TABLE):
         db.execute(f"CREATE TABLE IF NOT EXISTS {table} "
                    "(id TEXT PRIMARY KEY, seq INTEGER NOT NULL, data BLOB NOT NULL)")
     db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")

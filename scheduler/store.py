@@ -23,7 +23,7 @@ from podium.errors import FailedPreconditionError, PodiumError
 from podium.private import open_private, private_dir
 from podium.resources import validate_bundles
 from podium.scheduler.state import ClusterModel, Dirty, Session
-from podium.scheduler.statefile import StateFileError, open_state_db, refuse_directory, set_aside
+from podium.scheduler.statefile import JOBS_TABLE, StateFileError, open_state_db, refuse_directory, set_aside
 from podium.v1 import common_pb2
 
 __all__ = ["Store"]
@@ -75,7 +75,7 @@ class Store:
                 self._lock.close()
             raise
         self._seq = 1 + max(self._db.execute(f"SELECT COALESCE(MAX(seq), 0) FROM {t}").fetchone()[0]
-                            for t in (*_TABLES, "sessions"))
+                            for t in (*_TABLES, "sessions", JOBS_TABLE))
 
     def _decode_all(self, path: str) -> dict[str, list]:
         """Every stored record, decoded and checked (StateFileError naming a bad row)."""
@@ -134,6 +134,24 @@ class Store:
                     "ON CONFLICT(id) DO UPDATE SET data = excluded.data",
                     (record_id, self._seq, data))
         self._seq += 1
+
+    def load_jobs(self) -> list[dict]:
+        """Every stored job record (podium.scheduler.jobs), in submission order."""
+        out = []
+        for record_id, data in self._db.execute(f"SELECT id, data FROM {JOBS_TABLE} ORDER BY seq"):
+            try:
+                out.append(json.loads(data))
+            except ValueError as exc:
+                raise StateFileError(self.path, f"has a bad jobs row {record_id!r} ({exc})") from None
+        return out
+
+    def put_job(self, job_id: str, record: dict) -> None:
+        """Write one job record (one statement: SQLite makes it a transaction)."""
+        self._put(self._db.cursor(), JOBS_TABLE, job_id, json.dumps(record).encode())
+
+    def delete_job(self, job_id: str) -> None:
+        """Forget one job record."""
+        self._db.execute(f"DELETE FROM {JOBS_TABLE} WHERE id = ?", (job_id,))
 
     def close(self) -> None:
         """Close the database and release the state file."""

@@ -229,7 +229,9 @@ class Runtime:
         self.scheduler = SchedulerClient(self.address, self.token, self.tls, wait_for_ready=True,
                                          timeout=scheduler_timeout())
         reply = await self.scheduler.open_session(
-            description=f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}",
+            # A submitted job's driver names its job: the scheduler closes it when the job ends.
+            description=(f"job {os.environ['PODIUM_JOB_ID']}: " if os.environ.get("PODIUM_JOB_ID") else "")
+            + f"controller pid {os.getpid()}: {' '.join(sys.argv)[:200]}",
             lease_seconds=self.session_lease)
         self.session_id = reply.session_id
         lease = reply.lease_seconds or 30.0

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "down": ("podium.cli.operator:main_down", "stop the local cluster started by `podium up`"),
     "slurm": ("podium.cli.slurm:main", "inside a Slurm allocation: start a cluster, run a controller, stop all"),
     "run": ("podium.cli.run:main", "run a program with `import ray` resolving to Podium (verl unmodified)"),
+    "job": ("podium.cli.job:main", "submit, follow, stop and list jobs on a cluster (`ray job`'s flags)"),
 }
 
 

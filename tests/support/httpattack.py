@@ -79,13 +79,14 @@ async def probe(host: str, port: int, path: str, token: str | None = None,
         return 0
 
 
-def endless_chunked_post(host: str, port: int, path: str, limit: int) -> tuple[bytes, int]:
-    """POST a chunked body of 64 KiB chunks to ``path`` until the server closes the
-    connection or ``limit`` bytes went out; returns (the answer's status line, bytes sent)."""
+def endless_chunked_post(host: str, port: int, path: str, limit: int, method: str = "POST",
+                         headers: str = "") -> tuple[bytes, int]:
+    """POST (or ``method``) a chunked body of 64 KiB chunks to ``path`` until the server closes
+    the connection or ``limit`` bytes went out; returns (the answer's status line, bytes sent)."""
     chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
     sent = 0
     with socket.create_connection((host, port), timeout=30) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n"
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}"
                      f"Transfer-Encoding: chunked\r\n\r\n".encode())
         sock.sendall(chunk)
         sent += len(chunk)
@@ -94,6 +95,27 @@ def endless_chunked_post(host: str, port: int, path: str, limit: int) -> tuple[b
             while sent < limit:
                 sock.sendall(chunk)
                 sent += len(chunk)
+        except OSError:  # reset or broken pipe: the server closed it
+            pass
+    return status, sent
+
+
+def declared_body(host: str, port: int, method: str, path: str, length: int, limit: int,
+                  headers: str = "") -> tuple[bytes, int]:
+    """Send a request declaring a ``length``-byte body, then body bytes until the server
+    closes the connection or ``limit`` bytes went out; (the answer's status line, bytes sent)."""
+    block = b"x" * 65536
+    sent = 0
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}"
+                     f"Content-Length: {length}\r\n\r\n".encode())
+        sock.sendall(block)
+        sent += len(block)
+        status = sock.makefile("rb").readline().strip()
+        try:
+            while sent < limit:
+                sock.sendall(block)
+                sent += len(block)
         except OSError:  # reset or broken pipe: the server closed it
             pass
     return status, sent
