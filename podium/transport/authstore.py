@@ -264,8 +264,8 @@ class StoreClient(_store_base()):  # type: ignore[misc]
     operations raise :class:`~podium.errors.UnavailableError` when the connection fails,
     :class:`~podium.errors.ResourceExhaustedError` over the store's bounds,
     :class:`~podium.errors.FailedPreconditionError` on another refusal and
-    :class:`~podium.errors.DeadlineExceededError` past the timeout (all ``OSError``\ s but
-    the bounds and refusals)."""
+    :class:`~podium.errors.DeadlineExceededError` past the timeout (each an ``OSError``,
+    but for the bounds and the refusals)."""
 
     def __init__(self, host: str, port: int, key: str, timeout: float) -> None:
         super().__init__()
