@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
-from podium.rollout.broadcastdoor import Doorman
+from podium.rollout.broadcastdoor import Doorman, connect, tls_context
 from podium.rollout.broadcastshm import SENDER, SENDER_LOCK, SegmentWriter, local_domain, map_bucket
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology", "tensor_views"]
@@ -124,18 +124,6 @@ def _check_timeout(timeout: float) -> float:
     return float(timeout)
 
 
-def _connect(peer: dict, timeout: float, what: str) -> socket.socket:
-    try:
-        sock = socket.create_connection((peer["host"], int(peer["port"])), timeout=timeout)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"weight broadcast: {what} metadata {peer!r} has no host/port") from exc
-    except OSError as exc:
-        raise UnavailableError(f"weight broadcast: cannot reach {what} {peer.get('name', '?')} at "
-                               f"{peer.get('host')}:{peer.get('port')}: {exc}") from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
 class WeightSender:
     """The trainer side: streams ``(name, tensor)`` pairs, in buckets, to the chain's head."""
 
@@ -151,7 +139,7 @@ class WeightSender:
         """Send every pair of ``weights`` to the replica whose metadata is ``head``; returns
         ``{"tensors", "bytes", "buckets"}``. CPU tensors go out of their own memory (no copy);
         others are copied to CPU bucket by bucket."""
-        sock = _connect(head, self.timeout, "replica")
+        sock = connect(head, self.timeout, "replica")
         domain = local_domain()
         # The head sees this host's /dev/shm: buckets go as segments, written once for the chain.
         segments = SENDER if domain and head.get("shm_domain") == domain else None
@@ -289,7 +277,7 @@ class WeightReceiver:
         down = None
         try:
             try:  # the listener closes whatever happens, so an upstream never waits on a dead end
-                down = _connect(downstream, self.timeout, "downstream replica") if downstream else None
+                down = connect(downstream, self.timeout, "downstream replica") if downstream else None
                 conn, peer, hello = self._door().admit(self.timeout)
             finally:
                 self.finalize()
@@ -331,7 +319,8 @@ class WeightReceiver:
             return hello
 
         assert self._listener is not None
-        return Doorman(self._listener, self.name, _HEADER.size, length, check, HELLO_SECONDS, MAX_UNAUTHENTICATED)
+        return Doorman(self._listener, self.name, _HEADER.size, length, check, HELLO_SECONDS, MAX_UNAUTHENTICATED,
+                       tls_context(server=True))
 
     def _take(self, conn: socket.socket, who: str, hello: dict, down: socket.socket | None,
               downstream: dict | None, step: int | None) -> list[tuple[str, Any]]:
