@@ -50,7 +50,7 @@ from podium.errors import (
 )
 
 __all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING", "MAX_CLIENTS", "MAX_VALUE_BYTES", "MAX_STORE_BYTES",
-           "StoreClient", "StoreServer", "new_key"]
+           "StoreClient", "StoreServer", "connect_store", "derived_key", "new_key"]
 
 #: A connection that has not answered the challenge by then is closed.
 HANDSHAKE_SECONDS = 5.0
@@ -83,6 +83,25 @@ def new_key() -> str:
     return secrets.token_hex(32)
 
 
+def derived_key(token: str, purpose: str) -> str:
+    """A group key derived from the cluster token (hex), for ranks that share the token and
+    ``purpose`` (a group's address) but no channel to pass a fresh key on."""
+    return hmac.new(token.encode(), b"podium-store/" + purpose.encode(), hashlib.sha256).hexdigest()
+
+
+def connect_store(host: str, port: int, key: str, timeout: float) -> "StoreClient":
+    """:class:`StoreClient` to a server that may not listen yet (a rank that started before
+    rank 0): retried while the connection is refused, up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return StoreClient(host, port, key, timeout)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _mac(key: bytes, who: bytes, nonce: bytes) -> bytes:
     return hmac.new(key, who + nonce, hashlib.sha256).digest()
 
@@ -107,14 +126,14 @@ def _shut(sock: socket.socket) -> None:
 class StoreServer:
     """The store itself, in threads of the process that opened it (a group's rank 0)."""
 
-    def __init__(self, host: str, key: str) -> None:
+    def __init__(self, host: str, key: str, port: int = 0) -> None:
         self.host = host
         self._key = bytes.fromhex(key)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            listener.bind((host, 0))
+            listener.bind((host, port))
             listener.listen(128)
         except OSError:
             listener.close()
