@@ -133,8 +133,11 @@ def given_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
     PermissionDeniedError, naming the folder and the fix, when another local user could
     plant something in it: it belongs to another user or others can write it, or a folder
     above it is another user's or writable by others (a sticky folder such as /tmp is fine
-    above it, not as it)."""
+    above it, not as it). ``PODIUM_SINGLE_USER=1`` skips the check, for a container whose
+    every process runs as one uid (a Kubernetes emptyDir is world-writable by design)."""
     given = pathlib.Path(path).expanduser().absolute()
+    if os.environ.get("PODIUM_SINGLE_USER") == "1":
+        return private_dir(given).resolve()
     folder = given.resolve()
     for parent in sorted({*given.parents, *folder.parents}, key=lambda p: len(p.parts)):
         try:
