@@ -38,6 +38,11 @@ def lookup(name):
 
 
 ray.init()
+# The driver makes the rendezvous actor, so it outlives the rank that is killed below (an
+# actor a killed rank made may go with it, which would leave nothing stale to test).
+from podium.compat.collective import _rendezvous  # noqa: E402
+
+keeper = _rendezvous("g")
 first = Member.remote()
 first.join.remote(2, 0, "g")  # waits for a rank 1 that never comes
 while (address := lookup("podium-collective:g")) is None:
