@@ -68,3 +68,87 @@ def test_a_broadcast_bucket_is_mapped_so_writes_stay_in_the_replica():
             assert segment.read() == bytes(range(64)) * 4
     finally:
         shm.remove_segment(name)
+
+
+class Echo:
+    """What the worker hosts: a method that returns its argument."""
+
+    def echo(self, *args):
+        return args
+
+
+RELAY = """
+import socket, sys, threading
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+client, _ = listener.accept()
+upstream = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+def pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+threading.Thread(target=pump, args=(upstream, client)).start()
+pump(client, upstream)
+"""
+
+
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs /usr/bin/python3 for the second user (uid 65534)")
+def test_a_peer_of_another_user_cannot_make_a_worker_map_this_users_segment(token, arun):
+    """A local user 65534 who holds the token names one of this user's segments (another
+    job's, say) in a call: the worker neither maps nor removes it."""
+    import asyncio
+    import socket
+    import struct
+
+    from podium.transport import callsocket
+    from podium.transport.frames import FRAME_LENGTH
+    from podium.v1 import worker_pb2
+    from podium.worker.client import WorkerClient
+    from podium.worker.host.process import start_host
+
+    async def scenario():
+        host = await start_host("127.0.0.1", token=token, env={"RANK": "0", "WORLD_SIZE": "1"})
+        owner = WorkerClient(host.address, token)
+        await owner.start()
+        await owner.construct((Echo, (), {}))
+        name, size = shm.write_segments([b"another job's data" * 100])
+        relay = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+                                  "-c", RELAY, str(host.runtime.call_port)], stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(relay.stdout.readline())
+            frame = worker_pb2.CallFrame(call_id=1, last=True, header=worker_pb2.CallHeader(
+                kind=worker_pb2.CALL, method="echo", shm_name=name, payload_size=size)).SerializeToString()
+
+            def attack() -> bytes:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                    sock.sendall(callsocket.hello(token) + FRAME_LENGTH.pack(len(frame)) + frame)
+                    sock.settimeout(10)
+                    got = b""
+                    try:
+                        while len(got) < 4 or len(got) < 4 + struct.unpack("<I", got[:4])[0]:
+                            chunk = sock.recv(65536)
+                            if not chunk:
+                                break
+                            got += chunk
+                    except OSError:
+                        pass
+                    return got
+
+            reply = await asyncio.get_running_loop().run_in_executor(None, attack)
+            assert b"named by a peer of another local user" in reply
+            assert os.path.exists(os.path.join(shm.SHM_DIR, name))  # neither consumed nor removed
+            assert host.runtime.stats.get("shm_in", 0) == 0
+        finally:
+            relay.kill()
+            relay.wait(10)
+            shm.remove_segment(name)
+            await owner.close()
+            await host.stop(grace=0.2)
+    arun(scenario())
