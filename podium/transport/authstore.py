@@ -308,12 +308,23 @@ class StoreClient(_store_base()):  # type: ignore[misc]
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(_SLICE_S + HANDSHAKE_SECONDS * 6)
         self._sock: socket.socket | None = sock
+        self._address = (host, port, key)
+        #: Clones handed to torch: torch calls back into them, so they live as long as this.
+        self._clones: list[StoreClient] = []
+
+    def clone(self) -> "StoreClient":
+        """A second connection to the same store (torch asks for one per background thread)."""
+        other = StoreClient(*self._address, self._wait_s)
+        self._clones.append(other)
+        return other
 
     def close(self) -> None:
-        """Drop the connection."""
+        """Drop the connection (and its clones')."""
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+        for other in self._clones:
+            other.close()
 
     def _call(self, op: int, key: str = "", value: bytes = b"", arg: int = 0) -> tuple[int, bytes]:
         raw = key.encode("utf-8", "surrogateescape")
