@@ -61,12 +61,18 @@ def private_dir(path: str | os.PathLike) -> pathlib.Path:
 
 
 def private_file(path: str | os.PathLike) -> None:
-    """Make an existing file of ours 0600 (one of another user is left alone)."""
+    """Make an existing file of ours 0600 (one of another user, or a symlink, is left alone:
+    a chmod would go through the link to whatever it names)."""
     try:
-        if os.stat(path).st_uid == os.getuid():
-            os.chmod(path, PRIVATE_FILE)
-    except FileNotFoundError:
-        pass
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, or a symlink (ELOOP)
+        return
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+            os.fchmod(fd, PRIVATE_FILE)
+    finally:
+        os.close(fd)
 
 
 def open_private(path: str | os.PathLike, mode: str = "ab"):

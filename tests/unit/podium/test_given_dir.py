@@ -50,3 +50,23 @@ def test_single_user_containers_lift_the_check(tmp_path, monkeypatch):
     os.chmod(folder, 0o777)
     monkeypatch.setenv("PODIUM_SINGLE_USER", "1")
     assert given_dir(folder, "--log-dir") == folder.resolve()
+
+
+def test_private_file_and_open_private_never_go_through_a_symlink(tmp_path):
+    from podium.private import open_private, private_file
+
+    target = tmp_path / "precious"
+    target.write_text("keep\n")
+    os.chmod(target, 0o644)
+    link = tmp_path / "state.db-wal"
+    link.symlink_to(target)
+    private_file(link)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    with pytest.raises(PermissionDeniedError, match="symbolic link"):
+        open_private(link)
+    assert target.read_text() == "keep\n"
+    mine = tmp_path / "mine"
+    mine.write_text("x")
+    os.chmod(mine, 0o644)
+    private_file(mine)
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o600
