@@ -21,6 +21,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+#: Acting as a second local user (setpriv, chown to uid 65534) takes root and a system Python.
+SECOND_USER = pytest.mark.skipif(
+    SYSTEM_PYTHON is None or shutil.which("setpriv") is None or os.geteuid() != 0,
+    reason="needs root, setpriv and /usr/bin/python3 to act as a second local user (uid 65534)")
 
 
 def _env(token: str) -> dict:
@@ -57,6 +61,7 @@ def shared_tmp():
     shutil.rmtree(root, ignore_errors=True)
 
 
+@SECOND_USER
 def test_a_folder_others_can_write_is_refused_by_every_entry_point(shared_tmp, token):
     open_to_all = os.path.join(shared_tmp, "open")
     os.mkdir(open_to_all)
@@ -78,7 +83,7 @@ def test_a_folder_others_can_write_is_refused_by_every_entry_point(shared_tmp, t
     assert os.listdir(theirs) == []  # nothing was written there
 
 
-@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs /usr/bin/python3 for the second user (uid 65534)")
+@SECOND_USER
 def test_the_agent_adopts_no_fork_server_of_another_user(shared_tmp):
     from podium.worker.agent.forkserver import LISTEN_NAME, ForkServer
 

@@ -17,6 +17,10 @@ from podium.rollout.broadcastshm import map_bucket
 from podium.transport import shm
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+#: Acting as a second local user (setpriv, chown to uid 65534) takes root and a system Python.
+SECOND_USER = pytest.mark.skipif(
+    SYSTEM_PYTHON is None or shutil.which("setpriv") is None or os.geteuid() != 0,
+    reason="needs root, setpriv and /usr/bin/python3 to act as a second local user (uid 65534)")
 
 
 def _name() -> str:
@@ -42,7 +46,7 @@ def test_a_symlink_named_like_a_segment_is_not_followed(tmp_path):
         os.unlink(link)
 
 
-@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs /usr/bin/python3 for the second user (uid 65534)")
+@SECOND_USER
 def test_a_segment_file_of_another_user_is_neither_mapped_nor_removed():
     name = _name()
     path = os.path.join(shm.SHM_DIR, name)
@@ -99,7 +103,7 @@ pump(client, upstream)
 """
 
 
-@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs /usr/bin/python3 for the second user (uid 65534)")
+@SECOND_USER
 def test_a_peer_of_another_user_cannot_make_a_worker_map_this_users_segment(token, arun):
     """A local user 65534 who holds the token names one of this user's segments (another
     job's, say) in a call: the worker neither maps nor removes it."""
