@@ -107,6 +107,13 @@ def test_bytes_without_the_key_are_bounded_and_idle_sockets_do_not_lock_ranks_ou
             authstore.StoreClient("127.0.0.1", server.port, authstore.new_key(), 10)
         assert client.num_keys() == 1
         client.close()
+        # And a rank never talks to a store that does not hold its key (another group's).
+        other = authstore.StoreServer("127.0.0.1", authstore.new_key())
+        try:
+            with pytest.raises(AuthenticationError, match="this group's key"):
+                authstore.StoreClient("127.0.0.1", other.port, key, 10)
+        finally:
+            other.close()
     finally:
         for sock in idle:
             sock.close()
