@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from podium import errors
 
-__all__ = ["MAX_BUNDLES", "MAX_REPEATED", "MAX_MAP_ENTRIES", "MAX_SESSION_LEASE_SECONDS",
+__all__ = ["MAX_BUNDLES", "MAX_REPEATED", "MAX_QUEUED_CALLS", "MAX_QUEUED_BYTES", "MAX_MAP_ENTRIES", "MAX_SESSION_LEASE_SECONDS",
            "MAX_PORT_HOLD_SECONDS", "MAX_GRACE_SECONDS", "MAX_TAIL_LINES", "check_count",
            "check_seconds", "check_repeated_fields"]
 
@@ -35,6 +35,10 @@ MAX_PORT_HOLD_SECONDS = 3600.0
 MAX_GRACE_SECONDS = 600.0
 #: Most log lines one TailLog may ask for.
 MAX_TAIL_LINES = 1_000_000
+#: ``blocking=False`` calls an actor's handle queues while its constructor runs, at most, and
+#: the bytes of their arguments (each queued call keeps a copy of what it was given).
+MAX_QUEUED_CALLS = 10_000
+MAX_QUEUED_BYTES = 1 << 30
 
 # Lists whose bound is not MAX_REPEATED, by (message full name, field name).
 _LIST_BOUNDS = {

@@ -26,11 +26,12 @@ from podium.controller.group.gather import GroupGather, RankOutcome
 from podium.controller.group.handle import WorkerHandle, no_arguments
 from podium.controller.group.members import GroupMembers
 from podium.controller.session.loopqueue import soon
+from podium import limits
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
-from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, UnavailableError, UnresponsiveError,
-                           WorkerDiedError)
+from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, ResourceExhaustedError, UnavailableError,
+                           UnresponsiveError, WorkerDiedError)
 from podium.worker.factory import by_value
 
 
@@ -86,6 +87,8 @@ class GroupCaller:
         self.gate: Any = None
         self._gate_lock = threading.Lock()
         self._queued: list | None = None
+        #: Bytes of the arguments :attr:`_queued` keeps (bounded: limits.MAX_QUEUED_BYTES).
+        self._queued_bytes = 0
 
     def routed(self, route: Route | None = None) -> "GroupCaller":
         """A caller over the same runtime and members with its own closed flag and
@@ -195,10 +198,18 @@ class GroupCaller:
                 for ref in refs:
                     ref.set_exception(error)
                 return True
+            nbytes = sum({id(p): p.nbytes for p in payloads.values()}.values()) if payloads else 0
+            queued = len(self._queued or ())
+            if queued >= limits.MAX_QUEUED_CALLS or self._queued_bytes + nbytes > limits.MAX_QUEUED_BYTES:
+                raise ResourceExhaustedError(
+                    f"{self.label}.{calls[0][1]}: {queued} calls with {self._queued_bytes} bytes of arguments "
+                    f"already wait for the actor's constructor (bounds: {limits.MAX_QUEUED_CALLS} calls, "
+                    f"{limits.MAX_QUEUED_BYTES} bytes); wait for it first (podium.get on a call's result)")
             if self._queued is None:
                 self._queued = []
                 gate.add_done_callback(lambda _: soon(self._rt.loop, self._drain_gate))
-            self._queued.append((calls, payloads, refs, timeout, trace))
+            self._queued.append((calls, payloads, refs, timeout, trace, nbytes))
+            self._queued_bytes += nbytes
             return True
 
     def _drain_gate(self) -> None:
@@ -214,7 +225,8 @@ class GroupCaller:
                     if error is None:
                         self.gate = None
                     return
-                calls, payloads, refs, timeout, trace = self._queued.pop(0)
+                calls, payloads, refs, timeout, trace, nbytes = self._queued.pop(0)
+                self._queued_bytes -= nbytes
             if error is not None:
                 for ref in refs:
                     ref.set_exception(error)

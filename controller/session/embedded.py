@@ -7,7 +7,6 @@ Split from :mod:`podium.controller.session.runtime`, which keeps the names impor
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pathlib
 import secrets
@@ -18,7 +17,7 @@ import tempfile
 import time
 
 from podium.errors import DeadlineExceededError, UnavailableError
-from podium.private import open_private, private_dir
+from podium.private import given_dir, open_private, private_dir, read_port_file
 from podium.process import die_with_parent_argv
 
 __all__ = ["DEFAULT_FAKE_GPUS", "STARTUP_TIMEOUT", "start_embedded", "stop_process"]
@@ -58,9 +57,10 @@ def _wait_port_file(path: pathlib.Path, proc: subprocess.Popen, what: str, log_p
                     timeout: float = STARTUP_TIMEOUT) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists():
-            with contextlib.suppress(ValueError):
-                return json.loads(path.read_text())
+        # Only the file this child wrote: not a stale one of an earlier run in a reused log_dir.
+        payload = read_port_file(path, proc.pid)
+        if payload is not None:
+            return payload
         if proc.poll() is not None:
             tail = log_path.read_text()[-2000:] if log_path.exists() else ""
             raise UnavailableError(f"the embedded {what} exited with code {proc.returncode}:\n{tail}")
@@ -81,7 +81,8 @@ def _tls_args(tls) -> list[str]:
 def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None, tls=None
                     ) -> tuple[str, str, list[subprocess.Popen], str]:
     token = secrets.token_urlsafe(32)
-    root = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
+    # A given folder must be one no other user can plant sockets, port files or links in (#48).
+    root = given_dir(log_dir, "init(log_dir=)") if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
     private_dir(root)  # 0700 (mkdtemp's already is), its logs 0600, whatever the umask (#34)
     env = dict(os.environ, PODIUM_TOKEN=token, PYTHONUNBUFFERED="1")
     env.pop("PODIUM_TOKEN_FILE", None)

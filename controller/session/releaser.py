@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from podium.controller.session.core import SessionCore
 
+from podium.limits import MAX_REPEATED
+
 __all__ = ["FLUSH_AFTER_S", "Releaser"]
 
 #: How long released ids may wait for a call to carry them before an RPC does.
@@ -61,8 +63,8 @@ class Releaser:
         for client in seen.values():
             queued = client.releasable
             ids = [queued.popleft() for _ in range(len(queued))]  # what no call took meanwhile
-            if ids:
-                self._rt.loop.create_task(self._send(client, ids))
+            for start in range(0, len(ids), MAX_REPEATED):  # a worker takes that many per request
+                self._rt.loop.create_task(self._send(client, ids[start:start + MAX_REPEATED]))
 
     async def _send(self, client: Any, ids: list[str]) -> None:
         with contextlib.suppress(Exception):  # a gone worker holds nothing any more

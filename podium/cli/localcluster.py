@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 
 from podium.auth import resolve_token
-from podium.private import open_private, private_dir, write_private_atomic
+from podium.private import given_dir, open_private, private_dir, read_port_file, write_private_atomic
 from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 
 __all__ = ["DEFAULT_DIR", "LocalCluster", "ProcessRecord", "up", "down", "load", "node_address"]
@@ -118,9 +118,9 @@ def _wait_file(path: pathlib.Path, proc: subprocess.Popen, log_path: pathlib.Pat
                deadline: float) -> dict:
     argv = [str(a) for a in proc.args]  # type: ignore[union-attr]  # always a list here
     while True:
-        if path.exists():
-            with contextlib.suppress(ValueError):
-                return json.loads(path.read_text())
+        payload = read_port_file(path, proc.pid)  # only the file this child wrote
+        if payload is not None:
+            return payload
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
             raise UnavailableError(f"{' '.join(argv[3:5])} exited with code "
@@ -154,7 +154,7 @@ def up(directory: str | os.PathLike = DEFAULT_DIR, *, nodes: int = 2, gpus_per_n
     """
     if nodes < 1:
         raise InvalidArgumentError(f"--nodes must be >= 1, got {nodes}")
-    root = pathlib.Path(directory).expanduser().resolve()
+    root = given_dir(directory, "podium up --dir")  # no other user can plant files there (#48)
     existing = load(root)
     if existing is not None:
         if any(_alive(p.pid) for p in existing.processes()):

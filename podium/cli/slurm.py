@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from podium import errors
-from podium.private import PRIVATE_DIR, open_private, private_dir
+from podium.private import PRIVATE_DIR, given_dir, open_private, private_dir, read_port_file
 
 __all__ = ["main", "build_parser", "job_from_env", "SlurmJob"]
 
@@ -174,6 +174,8 @@ class Launcher:
 
     def start(self) -> str:
         """Token, scheduler, agents; returns the scheduler address once every node registered."""
+        if self.args.job_dir:  # a folder given, not made here: no other user may plant files in it (#48)
+            given_dir(self.dir, "podium slurm --job-dir")
         private_dir(self.dir / "logs")  # 0700 both, whatever the umask
         os.chmod(self.dir, PRIVATE_DIR)
         self.token_file.unlink(missing_ok=True)
@@ -201,9 +203,7 @@ class Launcher:
                     env, "scheduler.log")
 
         def ports():
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                return json.loads(port_file.read_text())
-            return None
+            return read_port_file(port_file, self.procs["scheduler"].pid)  # only the file it wrote
 
         info = self._wait("the scheduler to serve", deadline, ports)
         address, http = f"{host}:{info['port']}", f"http://{host}:{info['http_port']}"

@@ -1,9 +1,14 @@
 """Ray's ``ray.util.collective`` on ``torch.distributed``, with the rendezvous through Podium.
 
 ``init_collective_group(world_size, rank, backend, group_name)`` in each member process:
-rank 0 opens a ``torch.distributed.TCPStore`` on its node and publishes its address in a
-named Podium actor (``podium-collective:<group_name>``, the way Ray keeps NCCL's unique id in
-a named actor); the other ranks read it there and connect. The group is a process group of
+rank 0 opens a store on its node's address (:class:`~podium.transport.authstore.StoreServer`,
+which serves only holders of the group's fresh key) and publishes its address, the key and a
+nonce of this attempt in a named Podium actor (``podium-collective:<group_name>``, the way
+Ray keeps NCCL's unique id in a named actor); the other ranks read them there and connect.
+The key reaches the ranks only through Podium's authenticated calls. A rank that finds an
+address it cannot use (an earlier attempt's: its store gone, or a store that does not hold
+the key) waits for the next attempt's nonce rather than failing or dialling it again; a
+rank 0 whose rendezvous fails removes the actor. The group is a process group of
 its own (``ProcessGroupGloo``, or ``ProcessGroupNCCL`` for backend "nccl" where CUDA is
 available; "nccl" falls back to gloo on a machine without CUDA so CPU tests run the same
 code), so several named groups coexist with the program's default ``torch.distributed``
@@ -14,7 +19,9 @@ do; a "gloo" group connects in ``init_collective_group``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import secrets
 import time
 from typing import Any
 
@@ -35,8 +42,8 @@ __all__ = [
     "send",
 ]
 
-#: group name -> [process group (None until connected), rank, world size, store, rendezvous
-#: actor handle or None, backend]
+#: group name -> [process group (None until connected), rank, world size, (store client, its
+#: server on rank 0 or None), rendezvous actor handle or None, backend]
 _groups: dict[str, list] = {}
 #: How long ranks wait for each other (Ray's default collective timeout is 30 minutes).
 TIMEOUT_S = 1800.0
@@ -46,14 +53,14 @@ class Rendezvous:
     """The named actor that holds a group's store address until every rank has read it."""
 
     def __init__(self) -> None:
-        self.address: tuple[str, int] | None = None
+        self.address: tuple[str, int, str, str] | None = None
 
-    def publish(self, host: str, port: int) -> None:
-        """Rank 0's store address."""
-        self.address = (host, port)
+    def publish(self, host: str, port: int, key: str, nonce: str) -> None:
+        """Rank 0's store address, its key and this attempt's nonce."""
+        self.address = (host, port, key, nonce)
 
-    def lookup(self) -> tuple[str, int] | None:
-        """The store address, or None until rank 0 has published it."""
+    def lookup(self) -> tuple[str, int, str, str] | None:
+        """``(host, port, key, nonce)``, or None until rank 0 has published them."""
         return self.address
 
 
@@ -118,34 +125,64 @@ def _connect(group_name: str, entry: list) -> None:
     import ray
     import torch.distributed as dist
 
-    from podium.errors import DeadlineExceededError
+    from podium.transport.authstore import StoreClient, StoreServer, new_key
 
     _, rank, world_size, _, _, chosen = entry
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     actor: Any = _rendezvous(group_name) if world_size > 1 else None
-    if rank == 0:
-        host = ray.util.get_node_ip_address()
-        store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        if actor is not None:
-            ray.get(actor.publish.remote(host, store.port))
-    else:
-        deadline = time.monotonic() + TIMEOUT_S
-        while (address := ray.get(actor.lookup.remote())) is None:
-            if time.monotonic() > deadline:
-                raise DeadlineExceededError(f"rank 0 of collective group {group_name!r} did not publish its "
-                                            f"address within {TIMEOUT_S:g} s: did every rank call "
-                                            "init_collective_group and use the group?")
-            time.sleep(0.05)
-        store = dist.TCPStore(address[0], address[1], world_size, is_master=False, timeout=timeout)
-    prefixed = dist.PrefixStore(f"podium-collective/{group_name}/", store)
-    if chosen == "nccl":
-        group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
-    else:
-        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    entry[0], entry[3], entry[4] = group, store, actor
-    group.barrier().wait()  # every rank is connected: the rendezvous actor is no longer needed
+    server = None
+    try:
+        if rank == 0:
+            host, key = ray.util.get_node_ip_address(), new_key()
+            server = StoreServer(host, key)
+            store = StoreClient(host, server.port, key, TIMEOUT_S)
+            if actor is not None:
+                ray.get(actor.publish.remote(host, server.port, key, secrets.token_hex(16)))
+        else:
+            store = _join(group_name, actor)
+        prefixed = dist.PrefixStore(f"podium-collective/{group_name}/", store)
+        if chosen == "nccl":
+            group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        else:
+            group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        group.barrier().wait()  # every rank is connected: the rendezvous actor is no longer needed
+    except BaseException:
+        if server is not None:
+            server.close()
+        if rank == 0 and actor is not None:  # a later attempt starts from a fresh actor
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        raise
+    # The store stays for the group's life: NCCL makes communicators through it lazily.
+    entry[0], entry[3], entry[4] = group, (store, server), actor
     if rank == 0 and actor is not None:
         ray.kill(actor)
+
+
+def _join(group_name: str, actor: Any) -> Any:
+    """A connection to rank 0's store, from the newest attempt it published."""
+    import ray
+
+    from podium.errors import DeadlineExceededError
+    from podium.transport.authstore import StoreClient
+
+    deadline = time.monotonic() + TIMEOUT_S
+    stale: set[str] = set()  # nonces of attempts whose store could not be used
+    last = ""
+    while True:
+        address = ray.get(actor.lookup.remote())
+        if address is not None and address[3] not in stale:
+            host, port, key, nonce = address
+            try:
+                return StoreClient(host, port, key, TIMEOUT_S)
+            except OSError as exc:  # an earlier attempt's address: wait for rank 0's next one
+                stale.add(nonce)
+                last = f"; rank 0's last address {host}:{port} failed: {exc}"
+        if time.monotonic() > deadline:
+            raise DeadlineExceededError(f"rank 0 of collective group {group_name!r} did not publish a usable "
+                                        f"address within {TIMEOUT_S:g} s: did every rank call "
+                                        f"init_collective_group and use the group?{last}")
+        time.sleep(0.05)
 
 
 def create_collective_group(actors: list, world_size: int, ranks: list[int], backend: str = "nccl",
@@ -191,6 +228,11 @@ def destroy_collective_group(group_name: str = "default") -> None:
         shutdown = getattr(entry[0], "shutdown", None)
         if shutdown is not None:
             shutdown()
+    if entry is not None and entry[3] is not None:
+        store, server = entry[3]
+        store.close()
+        if server is not None:
+            server.close()
 
 
 def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> None:

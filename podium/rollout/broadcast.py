@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
+from podium.rollout.broadcastdoor import Doorman, connect, tls_context
 from podium.rollout.broadcastshm import SENDER, SENDER_LOCK, SegmentWriter, local_domain, map_bucket
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology", "tensor_views"]
@@ -48,6 +49,13 @@ MAX_BUCKET_BYTES = 16 << 30
 MAX_TENSORS = 1 << 20
 #: Each tensor starts at a multiple of this in its bucket (any dtype's view is aligned).
 ALIGN = 64
+#: Before it presented the update's token a connection may send a HELLO of at most this many
+#: bytes, within :data:`HELLO_SECONDS`; at most :data:`MAX_UNAUTHENTICATED` such connections
+#: are held at once (past that the oldest is closed). A connection that fails any of this is
+#: closed and the listener goes on waiting for the upstream: it never fails the update.
+MAX_HELLO_BYTES = 4096
+HELLO_SECONDS = 5.0
+MAX_UNAUTHENTICATED = 32
 
 # magic, kind, manifest length, body length
 _HEADER = struct.Struct("!4sB3xIQ")
@@ -91,13 +99,18 @@ def _read_frame_head(sock: socket.socket, who: str) -> tuple[int, dict, int]:
                             f"over the bounds ({MAX_MANIFEST_BYTES} + {MAX_BUCKET_BYTES})")
     raw = bytearray(manifest_len)
     _recv_exactly(sock, memoryview(raw), who)
+    return kind, _manifest(raw, who), body_len
+
+
+def _manifest(raw: bytes | bytearray, who: str) -> dict:
     try:
         manifest = json.loads(raw)
-    except ValueError as exc:
-        raise DataLossError(f"weight broadcast: {who} sent a manifest that is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
+        raise DataLossError(f"weight broadcast: {who} sent a manifest that is not JSON: "
+                            f"{exc if isinstance(exc, ValueError) else 'nested too deep'}") from None
     if not isinstance(manifest, dict):
         raise DataLossError(f"weight broadcast: {who} sent a manifest that is not an object")
-    return kind, manifest, body_len
+    return manifest
 
 
 def _frame_head(kind: int, manifest: dict, body_len: int = 0) -> bytes:
@@ -109,18 +122,6 @@ def _check_timeout(timeout: float) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
         raise InvalidArgumentError(f"timeout must be seconds in (0, 86400], got {timeout!r}")
     return float(timeout)
-
-
-def _connect(peer: dict, timeout: float, what: str) -> socket.socket:
-    try:
-        sock = socket.create_connection((peer["host"], int(peer["port"])), timeout=timeout)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"weight broadcast: {what} metadata {peer!r} has no host/port") from exc
-    except OSError as exc:
-        raise UnavailableError(f"weight broadcast: cannot reach {what} {peer.get('name', '?')} at "
-                               f"{peer.get('host')}:{peer.get('port')}: {exc}") from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
 
 
 class WeightSender:
@@ -138,7 +139,7 @@ class WeightSender:
         """Send every pair of ``weights`` to the replica whose metadata is ``head``; returns
         ``{"tensors", "bytes", "buckets"}``. CPU tensors go out of their own memory (no copy);
         others are copied to CPU bucket by bucket."""
-        sock = _connect(head, self.timeout, "replica")
+        sock = connect(head, self.timeout, "replica")
         domain = local_domain()
         # The head sees this host's /dev/shm: buckets go as segments, written once for the chain.
         segments = SENDER if domain and head.get("shm_domain") == domain else None
@@ -252,8 +253,7 @@ class WeightReceiver:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self.host, 0))
-        listener.listen(1)
-        listener.settimeout(self.timeout)
+        listener.listen(128)
         self._listener = listener
         self._token = secrets.token_hex(16)
         return {"name": self.name, "host": self.host, "port": listener.getsockname()[1], "token": self._token,
@@ -277,21 +277,23 @@ class WeightReceiver:
         down = None
         try:
             try:  # the listener closes whatever happens, so an upstream never waits on a dead end
-                down = _connect(downstream, self.timeout, "downstream replica") if downstream else None
-                conn, peer = self._listener.accept()
-            except TimeoutError:
-                raise UnavailableError(f"weight broadcast: replica {self.name} waited {self.timeout:g} s "
-                                       f"and no upstream connected") from None
+                down = connect(downstream, self.timeout, "downstream replica") if downstream else None
+                conn, peer, hello = self._door().admit(self.timeout)
             finally:
                 self.finalize()
             who = f"the upstream at {peer[0]}:{peer[1]}"
             with conn:
                 conn.settimeout(self.timeout)
                 try:
-                    return self._take(conn, who, down, downstream, step)
+                    return self._take(conn, who, hello, down, downstream, step)
                 except OSError as exc:  # reset, or stalled past the deadline
                     raise UnavailableError(f"weight broadcast: replica {self.name} lost {who} "
                                            f"mid-update: {exc or type(exc).__name__}") from None
+        except BaseException:
+            # A failed update hands nothing over: its staging buffers go too, so what an
+            # upstream sent before failing is not kept until the next update.
+            self._buffers, self._mapped = [], {}
+            raise
         finally:
             if down is not None:
                 down.close()
@@ -302,11 +304,26 @@ class WeightReceiver:
         for pair in await asyncio.to_thread(self.receive, downstream, global_steps):
             yield pair
 
-    def _take(self, conn: socket.socket, who: str, down: socket.socket | None, downstream: dict | None,
-              step: int | None) -> list[tuple[str, Any]]:
-        kind, hello, _ = _read_frame_head(conn, who)
-        if kind != _HELLO or not hmac.compare_digest(str(hello.get("token", "")), self._token):
-            raise DataLossError(f"weight broadcast: {who} did not present replica {self.name}'s token")
+    def _door(self) -> Doorman:
+        def length(head: bytes) -> int:
+            magic, kind, manifest_len, body_len = _HEADER.unpack(head)
+            if magic != _MAGIC or kind != _HELLO or body_len or manifest_len > MAX_HELLO_BYTES:
+                raise DataLossError(f"a frame that is not a HELLO (magic {magic!r}, kind {kind}, "
+                                    f"{manifest_len} + {body_len} bytes)")
+            return manifest_len
+
+        def check(head: bytes, raw: bytes) -> dict:
+            hello = _manifest(raw, "the connection")
+            if not hmac.compare_digest(str(hello.get("token", "")).encode(), self._token.encode()):
+                raise DataLossError(f"it did not present replica {self.name}'s token")
+            return hello
+
+        assert self._listener is not None
+        return Doorman(self._listener, self.name, _HEADER.size, length, check, HELLO_SECONDS, MAX_UNAUTHENTICATED,
+                       tls_context(server=True))
+
+    def _take(self, conn: socket.socket, who: str, hello: dict, down: socket.socket | None,
+              downstream: dict | None, step: int | None) -> list[tuple[str, Any]]:
         if step is not None and hello.get("step") != step:
             raise DataLossError(f"weight broadcast: {who} sends step {hello.get('step')}, "
                                 f"replica {self.name} expected {step}")

@@ -1,13 +1,16 @@
 """Weight broadcast over a process group of its own: NCCL between GPUs, gloo on CPUs.
 
 The same shape as :mod:`podium.rollout.broadcast` (verl's checkpoint engine): the sender's
-:meth:`CollectiveSender.prepare` opens the rendezvous (a ``torch.distributed.TCPStore`` on its
-node) and returns the metadata every replica joins with; :meth:`CollectiveSender.send`
+:meth:`CollectiveSender.prepare` opens the rendezvous (a :class:`~podium.transport.authstore.StoreServer`
+on its node's address, which serves only holders of the group's key) and returns the metadata
+every replica joins with: the metadata, key included, travels only in Podium's authenticated
+calls; :meth:`CollectiveSender.send`
 takes ``(name, tensor)`` pairs, :meth:`CollectiveReceiver.receive` gives them back once the
 whole update arrived. Each bucket is one ``broadcast`` from rank 0 (the sender) to ranks
 1..N (the replicas): on GPUs NCCL runs it at the interconnect's speed, tensors stay on the
 device; on CPUs it is gloo over TCP. The bucket's manifest goes through the store, keyed by
-update and record number (a bucket's, or the END record's), so nothing is ever unpickled
+update and record number (a bucket's, or the END record's; only key holders can write
+one, so a rank acts only on records its sender wrote), so nothing is ever unpickled
 and a replica allocates only what the manifest announces within the bounds of
 :mod:`podium.rollout.broadcast`.
 
@@ -22,7 +25,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -86,20 +88,24 @@ class CollectiveSender:
         self.timeout = _check_timeout(timeout)
         self.backend = _backend(backend)
         self.host = host or os.environ.get("PODIUM_NODE_ADDRESS") or "127.0.0.1"
-        self._store: Any = None
+        self._server: Any = None  # a StoreServer, once prepared
+        self._store: Any = None  # a StoreClient of it
         self._group: Any = None
         self._token = ""
         self._updates = 0
+        #: Records written per update, so an update two back can be deleted (the store is bounded).
+        self._written: dict[int, int] = {}
 
     def prepare(self) -> dict:
         """Open the rendezvous; the metadata each replica's :meth:`CollectiveReceiver.join` takes."""
-        import torch.distributed as dist
+        from podium.transport.authstore import StoreClient, StoreServer, new_key
 
         if self._store is None:
-            self._store = dist.TCPStore(self.host, 0, self.replicas + 1, is_master=True,
-                                        timeout=datetime.timedelta(seconds=self.timeout), wait_for_workers=False)
-            self._token = secrets.token_hex(8)
-        return {"host": self.host, "port": self._store.port, "token": self._token,
+            self._token = new_key()
+            self._server = StoreServer(self.host, self._token)
+            self._store = StoreClient(self.host, self._server.port, self._token, self.timeout)
+        assert self._server is not None
+        return {"host": self.host, "port": self._server.port, "token": self._token,
                 "world_size": self.replicas + 1, "backend": self.backend}
 
     def send(self, weights: Iterable[tuple[str, Any]], step: int | None = None) -> dict:
@@ -112,6 +118,9 @@ class CollectiveSender:
         if self._group is None:  # waits for every replica to join (within the timeout)
             self._group = _group(self._store, self._token, 0, self.replicas + 1, self.backend, self.timeout)
         update = self._updates = self._updates + 1
+        # Every replica read update - 2's records before it took part in update - 1's buckets.
+        for index in range(self._written.pop(update - 2, 0)):
+            self._store.delete_key(f"record/{update - 2}/{index}")
         device = _device(self.backend)
         dtypes = _dtypes()
         pending: list[tuple[str, Any]] = []
@@ -138,11 +147,13 @@ class CollectiveSender:
             raise UnavailableError(f"weight broadcast over {self.backend}: update {update} failed: {exc}") from None
         self._store.set(f"record/{update}/{buckets}", json.dumps({"end": True, "tensors": tensors, "bytes": total,
                                                                   "buckets": buckets, "step": step}))
+        self._written[update] = buckets + 1
         return {"tensors": tensors, "bytes": total, "buckets": buckets}
 
     def _bucket(self, update: int, index: int, pending: list, size: int, device: Any) -> int:
         import torch
 
+        assert self._store is not None
         entries, offset = [], 0
         buffer = torch.empty(size, dtype=torch.uint8, device=device)
         for name, tensor in pending:
@@ -156,9 +167,14 @@ class CollectiveSender:
 
     def close(self) -> None:
         """Leave the group and close the rendezvous."""
-        group, self._group, self._store = self._group, None, None
+        group, self._group = self._group, None
         if group is not None and hasattr(group, "shutdown"):
             group.shutdown()
+        store, self._store, server, self._server = self._store, None, self._server, None
+        if store is not None:
+            store.close()
+        if server is not None:
+            server.close()
 
 
 class CollectiveReceiver:
@@ -168,13 +184,13 @@ class CollectiveReceiver:
         self.name = name or f"pid {os.getpid()}"
         self.timeout = _check_timeout(timeout)
         self._group: Any = None
-        self._store: Any = None
+        self._store: Any = None  # a StoreClient, once joined
         self._backend = "gloo"
         self._updates = 0
 
     def join(self, metadata: dict, rank: int) -> None:
         """Connect to the sender's rendezvous as ``rank`` (1..N) of its group."""
-        import torch.distributed as dist
+        from podium.transport.authstore import StoreClient
 
         try:
             host, port, token = str(metadata["host"]), int(metadata["port"]), str(metadata["token"])
@@ -184,10 +200,9 @@ class CollectiveReceiver:
         if not 1 <= rank < size or backend not in ("nccl", "gloo"):
             raise InvalidArgumentError(f"weight broadcast: rank {rank} of {size} over {backend!r} is not a replica's")
         try:
-            self._store = dist.TCPStore(host, port, size, is_master=False,
-                                        timeout=datetime.timedelta(seconds=self.timeout))
+            self._store = StoreClient(host, port, token, self.timeout)
             self._group = _group(self._store, token, rank, size, backend, self.timeout)
-        except (RuntimeError, OSError) as exc:
+        except (RuntimeError, OSError, ValueError) as exc:
             raise UnavailableError(f"weight broadcast: replica {self.name} cannot join the group at "
                                    f"{host}:{port}: {exc}") from None
         self._backend = backend
@@ -197,7 +212,7 @@ class CollectiveReceiver:
         """The next update's ``(name, tensor)`` pairs (on the group's device), once it is whole."""
         import torch
 
-        if self._group is None:
+        if self._group is None or self._store is None:
             raise InvalidArgumentError("weight broadcast: receive before join")
         update = self._updates = self._updates + 1
         device = _device(self._backend)

@@ -90,7 +90,7 @@ def map_bucket(name: Any, nbytes: int, who: str) -> Any:
     import torch
 
     try:
-        view = shm.read_segment(name, unlink=False)
+        view = shm.read_segment(name, unlink=False, writable=False)  # the sender's: never written here
     except Exception as exc:  # noqa: BLE001 - a bad name, a gone segment: the update failed
         raise DataLossError(f"weight broadcast: {who} named shared-memory segment {name!r}, "
                             f"which cannot be mapped here: {exc}") from None

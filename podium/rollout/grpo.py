@@ -8,9 +8,11 @@
 * :func:`target_token_reward`, :func:`group_advantages`: the rule-based reward and the
   group-normalised advantages.
 
-The actor's gloo group is a private ``ProcessGroupGloo`` over a ``TCPStore``, not
-``init_process_group``: an in-process vLLM engine takes the default process group (world
-size 1) for itself.
+The actor's gloo group is a private ``ProcessGroupGloo``, not ``init_process_group``: an
+in-process vLLM engine takes the default process group (world size 1) for itself. Its
+rendezvous is :class:`~podium.transport.authstore.StoreServer` on ``MASTER_ADDR:MASTER_PORT``
+(only that address), keyed from the cluster token: a torch ``TCPStore`` would serve anyone
+on every interface.
 """
 
 from __future__ import annotations
@@ -36,11 +38,21 @@ def gloo_group_from_env() -> Any:
     """A gloo process group over every rank, from ``MASTER_ADDR/PORT``, ``RANK``, ``WORLD_SIZE``."""
     import torch.distributed as dist
 
+    from podium.transport.authstore import StoreServer, connect_store, derived_key
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=_RENDEZVOUS_S)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=rank == 0, timeout=timeout)
-    return dist.ProcessGroupGloo(dist.PrefixStore("grpo", store), rank, world, timeout)
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    key = derived_key(os.environ["PODIUM_TOKEN"], f"grpo/{host}:{port}")
+    server = StoreServer(host, key, port) if rank == 0 else None
+    store = connect_store(host, port, key, _RENDEZVOUS_S)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("grpo", store), rank, world,
+                                  datetime.timedelta(seconds=_RENDEZVOUS_S))
+    _STORES.append((server, store))  # torch calls back into the Python store: keep it alive
+    return group
+
+
+#: The stores of this process's groups (server or None, client), kept for the group's life.
+_STORES: list = []
 
 
 def response_log_probs(model: Any, batch: DataProto, temperature: float = 1.0) -> Any:

@@ -157,6 +157,13 @@ class FrameConnection(asyncio.BufferedProtocol):
         #: Resolves when the handshake is done (True) or failed (exception).
         self.ready: asyncio.Future = loop.create_future()
 
+    def peer_uid(self) -> int | None:
+        """The local user at the other end (:func:`podium.transport.peeruid.peer_uid`)."""
+        from podium.transport.peeruid import peer_uid
+
+        sock = self._transport.get_extra_info("socket") if self._transport is not None else None
+        return peer_uid(sock) if sock is not None else None
+
     # ---------------------------------------------------------------- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -58,6 +59,22 @@ class CallConnection:
         #: Reused shared-memory segments, both ways (None: the peer is on another host).
         self.segments: SharedSegments | None = (
             SharedSegments(self._loop, make_frame, self.send_quietly) if shared_memory else None)
+        #: Whether the peer may name segments here: None until the first one it names.
+        self._peer_may_name: bool | None = None
+
+    def _segment_peer_ok(self) -> bool:
+        """Whether the peer runs as this user (or off this host): a peer of another local user,
+        token or not, never makes this side map or remove this user's segments (issue #48).
+        Told once per connection, from the kernel's socket table."""
+        if self._peer_may_name is None:
+            uid = self.carrier.peer_uid() if isinstance(self.carrier, FrameConnection) else None
+            self._peer_may_name = uid is None or uid == os.getuid()
+        return self._peer_may_name
+
+    def _check_segment_peer(self, name: str) -> None:
+        if not self._segment_peer_ok():
+            raise errors.DataLossError(f"shared-memory segment {name!r} was named by a peer of another "
+                                       f"local user: not mapped")
 
     # ---------------------------------------------------------------- writing
 
@@ -188,6 +205,7 @@ class CallConnection:
 
     def read_segment(self, name: str, pooled: bool, nbytes: int, max_size: int) -> memoryview:
         """The payload the peer put in segment ``name`` (mapped, not copied)."""
+        self._check_segment_peer(name)
         if pooled:
             if self.segments is None:
                 raise errors.DataLossError(f"the peer sent pooled segment {name!r} on a connection "
@@ -211,6 +229,7 @@ class CallConnection:
     def read_refs(self, name: str, refs: Any, max_size: int) -> dict[int, memoryview]:
         """The buffers a call left in the peer's staged segment ``name`` (mapped, not copied,
         not unlinked: other workers map it too), by buffer index."""
+        self._check_segment_peer(name)
         if self.segments is None:
             raise errors.DataLossError(f"the peer sent staged segment {name!r} on a connection "
                                        "without shared memory")
@@ -229,6 +248,8 @@ class CallConnection:
     def discard_segment(self, name: str, pooled: bool, nbytes: int) -> None:
         """A segment the peer wrote that nobody will read (its call went away): a one-shot one is
         removed; a pooled one is mapped and let go at once, which gives it back to the peer."""
+        if not self._segment_peer_ok():
+            return  # nothing of a peer of another user's is touched
         if not pooled:
             shm.remove_segment(name)
             return

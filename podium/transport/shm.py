@@ -20,6 +20,7 @@ import contextlib
 import mmap
 import os
 import re
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -99,27 +100,37 @@ def new_file() -> Iterator[tuple[str, int]]:
         os.close(fd)
 
 
-def read_segment(name: str, unlink: bool = True, max_size: int | None = None) -> memoryview:
+def read_segment(name: str, unlink: bool = True, max_size: int | None = None,
+                 writable: bool = True) -> memoryview:
     """Map segment ``name`` (writable, private to this reader once unlinked).
 
     With ``unlink`` (the default) the file is removed right after mapping, so it
     cannot leak. Raises DataLossError if the segment does not exist (already
-    read, or cleaned up), PayloadTooLargeError above ``max_size``.
+    read, or cleaned up) or is not a segment of this user (issue #48: a symlink, or a
+    file another user planted, is never mapped), PayloadTooLargeError above ``max_size``.
+    Without ``writable`` the file is opened read-only and mapped copy-on-write: a reader
+    that writes into what it was handed changes its own pages, never the file.
     """
     path = _path(name)
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError as exc:
         raise DataLossError(f"shared-memory segment {name} does not exist (already read or "
                             f"removed)") from exc
+    except OSError as exc:  # ELOOP: a symlink
+        raise DataLossError(f"shared-memory segment {name} cannot be opened: {exc.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_dev != os.stat(SHM_DIR).st_dev:
+            unlink = False  # not ours to remove either
+            raise DataLossError(f"shared-memory segment {name} is not a file of this user in {SHM_DIR}")
+        size = info.st_size
         if max_size is not None and size > max_size:
             raise PayloadTooLargeError(
                 f"payload of {size} bytes exceeds the maximum of {max_size} bytes",
                 details={"size": str(size), "max_size": str(max_size)})
-        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else None
+        flags = mmap.MAP_SHARED if writable else mmap.MAP_PRIVATE
+        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else None
     finally:
         os.close(fd)  # the mapping does not need the descriptor
         if unlink:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -57,6 +58,8 @@ if TYPE_CHECKING:  # the agent imports subprocess only when it starts a helper (
     import subprocess
 
 __all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "enabled", "LISTEN_NAME"]
+
+log = logging.getLogger(__name__)
 
 #: The socket a helper listens on for a restarted agent, in the agent's log folder.
 LISTEN_NAME = "forkserver.sock"
@@ -173,8 +176,14 @@ class ForkServer:
         except OSError:  # nobody listens: a helper that ended (it fenced, or was killed)
             sock.close()
             return None
-        self.pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                       struct.calcsize("3i")))[0]
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+        if uid != os.getuid():  # not a helper of ours: it would get every worker's env, token included
+            log.warning("fork server socket %s is served by uid %d, not this agent's: not adopted",
+                        self._listen, uid)
+            sock.close()
+            return None
+        self.pid = pid
         self.adopted = True
         return sock
 

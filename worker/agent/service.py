@@ -29,7 +29,7 @@ import grpc
 from podium import errors, process, rpc
 from podium.transport import shm
 from podium.auth import resolve_token
-from podium.private import write_private_atomic
+from podium.private import given_dir, write_private_atomic
 from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LINES,
                            check_repeated_fields, check_seconds)
 from podium.scheduler.client import SchedulerClient
@@ -178,7 +178,9 @@ class RunningAgent:
                 f"--host {config.host} is not an address others can reach: give --advertise-address")
         self.node_id = config.node_id or f"{socket.gethostname()}-{self.node_address}"
         self.cpus = float(config.cpus if config.cpus is not None else (os.cpu_count() or 1))
-        self.log_dir = pathlib.Path(config.log_dir or pathlib.Path.home() / ".podium" / "logs" / self.node_id)
+        # A given folder must be one no other user can plant a fork server's socket in (#48).
+        self.log_dir = (given_dir(config.log_dir, "podium node --log-dir") if config.log_dir
+                        else pathlib.Path.home() / ".podium" / "logs" / self.node_id)
         self.provider: GpuProvider = config.provider or detect(
             config.fake_gpus, fake_memory_bytes=config.fake_gpu_memory, node_id=self.node_id)
         self.port = 0

@@ -6,6 +6,11 @@ its encoded size. The sum of sizes may not exceed the budget
 (``PODIUM_HOLD_BUDGET_BYTES``, default a quarter of the machine's RAM): a result
 that would exceed it is refused with ResourceExhaustedError rather than letting
 the worker run out of memory later. Release frees the entries.
+
+An id is a capability: it ends in 64 random bits, so only whoever was handed the result's
+ref (its owner, or whom the owner passed it to) can name it to fetch or release it; a
+count and the worker's pid, both visible in ``/v1/workers``, no longer suffice (issue #48).
+A release names at most :data:`~podium.limits.MAX_REPEATED` ids, like every repeated field.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import secrets
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from podium.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from podium.limits import MAX_REPEATED, check_count
 
 __all__ = ["HeldObject", "HeldStore", "default_budget"]
 
@@ -88,7 +95,8 @@ class HeldStore:
         """Hold ``value``; ResourceExhaustedError when it would exceed the budget."""
         with self._lock:
             self._check_room(size_bytes)
-            held = HeldObject(f"{self._prefix}{next(self._ids)}", value, encoded, size_bytes, rows)
+            held = HeldObject(f"{self._prefix}{next(self._ids)}-{secrets.token_hex(8)}", value, encoded, size_bytes,
+                              rows)
             self._objects[held.object_id] = held
             self._used += size_bytes
             return held
@@ -106,9 +114,11 @@ class HeldStore:
         return held
 
     def release(self, object_ids) -> int:
-        """Drop the given ids; returns how many were held. Unknown ids are ignored."""
+        """Drop the given ids; returns how many were held. Unknown ids are ignored;
+        InvalidArgumentError for more than :data:`~podium.limits.MAX_REPEATED` ids."""
         if not object_ids:  # most call headers release nothing (CallHeader.release)
             return 0
+        check_count(len(object_ids), MAX_REPEATED, "release: object ids")
         released = 0
         with self._lock:
             for object_id in object_ids:

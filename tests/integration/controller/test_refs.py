@@ -164,6 +164,27 @@ def test_hold_fetch_rows_release(token, arun, transport):
     arun(scenario())
 
 
+def test_a_release_is_bounded_and_a_guessed_id_releases_nothing(token, arun):
+    # Issue #48: ids were "o-<pid hex>-<count>" (the pid is in /v1/workers), so any token
+    # holder could release another controller's results; and a release had no bound.
+    import os
+
+    from podium.limits import MAX_REPEATED
+
+    async def scenario():
+        async with producer_host(token) as (host, client):
+            ref = await client.call("make", (0, 4), hold=True)
+            guesses = [f"o-{os.getpid():x}-{n}" for n in range(1, 100)]
+            assert await client.release(guesses) == 0
+            assert (await client.fetch(ref)).batch["x"].tolist() == [0, 1, 2, 3]
+            assert await client.release([f"o-unknown-{i}" for i in range(MAX_REPEATED)]) == 0  # at the bound
+            with pytest.raises(errors.InvalidArgumentError, match="release: object ids"):
+                await client.release([ref, *(f"o-unknown-{i}" for i in range(MAX_REPEATED))])
+            assert len(host.runtime.held) == 1  # nothing was released by the refused request
+            assert await client.release([ref]) == 1
+    arun(scenario())
+
+
 def test_held_result_is_a_snapshot(token, arun):
     async def scenario():
         async with producer_host(token) as (_, client):

@@ -1,5 +1,5 @@
 """The weight broadcast over a process group of its own (gloo here; NCCL on GPUs: tests/gpu):
-a sender and three replicas in threads of one process, on a real TCPStore and gloo."""
+a sender and three replicas in threads of one process, on Podium's key-checked store and gloo."""
 
 from __future__ import annotations
 

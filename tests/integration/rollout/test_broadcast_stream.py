@@ -109,13 +109,14 @@ def test_a_segment_name_from_a_peer_is_checked():
 
 
 def test_a_wrong_token_is_refused_and_hands_over_nothing():
-    receiver = WeightReceiver(name="r", timeout=10)
+    receiver = WeightReceiver(name="r", timeout=2)
     meta = receiver.prepare()
     thread, out = _receive_in_thread(receiver)
     with pytest.raises((UnavailableError, DataLossError)):
         WeightSender(timeout=10).send(_state().items(), dict(meta, token="0" * 32))
     thread.join(10)
-    assert isinstance(out[0], DataLossError) and "token" in str(out[0])
+    # The connection was closed; the receiver waited for the real upstream until its timeout.
+    assert isinstance(out[0], UnavailableError) and "did not present replica r's token" in str(out[0])
 
 
 def _raw_peer(meta: dict, frames: list[bytes]) -> socket.socket:
@@ -160,16 +161,28 @@ def test_a_manifest_that_lies_is_refused(entry, why):
 
 
 def test_frames_over_the_bounds_or_not_json_are_refused():
-    for frames in ([broadcast._HEADER.pack(b"PDWB", broadcast._BUCKET, 0, broadcast.MAX_BUCKET_BYTES + 1)],
-                   [broadcast._HEADER.pack(b"HTTP", 1, 0, 0)],
-                   [broadcast._HEADER.pack(b"PDWB", broadcast._HELLO, 5, 0) + b"{nope"]):
-        receiver = WeightReceiver(name="r", timeout=10)
+    # Before the token: the connection is closed, and the error the update ends with says why.
+    for frames, why in (
+            ([broadcast._HEADER.pack(b"PDWB", broadcast._BUCKET, 0, broadcast.MAX_BUCKET_BYTES + 1)], "not a HELLO"),
+            ([broadcast._HEADER.pack(b"PDWB", broadcast._HELLO, broadcast.MAX_HELLO_BYTES + 1, 0)], "not a HELLO"),
+            ([broadcast._HEADER.pack(b"HTTP", 1, 0, 0)], "not a HELLO"),
+            ([broadcast._HEADER.pack(b"PDWB", broadcast._HELLO, 5, 0) + b"{nope"], "not JSON")):
+        receiver = WeightReceiver(name="r", timeout=2)
         meta = receiver.prepare()
         thread, out = _receive_in_thread(receiver)
         sock = _raw_peer(meta, frames)
         thread.join(10)
         sock.close()
-        assert isinstance(out[0], DataLossError), out
+        assert isinstance(out[0], UnavailableError) and why in str(out[0]), out
+    # After it: the update fails with a DataLossError.
+    receiver = WeightReceiver(name="r", timeout=10)
+    meta = receiver.prepare()
+    thread, out = _receive_in_thread(receiver)
+    sock = _raw_peer(meta, [_hello(meta), broadcast._HEADER.pack(b"PDWB", broadcast._BUCKET, 0,
+                                                                 broadcast.MAX_BUCKET_BYTES + 1)])
+    thread.join(10)
+    sock.close()
+    assert isinstance(out[0], DataLossError) and "over the bounds" in str(out[0]), out
 
 
 def test_an_end_frame_that_miscounts_is_refused():
