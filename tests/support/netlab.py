@@ -22,6 +22,7 @@ import contextlib
 import ipaddress
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -73,7 +74,9 @@ class NetLab:
     """A bridge and hosts in network namespaces (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.tag = f"pl{os.getpid() % 100000}{random.randrange(36 ** 2):02x}"[:9]
+        # 9 characters (interface names end with up to two more, within Linux's 15): the pid's
+        # last digits and 16 random bits, so the labs of one run (same pid) do not collide.
+        self.tag = f"pl{os.getpid() % 1000:03d}{secrets.token_hex(2)}"
         self.subnet = self._free_subnet()
         self._next = 10
         self.hosts: dict[str, Host] = {}
