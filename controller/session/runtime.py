@@ -391,7 +391,8 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
     with ``token`` (else ``PODIUM_TOKEN``, else the token file). Without one, an embedded
     scheduler and node agent start on 127.0.0.1 (``num_gpus`` fake GPUs; by default the real
-    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs) and stop
+    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs; either
+    left None takes ``podium run --num-gpus/--num-cpus`` where those were given) and stop
     at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
     blocking call (``PODIUM_CALL_TIMEOUT``; by default none: a call waits while its worker
     lives, and fails within seconds when it dies or hangs). ``tls`` (a
@@ -428,6 +429,12 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             from podium.auth import resolve_token
             token = resolve_token(token)
         else:
+            # podium run --num-cpus/--num-gpus size the embedded cluster whichever call starts
+            # it: ray.init(), podium.init(), or the first remote call without either.
+            if num_cpus is None and os.environ.get("PODIUM_RAY_NUM_CPUS"):
+                num_cpus = float(os.environ["PODIUM_RAY_NUM_CPUS"])
+            if num_gpus is None and os.environ.get("PODIUM_RAY_NUM_GPUS"):
+                num_gpus = int(os.environ["PODIUM_RAY_NUM_GPUS"])
             address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir, tls)
         if session_lease is None:
             session_lease = float(os.environ.get("PODIUM_SESSION_LEASE") or 0)
