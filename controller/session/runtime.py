@@ -429,12 +429,6 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             from podium.auth import resolve_token
             token = resolve_token(token)
         else:
-            # podium run --num-cpus/--num-gpus size the embedded cluster whichever call starts
-            # it: ray.init(), podium.init(), or the first remote call without either.
-            if num_cpus is None and os.environ.get("PODIUM_RAY_NUM_CPUS"):
-                num_cpus = float(os.environ["PODIUM_RAY_NUM_CPUS"])
-            if num_gpus is None and os.environ.get("PODIUM_RAY_NUM_GPUS"):
-                num_gpus = int(os.environ["PODIUM_RAY_NUM_GPUS"])
             address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir, tls)
         if session_lease is None:
             session_lease = float(os.environ.get("PODIUM_SESSION_LEASE") or 0)
