@@ -1,5 +1,7 @@
 """The embedded cluster of ``init()`` without an address: a scheduler and one node agent on
 127.0.0.1, started as child processes with a fresh random token (and stopped by the runtime).
+CPUs and GPUs not given to ``init()`` are ``podium run --num-cpus/--num-gpus`` where those were
+given (``PODIUM_RAY_NUM_CPUS``/``PODIUM_RAY_NUM_GPUS``), whichever call starts the cluster.
 
 Split from :mod:`podium.controller.session.runtime`, which keeps the names importable.
 """

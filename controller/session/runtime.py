@@ -391,8 +391,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
     ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
     with ``token`` (else ``PODIUM_TOKEN``, else the token file). Without one, an embedded
     scheduler and node agent start on 127.0.0.1 (``num_gpus`` fake GPUs; by default the real
-    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs; either
-    left None takes ``podium run --num-gpus/--num-cpus`` where those were given) and stop
+    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs) and stop
     at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
     blocking call (``PODIUM_CALL_TIMEOUT``; by default none: a call waits while its worker
     lives, and fails within seconds when it dies or hangs). ``tls`` (a
