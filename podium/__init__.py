@@ -25,9 +25,9 @@ import importlib
 from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchError, AuthenticationError,
                            CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
                            InfeasibleError, InternalError, InvalidArgumentAssertion, InvalidArgumentError,
-                           InvalidSpecError, NotFoundError, ObjectLostError, OutOfRangeError, OwnerDiedError,
-                           PayloadTooLargeError,
-                           PermissionDeniedError, PodiumError, RankZeroDispatchError, RemoteError,
+                           InvalidSpecError, NotFoundError, NotProvidedError, ObjectLostError, OutOfRangeError,
+                           OwnerDiedError, PayloadTooLargeError, PermissionDeniedError, PodiumError,
+                           RankZeroDispatchError, RemoteError,
                            ResourceExhaustedError, SlotFullError, UnavailableError, UnimplementedError,
                            UnknownMethodError, UnresponsiveError, WeightBroadcastError, WorkerDiedError)
 
@@ -74,6 +74,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidSpecError",
     "NotFoundError",
+    "NotProvidedError",
     "ObjectLostError",
     "ObjectRef",
     "OutOfRangeError",

@@ -31,7 +31,8 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     ├── AbortedError .............................. ABORTED
     ├── OutOfRangeError ........................... OUT_OF_RANGE
     ├── UnimplementedError (NotImplementedError) .. UNIMPLEMENTED
-    │   └── UnknownMethodError (AttributeError) ... the worker has no such method
+    │   ├── UnknownMethodError (AttributeError) ... the worker has no such method
+    │   └── NotProvidedError (AttributeError) ..... a Ray name the ray stand-in does not provide
     ├── InternalError ............................. INTERNAL
     ├── UnavailableError (ConnectionError) ........ UNAVAILABLE
     │   ├── WorkerDiedError ....................... a worker process ended (exit code / signal, stderr tail)
@@ -269,6 +270,12 @@ class UnimplementedError(PodiumError, NotImplementedError):
 
 class UnknownMethodError(UnimplementedError, AttributeError):
     """The hosted object has no method of that name."""
+
+
+class NotProvidedError(UnimplementedError, AttributeError):
+    """A name of Ray's API that Podium's ``ray`` stand-in does not provide; an
+    ``AttributeError`` too, so ``hasattr`` and ``getattr(ray, name, default)`` answer as
+    they do for any missing attribute."""
 
 
 class InternalError(PodiumError):

@@ -6,6 +6,8 @@ methods concurrently on its loop. :class:`ActorShell` wraps the user's object to
 that as Ray's ``max_concurrency`` does: synchronous methods run on a pool of that many
 threads (so up to that many at once, in no guaranteed order) and async methods at most
 that many at once. :class:`TaskRunner` is the hosted object of a task worker.
+:func:`construct` builds an actor's object, awaiting an ``async def __init__`` on the worker's
+loop (as Ray does; OpenRLHF's actors have one).
 """
 
 from __future__ import annotations
@@ -16,17 +18,53 @@ import functools
 import inspect
 from typing import Any, Callable
 
-__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY"]
+from podium.errors import FailedPreconditionError
+
+__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "construct", "set_host_loop"]
 
 #: Largest ``max_concurrency`` accepted (threads in one worker, or concurrent coroutines).
 MAX_CONCURRENCY = 10_000
+
+#: The event loop of this worker process's host (its async methods run there), once set.
+_host_loop: asyncio.AbstractEventLoop | None = None
+
+
+def set_host_loop(loop: asyncio.AbstractEventLoop | None) -> None:
+    """Name the loop an ``async def __init__`` runs on (the worker host sets its own)."""
+    global _host_loop
+    _host_loop = loop
+
+
+def construct(cls: type, args: tuple, kwargs: dict) -> Any:
+    """``cls(*args, **kwargs)``; when ``cls.__init__`` is ``async def``, the object is made
+    with ``__new__`` and its ``__init__`` awaited on the host's loop, so what it starts there
+    (tasks, locks, clients) belongs to the loop that later runs the actor's async methods.
+    Called on the execution thread, which may block: the loop is free meanwhile."""
+    init = getattr(cls, "__init__", None)
+    if not inspect.iscoroutinefunction(init):
+        return cls(*args, **kwargs)
+    new: Any = cls.__new__
+    obj = new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
+    loop = _host_loop
+    if loop is None or loop.is_closed():
+        asyncio.run(init(obj, *args, **kwargs))  # no host here (a test): a loop of its own
+        return obj
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:  # on the loop itself a blocking wait would never end
+        raise FailedPreconditionError(f"{cls.__qualname__} has an async __init__ but is built on the worker's "
+                                      "event loop, where awaiting it would block that loop")
+    asyncio.run_coroutine_threadsafe(init(obj, *args, **kwargs), loop).result()
+    return obj
 
 
 class ActorShell:
     """Hosts ``cls(*args, **kwargs)`` with at most ``max_concurrency`` calls running at once."""
 
     def __init__(self, cls: type, max_concurrency: int, args: tuple, kwargs: dict) -> None:
-        self._podium_actor = cls(*args, **kwargs)
+        self._podium_actor = construct(cls, args, kwargs)
         self._podium_limit = max_concurrency
         self._podium_threads = concurrent.futures.ThreadPoolExecutor(
             max_concurrency, thread_name_prefix="podium-actor")

@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from podium.worker.actorshell import construct
+
 __all__ = ["WithProcessEnv"]
 
 
 class WithProcessEnv:
     """``WithProcessEnv(env, cls, args, kwargs)`` sets ``env`` in this process and returns
-    ``cls(*args, **kwargs)`` (an instance of ``cls``, not of this class)."""
+    ``cls(*args, **kwargs)`` (an instance of ``cls``, not of this class; an ``async def
+    __init__`` awaited, see :func:`podium.worker.actorshell.construct`)."""
 
     def __new__(cls, env: dict[str, str], target: Any, args: tuple, kwargs: dict) -> Any:
         os.environ.update(env)
-        return target(*args, **kwargs)
+        return construct(target, args, kwargs)

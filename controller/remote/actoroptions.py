@@ -41,6 +41,9 @@ _UNSUPPORTED = {
     "concurrency_groups": "max_concurrency, or async methods",
 }
 _IGNORED = {"placement_group_capture_child_tasks", "_metadata", "enable_task_events"}
+#: Options of _UNSUPPORTED whose None (and, for ``resources``, ``{}``) asks for nothing beyond
+#: CPUs and GPUs: accepted (SkyRL and verl pass ``resources=None`` / ``{}`` through).
+_NONE_IS_DEFAULT = {"resources", "memory", "accelerator_type", "concurrency_groups"}
 
 
 class PlacementGroupSchedulingStrategy:
@@ -115,6 +118,8 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
             if key in ("num_returns", "max_restarts", "max_task_retries", "max_retries") and value in (None, 0, 1) \
                     and not (key == "num_returns" and value == 0):
                 continue  # Ray's defaults: nothing to do
+            if key in _NONE_IS_DEFAULT and (value is None or (key == "resources" and value == {})):
+                continue  # no custom resources, memory or accelerator asked for: Ray's default
             raise UnimplementedError(f"ray option {key}={value!r} is not supported by Podium: {_UNSUPPORTED[key]}")
         if key in _IGNORED:
             continue

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -188,7 +189,17 @@ class ActorClass:
         # of ray.remote(Cls) with dir() and reads class attributes (raw_cls_dict) through it.
         if name.startswith("__") or name == "_options":
             raise AttributeError(name)
-        return getattr(self.__dict__["__ray_actor_class__"], name)
+        value = getattr(self.__dict__["__ray_actor_class__"], name)
+        if isinstance(value, types.FunctionType):
+            # Ray's ActorClass is an instance of a subclass of the user's class, so a method
+            # read through it comes back bound. The same here: then cloudpickle, which pickles
+            # a function by reference when ``module.Cls.method`` is that very function, pickles
+            # the methods of an actor class of an installed module by value, and the actor's
+            # process does not import that module to build it (SkyRL's registry actor would
+            # otherwise run its module's import-time registrations inside its own constructor,
+            # and wait on itself).
+            return types.MethodType(value, self)
+        return value
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(dir(self.__ray_actor_class__)))

@@ -1,5 +1,7 @@
 """The embedded cluster of ``init()`` without an address: a scheduler and one node agent on
 127.0.0.1, started as child processes with a fresh random token (and stopped by the runtime).
+CPUs and GPUs not given to ``init()`` are ``podium run --num-cpus/--num-gpus`` where those were
+given (``PODIUM_RAY_NUM_CPUS``/``PODIUM_RAY_NUM_GPUS``), whichever call starts the cluster.
 
 Split from :mod:`podium.controller.session.runtime`, which keeps the names importable.
 """
@@ -88,6 +90,12 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
     env.pop("PODIUM_TOKEN_FILE", None)
     for key in ("PODIUM_TLS_CERT", "PODIUM_TLS_KEY", "PODIUM_TLS_CA"):
         env.pop(key, None)  # the services get TLS from their flags, as given to init()
+    # podium run --num-cpus/--num-gpus size the embedded cluster whichever call starts it:
+    # ray.init(), podium.init(), or the first remote call without either.
+    if num_cpus is None and os.environ.get("PODIUM_RAY_NUM_CPUS"):
+        num_cpus = float(os.environ["PODIUM_RAY_NUM_CPUS"])
+    if num_gpus is None and os.environ.get("PODIUM_RAY_NUM_GPUS"):
+        num_gpus = int(os.environ["PODIUM_RAY_NUM_GPUS"])
     if num_gpus is None:
         num_gpus = DEFAULT_FAKE_GPUS if _nvml_gpu_count() == 0 else None
     gpus_for_cpu = num_gpus if num_gpus is not None else _nvml_gpu_count()

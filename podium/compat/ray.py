@@ -7,7 +7,8 @@ Provided (see the README's table): ``init``, ``shutdown``, ``is_initialized``, `
 ``get_placement_group`` / ``list_named_actors``, ``util.scheduling_strategies``
 (``PlacementGroupSchedulingStrategy``, ``NodeAffinitySchedulingStrategy``) and
 ``exceptions`` (Ray's names for Podium's errors). Any other public Ray name raises
-``NotImplementedError`` naming the Ray API and what to use on Podium instead.
+:class:`podium.errors.NotProvidedError` (a ``NotImplementedError`` and an ``AttributeError``)
+naming the Ray API and what to use on Podium instead.
 
 Where it differs from Ray: ``cancel`` stops waiting for a call (its ref raises
 ``TaskCancelledError``) but does not interrupt a call already running in its worker;
@@ -83,7 +84,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                                   "packages into the workers' environment beforehand")
     os.environ.update(env.get("env_vars") or {})  # the embedded node agent passes them on
     _namespace = kwargs.get("namespace")
-    if _runtime.is_initialized() and not ignore_reinit_error:
+    if is_initialized() and not ignore_reinit_error:
         raise RuntimeError("Maybe you called ray.init twice by accident? (pass ignore_reinit_error=True)")
     return _runtime.init(None if address in (None, "auto", "local") else address, num_cpus=num_cpus,
                          num_gpus=num_gpus, log_to_driver=kwargs.get("log_to_driver"))
@@ -95,8 +96,10 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
-    """``ray.is_initialized``."""
-    return _runtime.is_initialized()
+    """``ray.is_initialized``: True after ``init`` (or the first call that joins the cluster),
+    and, as in Ray, always in a worker, actor or task Podium started: such a process joins its
+    own cluster on first use (``PODIUM_WORKER_ID`` is set there)."""
+    return _runtime.is_initialized() or bool(os.environ.get("PODIUM_WORKER_ID"))
 
 
 def get(object_refs: Any, *, timeout: float | None = None) -> Any:
@@ -322,4 +325,7 @@ def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
     alternative = _ALTERNATIVES.get(name, "see the README's table of supported Ray names")
-    raise NotImplementedError(f"ray.{name} is not provided by podium.compat.ray; on Podium use: {alternative}")
+    # Both NotImplementedError and AttributeError: hasattr(), getattr(ray, name, default) and
+    # unittest.mock (which probes names such as _is_coroutine_marker) treat it as absent.
+    raise _errors.NotProvidedError(f"ray.{name} is not provided by podium.compat.ray; on Podium use: "
+                                   f"{alternative}")

@@ -2,7 +2,8 @@
 the Ray names verl 0.9.1 reads beyond the public API (``ray._private.state``,
 ``ray.experimental.state.api.get_actor``, ``ray.util.get_node_ip_address``,
 ``ray.util.placement_group_table``), ``remote`` that carries the stand-in's path to workers,
-``init`` sized by ``podium run --num-cpus/--num-gpus``, and the error for names not provided.
+and the error for names not provided. (``podium run --num-cpus/--num-gpus`` size the embedded
+cluster in :func:`podium.controller.session.runtime.init`, whichever call starts it.)
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from podium.controller.remote.actoroptions import (
     parse_options,
 )
 from podium.controller.remote.tasks import RemoteFunction
-from podium.errors import UnimplementedError
+from podium.errors import NotProvidedError
 
 __all__ = [
+    "NotProvidedFinder",
     "actor_state",
     "available_resources_per_node",
     "get_node_ip_address",
-    "init",
     "missing",
     "placement_group_table",
     "remote",
@@ -36,19 +37,39 @@ _PG_STATES = {1: "PENDING", 2: "CREATED", 3: "REMOVED"}
 
 
 def missing(ray_name: str, alternative: str) -> NoReturn:
-    """Raise the stand-in's error for a Ray name Podium does not provide."""
+    """Raise the stand-in's error for a Ray name Podium does not provide:
+    :class:`~podium.errors.NotProvidedError`, a ``NotImplementedError`` that is also an
+    ``AttributeError`` (``hasattr``, ``getattr(x, name, default)`` and ``unittest.mock``'s
+    probes see a missing name), naming the alternative."""
     if ray_name.rsplit(".", 1)[-1].startswith("__"):
         raise AttributeError(ray_name)  # dunder probes (copy, pickle, inspect) are not Ray API
-    raise UnimplementedError(f"{ray_name} is not provided by Podium's ray stand-in; on Podium use: {alternative}")
+    raise NotProvidedError(f"{ray_name} is not provided by Podium's ray stand-in; on Podium use: {alternative}")
 
 
-def init(address: str | None = None, **kwargs: Any) -> Any:
-    """``ray.init``: as :func:`podium.compat.ray.init`; with no ``num_cpus``/``num_gpus`` the
-    embedded cluster takes ``podium run``'s ``--num-cpus``/``--num-gpus``."""
-    for key, var, kind in (("num_cpus", "PODIUM_RAY_NUM_CPUS", float), ("num_gpus", "PODIUM_RAY_NUM_GPUS", int)):
-        if kwargs.get(key) is None and os.environ.get(var):
-            kwargs[key] = kind(os.environ[var])
-    return _compat.init(address, **kwargs)
+class NotProvidedFinder:
+    """A meta path finder, last on ``sys.meta_path``, for ``ray.*`` modules that neither the
+    stand-in nor anything else provides: importing one (``import ray.data``, ``from ray import
+    serve``) raises ``ModuleNotFoundError`` with the stand-in's message naming the Podium
+    alternative, where Python would otherwise say only "cannot import name"."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        """Raise for a ``ray.*`` module the stand-in does not provide; None for any other."""
+        import sys
+
+        parent_name, _, last = fullname.rpartition(".")
+        parent = sys.modules.get(parent_name)
+        if not fullname.startswith("ray.") or not getattr(sys.modules.get("ray"), "__podium__", False) \
+                or parent is None or last.startswith("__"):
+            return None
+        try:
+            getattr(parent, last)
+        except NotProvidedError as exc:
+            # name=None: importlib's from-list handling swallows a ModuleNotFoundError that
+            # names the module, and Python would then print its own, vaguer message.
+            raise ModuleNotFoundError(str(exc)) from None
+        except AttributeError:
+            return None
+        return None
 
 
 def _worker_env() -> dict[str, str]:

@@ -28,6 +28,10 @@ podium_method_received_bytes_total          counter    node, group, method (call
 podium_method_sent_bytes_total              counter    node, group, method (reply payloads)
 ==========================================  =========  =========================================
 
+Then the application metrics of the node's workers (``ray.util.metrics`` ``Counter``,
+``Gauge``, ``Histogram``), under the names and tags the application gave them plus
+``worker_id`` (:mod:`podium.worker.usermetrics` says how they get here).
+
 The ``podium_method_*`` families add up the node's workers of one group (ranks summed:
 groups x methods series, not ranks) from each worker's ``method_stats``
 (:mod:`podium.worker.agent.methodmetrics`). A worker counts at most 64 method names (a
@@ -47,6 +51,7 @@ from podium import rpc
 from podium.auth import token_matches
 from podium.httplimits import BoundedRunner
 from podium.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from podium.worker import usermetrics
 from podium.worker.agent import methodmetrics
 
 __all__ = ["FAMILIES", "MetricsServer", "render"]
@@ -150,6 +155,9 @@ async def render(agent: Any) -> str:
             if key in stats:
                 lines.append(f"{name}{labels} {_num(stats[key])}")
     methodmetrics.render_methods(methods, agent.node_id, family, _labels, lines)
+    # The workers' application metrics (ray.util.metrics): their snapshot files, read here.
+    folder = getattr(agent, "metrics_dir", None)
+    lines.extend(await asyncio.to_thread(usermetrics.render_dir, folder, {w.id for w in workers}))
     return "\n".join(lines) + "\n"
 
 

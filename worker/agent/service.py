@@ -29,11 +29,12 @@ import grpc
 from podium import errors, process, rpc
 from podium.transport import shm
 from podium.auth import resolve_token
-from podium.private import given_dir, write_private_atomic
+from podium.private import given_dir, private_dir, write_private_atomic
 from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LINES,
                            check_repeated_fields, check_seconds)
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
+from podium.worker import usermetrics
 from podium.worker.gpus import GpuProvider, detect
 from podium.worker.agent.config import AgentConfig, build_parser, config_from_args
 from podium.worker.agent.link import MAX_BACKOFF_SECONDS, RETRYABLE, SchedulerLink
@@ -187,10 +188,19 @@ class RunningAgent:
         #: The /metrics server (podium.worker.agent.metrics), when --metrics-port is given.
         self.metrics: MetricsServer | None = None
         self.ports = PortHolds(config.host)
+        #: Where workers leave their application metrics (ray.util.metrics) for /metrics
+        #: (podium.worker.usermetrics); only when this agent serves /metrics.
+        self.metrics_dir: pathlib.Path | None = None
+        base_env = None
+        if config.metrics_port is not None:
+            self.metrics_dir = self.log_dir / "metrics"
+            base_env = {**os.environ, usermetrics.DIR_ENV: str(self.metrics_dir)}
         self.spawner = Spawner(log_dir=self.log_dir, node_id=self.node_id, node_address=self.node_address,
                                scheduler=config.scheduler, token=token, report=self._enqueue_report,
                                command=config.worker_command, stop_grace=config.stop_grace,
-                               tls=config.tls)
+                               tls=config.tls, base_env=base_env)
+        if self.metrics_dir is not None:
+            private_dir(self.metrics_dir)  # after the spawner made log_dir (0700)
         self._reports: asyncio.Queue[scheduler_pb2.ReportWorkerRequest] = asyncio.Queue()
         self._stop = asyncio.Event()
         #: Registration and heartbeats with the scheduler (podium.worker.agent.link).

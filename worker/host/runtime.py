@@ -17,6 +17,7 @@ from podium import codec, errors, refs
 from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
+from podium.worker.actorshell import construct, set_host_loop
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission
 from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
@@ -76,6 +77,7 @@ class HostRuntime:
         self.methods = MethodTable()
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        set_host_loop(self._loop)  # an actor's async def __init__ runs here (actorshell.construct)
         self.exec_thread = ExecutionThread(self._loop)
         self._obj: Any = None
         self._class_name = ""
@@ -194,7 +196,7 @@ class HostRuntime:
         cls = resolve_class(cls_ref)
         self._class_name = f"{cls.__module__}.{cls.__qualname__}"
         try:
-            obj = cls(*tuple(args), **dict(kwargs))
+            obj = construct(cls, tuple(args), dict(kwargs))  # an async def __init__ is awaited on the loop
         except BaseException as exc:  # noqa: BLE001 - user code
             raise remote_error(exc, self.config.rank, self.config.node_address) from None
         self._obj = obj

@@ -26,6 +26,8 @@ def test_every_status_code_round_trips(code):
     (errors.NotFoundError("who"), LookupError),
     (errors.WorkerDiedError("dead"), ConnectionError),
     (errors.UnknownMethodError("nope"), AttributeError),
+    (errors.NotProvidedError("ray.data"), AttributeError),
+    (errors.NotProvidedError("ray.data"), NotImplementedError),
     (errors.AuthenticationError("token"), PermissionError),
 ])
 def test_builtin_mixins(exc, builtin):

@@ -183,7 +183,23 @@ class _Registered:
 
 def test_an_actor_class_shows_its_class_attributes_as_rays_does():
     actor_class = ActorClass(_Registered)
-    assert "work" in dir(actor_class) and actor_class.work is _Registered.work
+    assert "work" in dir(actor_class) and actor_class.work.__func__ is _Registered.work
+    # A method comes back bound, as through Ray's ActorClass (an instance of a subclass of the
+    # class): cloudpickle then pickles the methods of an installed module's actor class by
+    # value, and the actor's process does not import that module to build it.
+    assert actor_class.work is not _Registered.work
+    import cloudpickle
+    assert actor_class.work.__self__ is actor_class and cloudpickle.loads(cloudpickle.dumps(_Registered))
     assert actor_class.raw_cls_dict == {"role": int}
     with pytest.raises(AttributeError):
         actor_class.__wrapped_nothing__  # noqa: B018 - dunders are not forwarded
+
+
+def test_resources_none_or_empty_ask_for_nothing_and_custom_resources_are_refused():
+    for value in (None, {}):
+        assert parse_options({"resources": value, "num_cpus": 2}, actor=True).num_cpus == 2.0
+        assert parse_options({"resources": value, "memory": None}, actor=False).num_gpus == 0.0
+    with pytest.raises(NotImplementedError, match="num_cpus/num_gpus"):
+        parse_options({"resources": {"custom": 1}}, actor=True)
+    with pytest.raises(NotImplementedError, match="memory"):
+        parse_options({"memory": 2**30}, actor=True)

@@ -5,8 +5,11 @@ under ``podium run -- COMMAND`` (which puts it on ``PYTHONPATH`` for COMMAND and
 Podium starts for it) or after :func:`podium.compat.activate` (for notebooks). Anywhere else
 ``import ray`` finds whatever Ray is installed, or nothing. ``ray.__podium__`` is True here.
 
-Names Podium does not provide raise ``NotImplementedError`` naming the Ray API and the Podium
-alternative (module ``__getattr__`` in every package of this tree); nothing is a silent no-op.
+Names Podium does not provide raise :class:`podium.errors.NotProvidedError` (a
+``NotImplementedError`` and an ``AttributeError``) naming the Ray API and the Podium
+alternative (module ``__getattr__`` in every package of this tree); importing such a name as a
+module (``import ray.data``, ``from ray import serve``) raises ``ModuleNotFoundError`` with the
+same message (:class:`podium.compat.standin.NotProvidedFinder`). Nothing is a silent no-op.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ if (_os.environ.get("PODIUM_WORKER_ID") and _os.environ.get("PODIUM_SCHEDULER")
         and not _os.environ.get("PODIUM_ADDRESS")):
     _os.environ["PODIUM_ADDRESS"] = _os.environ["PODIUM_SCHEDULER"]
 
+import sys as _sys
+
 from podium.compat import nativeverl as _nativeverl
 from podium.compat import ray as _compat
 from podium.compat.ray import (
@@ -30,6 +35,7 @@ from podium.compat.ray import (
     get_actor,
     get_gpu_ids,
     get_runtime_context,
+    init,
     is_initialized,
     kill,
     method,
@@ -38,8 +44,13 @@ from podium.compat.ray import (
     shutdown,
     wait,
 )
-from podium.compat.standin import init, remote, timeline
+from podium.compat.standin import NotProvidedFinder as _NotProvidedFinder
+from podium.compat.standin import remote, timeline
 from ray import _private, actor, cloudpickle, exceptions, experimental, util
+
+# Last on the meta path: it answers only for ray.* modules no other finder found.
+if not any(isinstance(f, _NotProvidedFinder) for f in _sys.meta_path):
+    _sys.meta_path.append(_NotProvidedFinder())
 
 # podium run --native-verl: verl's single_controller.ray is Podium's SDK (verl imports
 # ray from verl.protocol, before anything can import single_controller.ray).

@@ -1,11 +1,12 @@
-"""``ray._private``: the internals verl reads (``state``, ``runtime_env.constants``)."""
+"""``ray._private``: the internals verl and SkyRL read (``state``, ``runtime_env.constants``,
+``services.get_node_ip_address``)."""
 
 from __future__ import annotations
 
 from podium.compat.standin import missing
-from ray._private import runtime_env, state
+from ray._private import runtime_env, services, state
 
-__all__ = ["runtime_env", "state"]
+__all__ = ["runtime_env", "services", "state"]
 
 
 def __getattr__(name: str):

@@ -1,5 +1,6 @@
-"""``ray.util``: placement groups, scheduling strategies, named actors, the node's IP and
-(``import ray.util.collective``) collective communication, on Podium."""
+"""``ray.util``: placement groups, scheduling strategies, named actors, the node's IP,
+(``import ray.util.collective``) collective communication and (``ray.util.metrics``)
+application metrics, on Podium."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ __all__ = [
     "get_node_ip_address",
     "get_placement_group",
     "list_named_actors",
+    "metrics",
     "placement_group",
     "placement_group_table",
     "remove_placement_group",
@@ -38,14 +40,13 @@ _ALTERNATIVES = {
     "ActorPool": "a WorkerGroup (podium.controller.WorkerGroup)",
     "multiprocessing": "podium.remote tasks",
     "state": "podium status / the scheduler's /v1 HTTP API",
-    "metrics": "podium's Prometheus endpoint (/metrics on the scheduler)",
     "inspect_serializability": "cloudpickle.dumps in a test",
     "accelerators": "ray.get_gpu_ids() / CUDA_VISIBLE_DEVICES",
 }
 
 
 def __getattr__(name: str):
-    if name == "collective":
+    if name in ("collective", "metrics"):
         import importlib
-        return importlib.import_module("ray.util.collective")
+        return importlib.import_module(f"ray.util.{name}")
     return missing(f"ray.util.{name}", _ALTERNATIVES.get(name, "see the README's table of Ray names"))
