@@ -36,8 +36,7 @@ def refs_inside(values: Iterable[Any]) -> list[Any]:
     while stack and walked < MAX_WALK:
         value, depth = stack.pop()
         walked += 1
-        kind = type(value)
-        if kind is PendingRef or isinstance(value, (ObjectRef, PendingRef, PendingDataProtoFuture)):
+        if isinstance(value, (ObjectRef, PendingRef, PendingDataProtoFuture)):
             found.append(value)
             continue
         if depth >= MAX_DEPTH or id(value) in seen:
