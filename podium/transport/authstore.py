@@ -72,7 +72,7 @@ _MAGIC = b"PDKS"
 _REQUEST = struct.Struct("!BIIq")  # op, key length, value length, argument
 _REPLY = struct.Struct("!BI")  # status, length
 _SET, _GET, _ADD, _CHECK, _WAIT, _CSET, _DELETE, _COUNT = range(1, 9)
-_OK, _TIMEOUT, _REFUSED, _FULL = 0, 1, 2, 3
+_OK, _TIMEOUT, _REFUSED, _FULL, _GONE = 0, 1, 2, 3, 4
 #: A blocking get/wait is served in slices this long, so one thread's wait does not hold
 #: the client's connection against the others of its process.
 _SLICE_S = 0.5
@@ -226,7 +226,7 @@ class StoreServer:
             if op == _GET:
                 if not self._cond.wait_for(lambda: key in self._data or self._closed, min(arg, 1000 * _SLICE_S) / 1000):
                     return _TIMEOUT, b""
-                return (_OK, self._data[key]) if key in self._data else (_REFUSED, b"the store closed")
+                return (_OK, self._data[key]) if key in self._data else (_GONE, b"the store closed")
             if op == _ADD:
                 try:
                     total = int(self._data.get(key, b"0")) + arg
@@ -340,6 +340,8 @@ class StoreClient(_store_base()):  # type: ignore[misc]
                 raise UnavailableError(f"the store connection failed: {exc}") from None
         if status == _FULL:
             raise ResourceExhaustedError(reply.decode(errors="replace"))
+        if status == _GONE:  # its owner closed the group: as a lost connection, the peer is gone
+            raise UnavailableError(f"the store's owner ended the group: {reply.decode(errors='replace')}")
         if status == _REFUSED:
             raise FailedPreconditionError(f"the store refused: {reply.decode(errors='replace')}")
         return status, reply
