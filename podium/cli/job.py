@@ -124,12 +124,11 @@ def _runtime_env(args: argparse.Namespace) -> dict:
         try:
             env = json.loads(text)
         except ValueError:
+            import yaml
             try:
-                import yaml
-            except ImportError:
-                raise errors.InvalidArgumentError(
-                    f"{args.runtime_env} is not JSON, and reading YAML needs pyyaml (pip install pyyaml)") from None
-            env = yaml.safe_load(text) or {}
+                env = yaml.safe_load(text) or {}
+            except yaml.YAMLError as exc:
+                raise errors.InvalidArgumentError(f"{args.runtime_env} is neither JSON nor YAML: {exc}") from None
     if args.runtime_env_json:
         env.update(json.loads(args.runtime_env_json))
     if args.working_dir:
