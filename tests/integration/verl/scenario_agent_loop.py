@@ -19,7 +19,6 @@ through verl's `RolloutReplicaRegistry` (loaded in every process by
 transformers on a tiny Llama built offline.
 """
 
-import json
 import os
 import tempfile
 
@@ -29,20 +28,15 @@ from hydra import compose, initialize_config_dir
 
 import ray
 import verl.trainer.main_ppo as main_ppo
-from podium.rollout.tinymodel import build_tiny_llama, default_words
+import tiny_chat_model
+from podium.rollout.tinymodel import default_words
 from verl import DataProto
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.workers.rollout.llm_server import LLMServerManager
 
 
 work = tempfile.mkdtemp(prefix="verl-agent-loop-")
-model = build_tiny_llama(os.path.join(work, "model"))
-tokenizer_config = os.path.join(model, "tokenizer_config.json")
-with open(tokenizer_config) as f:
-    settings = json.load(f)
-settings["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-with open(tokenizer_config, "w") as f:
-    json.dump(settings, f)
+model = tiny_chat_model.build(work)
 
 overrides = [
     f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=podium_cpu",
@@ -67,7 +61,7 @@ words = default_words(28)
 prompts = [[{"role": "user", "content": f"{words[i % 28]} {words[(i + 3) % 28]}"}] for i in range(4)]
 batch = DataProto.from_dict(
     tensors={"dummy_tensor": torch.zeros(4, 1)},
-    non_tensors={"raw_prompt": np.array(prompts + [], dtype=object), "index": np.arange(4),
+    non_tensors={"raw_prompt": np.array(prompts, dtype=object), "index": np.arange(4),
                  "agent_name": np.array(["single_turn_agent"] * 4, dtype=object),
                  "data_source": np.array(["tiny"] * 4, dtype=object)},
     meta_info={"global_steps": 1, "validate": False})

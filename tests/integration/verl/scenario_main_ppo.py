@@ -10,7 +10,6 @@ group setup asks torch.distributed for the backend "cpu:gloo,{device}:{backend}"
 scenario checks that the run gets exactly there.
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -19,17 +18,12 @@ import pandas as pd
 from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
-from podium.rollout.tinymodel import build_tiny_llama, default_words
+import tiny_chat_model
+from podium.rollout.tinymodel import default_words
 from verl.trainer.main_ppo_v0 import TaskRunner
 
 work = tempfile.mkdtemp(prefix="verl-main-ppo-")
-model = build_tiny_llama(os.path.join(work, "model"))
-tokenizer_config = os.path.join(model, "tokenizer_config.json")
-with open(tokenizer_config) as f:
-    settings = json.load(f)
-settings["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-with open(tokenizer_config, "w") as f:
-    json.dump(settings, f)
+model = tiny_chat_model.build(work)
 words = default_words(28)
 rows = [dict(data_source="tiny", prompt=[{"role": "user", "content": f"{words[i % 28]} {words[(i + 1) % 28]}"}],
              ability="copy", reward_model={"style": "rule", "ground_truth": words[i % 28]},
