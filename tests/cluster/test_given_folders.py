@@ -17,14 +17,10 @@ import textwrap
 
 import pytest
 
+from tests.support.seconduser import NOBODY, SECOND_USER, SYSTEM_PYTHON
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
-#: Acting as a second local user (setpriv, chown to uid 65534) takes root and a system Python.
-SECOND_USER = pytest.mark.skipif(
-    SYSTEM_PYTHON is None or shutil.which("setpriv") is None or os.geteuid() != 0,
-    reason="needs root, setpriv and /usr/bin/python3 to act as a second local user (uid 65534)")
 
 
 def _env(token: str) -> dict:

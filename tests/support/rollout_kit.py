@@ -99,3 +99,21 @@ def make_sync_actor_cls():
                     self.model.state_dict()[name].copy_(tensor)
 
     return SyncActor
+
+
+def receive_in_thread(receiver, downstream=None, step=None):
+    """Run ``receiver.receive(downstream, step)`` (a WeightReceiver) on a thread of its own:
+    ``(thread, out)``, where ``out`` gets the summary or the exception it raised."""
+    import threading
+
+    out: list = []
+
+    def run():
+        try:
+            out.append(receiver.receive(downstream, step))
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out

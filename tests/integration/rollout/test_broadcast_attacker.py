@@ -5,7 +5,6 @@ included, took the upstream's place and failed the update."""
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch
 from podium.errors import DataLossError
 from podium.rollout import broadcast, broadcastshm
 from podium.rollout.broadcast import WeightReceiver, WeightSender
+from tests.support.rollout_kit import receive_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,20 +27,6 @@ def _state() -> dict[str, torch.Tensor]:
     return {"w": torch.arange(5000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.int64)}
 
 
-def _receive_in_thread(receiver: WeightReceiver, step=None) -> tuple[threading.Thread, list]:
-    out: list = []
-
-    def run():
-        try:
-            out.append(receiver.receive(None, step))
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
-
-
 def _connect(meta: dict) -> socket.socket:
     return socket.create_connection((meta["host"], meta["port"]), timeout=10)
 
@@ -49,7 +35,7 @@ def test_connections_without_the_token_never_fail_the_update():
     receiver = WeightReceiver(name="r", timeout=30)
     meta = receiver.prepare()
     attackers: list[socket.socket] = []
-    thread, out = _receive_in_thread(receiver, step=1)
+    thread, out = receive_in_thread(receiver, step=1)
     try:
         _connect(meta).close()  # a port scan: connect, and leave
         wrong = _connect(meta)  # a HELLO with another token
@@ -78,12 +64,12 @@ def test_connections_without_the_token_never_fail_the_update():
 def test_deep_json_from_the_upstream_is_a_typed_error_and_a_failed_update_frees_its_buffers():
     receiver = WeightReceiver(name="r", timeout=10)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     WeightSender(timeout=10).send(_state().items(), dict(meta, shm_domain=""))  # bytes over TCP, staged here
     thread.join(30)
     assert isinstance(out[0], list) and receiver._buffers  # staged for the next update
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     body = b"[" * 100_000
     with _connect(meta) as upstream:
         upstream.sendall(broadcast._frame_head(broadcast._HELLO, {"token": meta["token"], "step": None}))

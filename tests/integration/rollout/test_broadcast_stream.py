@@ -15,6 +15,7 @@ from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
 from podium.rollout import broadcast, broadcastshm
 from podium.rollout.broadcast import WeightReceiver, WeightSender, build_topology
 from podium.transport import shm
+from tests.support.rollout_kit import receive_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,20 +33,6 @@ def _state() -> dict[str, torch.Tensor]:
     return {"f32": torch.randn(300, 7, generator=gen), "bf16": torch.randn(33, generator=gen).to(torch.bfloat16),
             "i64": torch.arange(1001), "flag": torch.tensor([True, False, True]),
             "strided": torch.randn(40, 30, generator=gen).t()}  # not contiguous: sent as its values
-
-
-def _receive_in_thread(receiver: WeightReceiver, downstream=None, step=None) -> tuple[threading.Thread, list]:
-    out: list = []
-
-    def run():
-        try:
-            out.append(receiver.receive(downstream, step))
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
 
 
 def _segments_of_this_process() -> list[str]:
@@ -67,7 +54,7 @@ def test_a_chain_of_four_gets_every_dtype_exactly_and_reuses_its_buffers(links, 
         if links == "mixed":
             metadata[2]["shm_domain"] = ""
         head, downs = build_topology(metadata)
-        threads = [_receive_in_thread(r, d, step) for r, d in zip(receivers, downs)]
+        threads = [receive_in_thread(r, d, step) for r, d in zip(receivers, downs)]
         state = {k: v + step if v.dtype != torch.bool else v for k, v in _state().items()}
         sent = WeightSender(bucket_bytes=4 << 10, timeout=30).send(state.items(), head, step)
         assert sent["tensors"] == len(state) and sent["buckets"] >= 3
@@ -98,7 +85,7 @@ def test_a_segment_name_from_a_peer_is_checked():
     for name, why in (("../etc/passwd", "cannot be mapped"), (f"{shm.PREFIX}1-gone", "cannot be mapped")):
         receiver = WeightReceiver(name="r", timeout=10)
         meta = receiver.prepare()
-        thread, out = _receive_in_thread(receiver)
+        thread, out = receive_in_thread(receiver)
         hello = broadcast._frame_head(broadcast._HELLO, {"token": meta["token"], "step": None,
                                                          "shm_domain": meta["shm_domain"]})
         entry = ["w", "float32", [2], 0, 8]
@@ -111,7 +98,7 @@ def test_a_segment_name_from_a_peer_is_checked():
 def test_a_wrong_token_is_refused_and_hands_over_nothing():
     receiver = WeightReceiver(name="r", timeout=2)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     with pytest.raises((UnavailableError, DataLossError)):
         WeightSender(timeout=10).send(_state().items(), dict(meta, token="0" * 32))
     thread.join(10)
@@ -133,7 +120,7 @@ def _hello(meta: dict, step=None) -> bytes:
 def test_a_stream_cut_mid_bucket_leaves_the_previous_weights():
     receiver = WeightReceiver(name="r", timeout=10)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     entries = [["w", "float32", [1024], 0, 4096]]
     sock = _raw_peer(meta, [_hello(meta), broadcast._frame_head(broadcast._BUCKET, {"tensors": entries}, 4096),
                             bytes(1000)])
@@ -152,7 +139,7 @@ def test_a_stream_cut_mid_bucket_leaves_the_previous_weights():
 def test_a_manifest_that_lies_is_refused(entry, why):
     receiver = WeightReceiver(name="r", timeout=10)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     sock = _raw_peer(meta, [_hello(meta), broadcast._frame_head(broadcast._BUCKET, {"tensors": [entry]}, 4096),
                             bytes(4096)])
     thread.join(10)
@@ -169,7 +156,7 @@ def test_frames_over_the_bounds_or_not_json_are_refused():
             ([broadcast._HEADER.pack(b"PDWB", broadcast._HELLO, 5, 0) + b"{nope"], "not JSON")):
         receiver = WeightReceiver(name="r", timeout=2)
         meta = receiver.prepare()
-        thread, out = _receive_in_thread(receiver)
+        thread, out = receive_in_thread(receiver)
         sock = _raw_peer(meta, frames)
         thread.join(10)
         sock.close()
@@ -177,7 +164,7 @@ def test_frames_over_the_bounds_or_not_json_are_refused():
     # After it: the update fails with a DataLossError.
     receiver = WeightReceiver(name="r", timeout=10)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     sock = _raw_peer(meta, [_hello(meta), broadcast._HEADER.pack(b"PDWB", broadcast._BUCKET, 0,
                                                                  broadcast.MAX_BUCKET_BYTES + 1)])
     thread.join(10)
@@ -188,7 +175,7 @@ def test_frames_over_the_bounds_or_not_json_are_refused():
 def test_an_end_frame_that_miscounts_is_refused():
     receiver = WeightReceiver(name="r", timeout=10)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     sock = _raw_peer(meta, [_hello(meta), broadcast._frame_head(broadcast._END, {"tensors": 3, "bytes": 12})])
     thread.join(10)
     sock.close()
@@ -198,13 +185,13 @@ def test_an_end_frame_that_miscounts_is_refused():
 def test_a_stalled_upstream_and_an_absent_one_meet_the_deadline():
     receiver = WeightReceiver(name="r", timeout=0.5)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     sock = _raw_peer(meta, [_hello(meta)])  # then nothing
     thread.join(10)
     sock.close()
     assert isinstance(out[0], UnavailableError) and "timed out" in str(out[0])
     receiver.prepare()
-    thread, out = _receive_in_thread(receiver)  # nobody connects
+    thread, out = receive_in_thread(receiver)  # nobody connects
     thread.join(10)
     assert isinstance(out[0], UnavailableError) and "no upstream connected" in str(out[0])
 
@@ -216,7 +203,7 @@ def test_a_dead_downstream_is_recorded_while_the_replica_keeps_its_copy():
     second._listener.settimeout(10)
     closer = threading.Thread(target=lambda: second._listener.accept()[0].close())
     closer.start()
-    thread, out = _receive_in_thread(first, downs[0])
+    thread, out = receive_in_thread(first, downs[0])
     big = {"w": torch.randn(8 << 20)}  # 32 MiB: more than the socket buffers take
     WeightSender(bucket_bytes=1 << 20, timeout=10).send(big.items(), head)
     thread.join(30)
@@ -236,7 +223,7 @@ def test_arguments_are_checked():
         build_topology([])
     receiver = WeightReceiver(timeout=10)
     meta = receiver.prepare()
-    thread, out = _receive_in_thread(receiver)
+    thread, out = receive_in_thread(receiver)
     with pytest.raises(InvalidArgumentError, match="pairs"):
         WeightSender().send([("w", [1.0])], meta)
     thread.join(15)

@@ -6,7 +6,6 @@ replica's writes never reach the sender's segment."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import uuid
 
@@ -15,12 +14,8 @@ import pytest
 from podium.errors import DataLossError
 from podium.rollout.broadcastshm import map_bucket
 from podium.transport import shm
+from tests.support.seconduser import NOBODY, SECOND_USER, SYSTEM_PYTHON
 
-SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
-#: Acting as a second local user (setpriv, chown to uid 65534) takes root and a system Python.
-SECOND_USER = pytest.mark.skipif(
-    SYSTEM_PYTHON is None or shutil.which("setpriv") is None or os.geteuid() != 0,
-    reason="needs root, setpriv and /usr/bin/python3 to act as a second local user (uid 65534)")
 
 
 def _name() -> str:
@@ -50,7 +45,7 @@ def test_a_symlink_named_like_a_segment_is_not_followed(tmp_path):
 def test_a_segment_file_of_another_user_is_neither_mapped_nor_removed():
     name = _name()
     path = os.path.join(shm.SHM_DIR, name)
-    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON, "-c",
+    subprocess.run([*NOBODY, SYSTEM_PYTHON, "-c",
                     f"import os; fd = os.open({path!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666); "
                     f"os.write(fd, b'planted' * 10); os.close(fd)"], check=True, timeout=30)
     try:
@@ -123,7 +118,7 @@ def test_a_peer_of_another_user_cannot_make_a_worker_map_this_users_segment(toke
         await owner.start()
         await owner.construct((Echo, (), {}))
         name, size = shm.write_segments([b"another job's data" * 100])
-        relay = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+        relay = subprocess.Popen([*NOBODY, SYSTEM_PYTHON,
                                   "-c", RELAY, str(host.runtime.call_port)], stdout=subprocess.PIPE, text=True)
         try:
             port = int(relay.stdout.readline())
