@@ -23,14 +23,10 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from podium.errors import ArgumentMismatchError, DeadlineExceededError, InternalError
 from podium.refs import DataProtoFuture, ObjectRef, keep_if_exported
-
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["PendingRef", "PendingDataProtoFuture", "concat_refs", "wait_all",
            "first_failed", "is_pending", "unpadded_future"]
