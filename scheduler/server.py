@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     # thread, and that thread waits for the GIL: with the default 5 ms switch interval a
     # loop busy placing groups hands them over in 5 ms turns. A short interval costs little
     # in a process whose only other threads are grpc's and short placement jobs; measured
-    # with bench.scheduler_scale (bench/README.md, "Scale"), steady heartbeats' p99 came
+    # with bench.scheduler_scale (bench/HISTORY.md, "Scale"), steady heartbeats' p99 came
     # nearer the 20 ms goal and creations got a little faster, within that bench's noise.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     try:
