@@ -71,22 +71,18 @@ class WorkerHelper:
     @staticmethod
     def _get_node_ip() -> str:
         """This node's address: ``MY_HOST_IP``/``MY_HOST_IPV6`` if set, else
-        ``PODIUM_NODE_ADDRESS`` under ``WG_BACKEND=podium``, Ray's idea under
-        ``WG_BACKEND=ray``, else the address this host routes from."""
+        ``PODIUM_NODE_ADDRESS`` under ``WG_BACKEND=podium`` or ``ray`` (a Podium worker, as the
+        stand-in's ``ray.util.get_node_ip_address`` answers), else the address this host routes
+        from."""
         by_env = os.getenv("MY_HOST_IP") or os.getenv("MY_HOST_IPV6")
         if by_env:
             return by_env
         backend = os.getenv("WG_BACKEND")
         node_address = os.getenv("PODIUM_NODE_ADDRESS")
-        if backend == "podium" and node_address:
+        if backend in ("podium", "ray") and node_address:
+            # Under ``podium run`` the stand-in's ``ray.util.get_node_ip_address`` answers this
+            # same variable; the worker layer does not import ``ray`` (the layer above it).
             return _host_of(node_address)
-        if backend == "ray":
-            try:
-                import ray  # only where verl-on-Ray code calls us
-
-                return ray.util.get_node_ip_address()
-            except ImportError:
-                pass
         return _routable_ip()
 
     @staticmethod

@@ -25,6 +25,8 @@ import secrets
 import time
 from typing import Any
 
+from podium.compat import ray  # the stand-in's functions themselves, not the ``ray`` package over them
+from podium.compat.standin import get_node_ip_address
 from podium.errors import UnimplementedError
 
 __all__ = [
@@ -70,7 +72,6 @@ def _actor_name(group_name: str) -> str:
 
 def _rendezvous(group_name: str) -> Any:
     """The group's rendezvous actor: made by the first rank to ask, found by the rest."""
-    import ray  # the stand-in: this module is reached through ray.util.collective
 
     from podium.errors import AlreadyExistsError
 
@@ -122,7 +123,6 @@ def init_collective_group(world_size: int, rank: int, backend: str = "nccl", gro
 
 def _connect(group_name: str, entry: list) -> None:
     """Rendezvous with the group's other ranks and build its process group (fills ``entry``)."""
-    import ray
     import torch.distributed as dist
 
     from podium.transport.authstore import StoreClient, StoreServer, new_key
@@ -133,7 +133,7 @@ def _connect(group_name: str, entry: list) -> None:
     server = None
     try:
         if rank == 0:
-            host, key = ray.util.get_node_ip_address(), new_key()
+            host, key = get_node_ip_address(), new_key()
             server = StoreServer(host, key)
             store = StoreClient(host, server.port, key, TIMEOUT_S)
             if actor is not None:
@@ -161,8 +161,6 @@ def _connect(group_name: str, entry: list) -> None:
 
 def _join(group_name: str, actor: Any) -> Any:
     """A connection to rank 0's store, from the newest attempt it published."""
-    import ray
-
     from podium.errors import DeadlineExceededError
     from podium.transport.authstore import StoreClient
 

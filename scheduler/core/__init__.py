@@ -6,7 +6,7 @@ and the service can call it under its lock. ``apply``/``release`` derive the nex
 snapshot (sharing untouched nodes and the capacity index), and :class:`BundleLedger`
 accounts worker slots inside one bundle.
 
-Modules: ``model`` (the frozen data), ``index`` (capacity index), ``fit`` (one node's
+Modules: ``views`` (the frozen data: nodes, GPUs, requests, placements), ``index`` (capacity index), ``fit`` (one node's
 GPUs), ``strategies`` (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD), ``reasons``
 (Infeasible/Unavailable wording), ``placement`` (place/apply/release), ``ledger``.
 """

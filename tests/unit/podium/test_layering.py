@@ -17,8 +17,10 @@ The layers, lowest first (``docs/architecture.md`` explains them):
    worker host); the node agent talks to the scheduler through its client
    (``podium.scheduler.client``), never through the scheduler's own modules
 5. ``podium.controller``: the SDK a training script drives
-6. the top: ``podium.cli`` and role packages built on the SDK (``podium.rollout``,
-   ``podium.compat``)
+6. the top: ``podium.cli`` and the packages built on the SDK (``podium.rollout``,
+   ``podium.compat``, and the stand-in read under its own name, ``ray``)
+
+The table here and the one in ``docs/architecture.md`` section 2 are held equal.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto",
         "podium.spans", "podium.limits", "podium.private", "podium.tracering"]
 WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs", "podium.httplimits",
         "podium.workerstacks"]
-TOP = ["podium.cli", "podium.rollout", "podium.compat"]
+#: ``ray`` is the stand-in (podium/compat/raypath/ray), a root of its own on PYTHONPATH under
+#: ``podium run``: part of the compat layer, so what imports it is seen like any other import.
+TOP = ["podium.cli", "podium.rollout", "podium.compat", "ray"]
 #: the scheduler's own modules (all but its client, which the node agent uses)
 SCHEDULER_INSIDE = sorted(
     f"podium.scheduler.{p.stem}" for p in (REPO / "scheduler").glob("*.py") if p.stem not in ("__init__", "client")
@@ -94,8 +98,10 @@ def test_layer_imports_nothing_above_it(layer):
 # -- the same table, read from the source ---------------------------------------------------
 
 #: import root -> source folder (pyproject.toml's package-dir)
+STANDIN = REPO / "podium" / "compat" / "raypath" / "ray"
 SOURCE_ROOTS = {"podium": REPO / "podium", "podium.scheduler": REPO / "scheduler",
-                "podium.worker": REPO / "worker", "podium.controller": REPO / "controller"}
+                "podium.worker": REPO / "worker", "podium.controller": REPO / "controller",
+                "ray": STANDIN}
 #: what a service may take from the scheduler package: the package itself and its client
 SCHEDULER_FOR_WORKERS = {"podium.scheduler", "podium.scheduler.client"}
 
@@ -105,6 +111,8 @@ def product_modules() -> dict[str, tuple[pathlib.Path, bool]]:
     found = {}
     for dotted, root in SOURCE_ROOTS.items():
         for path in root.rglob("*.py"):
+            if dotted != "ray" and path.is_relative_to(STANDIN):
+                continue  # the stand-in is named ``ray`` where it runs, not by its folder
             parts = list(path.relative_to(root).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             if is_package:
@@ -270,6 +278,7 @@ def test_upward_knows_an_upward_import():
     assert not upward("podium.worker.agent.service", "podium.scheduler.client")
     assert upward("podium.controller.remote.objects", "podium.worker.host.runtime")
     assert not upward("podium.controller.remote.objects", "podium.worker.host")
+    assert upward("podium.worker.base", "ray")  # the stand-in is mapped: ``import ray`` is seen
     assert room_upward("podium.controller.session.runtime", "podium.controller.group.calls")
     assert not room_upward("podium.controller.group.calls", "podium.controller.session.futures")
 
@@ -300,3 +309,15 @@ def test_the_scheduler_state_knows_no_grpc_and_no_clock():
         bad += [f"{module} imports {t}" for t in sorted(graph.get(module, ()))
                 if t in ("podium.rpc", "podium.scheduler.service", "podium.scheduler.client")]
     assert not bad, bad
+
+
+def test_the_docs_layer_table_is_this_table():
+    # docs/architecture.md, section 2: one row per layer, its packages in the second column.
+    import re
+    text = (REPO / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| \d\. [^|]+\| ([^|]+) \|", text, flags=re.MULTILINE)
+    documented = [sorted(n for n in re.findall(r"`([^`]+)`", row) if "/" not in n) for row in rows]
+    table = [CORE, WIRE, ["podium.scheduler.core"], ["podium.scheduler", "podium.worker"],
+             ["podium.controller"], TOP]
+    assert documented == [sorted(layer) for layer in table]
+    assert [members for members, _ in LAYERS.values()] == table[:3] + [["podium.scheduler"], ["podium.worker"]] + table[4:5]
