@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.faultkit import (FaultCluster, alive, descendants, report,
-                      shm_segments, wait_for)
+from tests.support.faultkit import FaultCluster, alive, descendants, report, wait_for
+from tests.support.shmfiles import segments_of
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import RemoteError, WorkerDiedError
 from podium.transport.shmstage import STAGE
@@ -189,7 +189,7 @@ def test_soak_kill_and_rebuild_leaks_nothing(scheduler_process, agents, token):
         wait_for(lambda: descendants(agent_pids) <= helpers, "no worker process left")
         assert not any(alive(pid) for pid in seen)
         mine = {os.getpid()} | seen
-        wait_for(lambda: not [s for s in shm_segments() if int(s.split("-")[1]) in mine],
+        wait_for(lambda: not segments_of(*mine),
                  "no shared-memory segment of the controller or its workers left")
     finally:
         fc.close()

@@ -44,7 +44,8 @@ import podium
 from podium.controller.remote.placement import get_placement_group, placement_group, remove_placement_group
 from podium.errors import PodiumError
 from tests.support.chaosjob import BUILD_BOUND, CALL_BOUND, LIVENESS, MARGIN, Job
-from tests.support.faultkit import http_json, shm_segments
+from tests.support.faultkit import http_json
+from tests.support.shmfiles import segments_of
 from tests.support.netlab import NetLab
 from tests.support.processes import AgentProcess, SchedulerProcess
 from tests.support.waiting import eventually
@@ -264,7 +265,7 @@ class Soak:
     def run(self) -> "Soak":
         """The whole soak: warm up, the faults, the job's end, the leak checks."""
         started = time.monotonic()
-        self._own_segments = shm_segments()
+        self._own_segments = set(segments_of(os.getpid()))
         sampler = threading.Thread(target=self._sample, name="chaos-sampler", daemon=True)
         sampler.start()
         self.job.start()
@@ -287,7 +288,9 @@ class Soak:
     # -- the end ----------------------------------------------------------------------------
     def _leftovers(self) -> list[str]:
         out = [f"process {pid} of the job still live" for pid in self.job.book.live_pids()]
-        out += [f"controller: segment {p}" for p in sorted(shm_segments() - self._own_segments)]
+        # Only this process's segments count on this host: another job on the machine makes
+        # its own (the job's workers run in the nodes' namespaces, with /dev/shm of their own).
+        out += [f"controller: segment {p}" for p in sorted(set(segments_of(os.getpid())) - self._own_segments)]
         for name, agent in self.cluster.agents.items():
             shm = Path(f"/proc/{agent.proc.pid}/root/dev/shm")
             left = [p for p in os.listdir(shm) if p.startswith("podium")] if shm.exists() else []

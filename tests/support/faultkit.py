@@ -57,14 +57,6 @@ def http_json(url: str, token: str) -> dict:
         return json.loads(resp.read())
 
 
-def shm_segments() -> set[str]:
-    """Podium's shared-memory segments in /dev/shm."""
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("podium")}
-    except FileNotFoundError:
-        return set()
-
-
 class FaultCluster:
     """A scheduler process with short leases, agents by host, and the controller runtime."""
 
