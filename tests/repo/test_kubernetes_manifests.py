@@ -26,7 +26,7 @@ pytest.importorskip("jsonpatch", reason="jsonpatch not installed (the test extra
 
 from tests.support import kustomizekit  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
 KUSTOMIZATIONS = ["base", "overlays/cpu", "job", "overlays/tls", "overlays/tls-job"]
 #: The oldest Kubernetes still commonly run, and the newest the package knows.
