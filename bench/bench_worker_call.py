@@ -18,7 +18,7 @@ import sys
 import time
 
 from podium import rpc
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 
 
 class Noop:

@@ -48,7 +48,7 @@ from podium.transport import callsocket
 from podium.transport.frames import FRAME_LENGTH, call_frame_tail, frame_with_call_id, trace_suffix
 from podium.v1 import worker_pb2
 from podium.worker import Dispatch, register
-from podium.worker.client import WorkerClient, prepare
+from podium.worker.caller.client import WorkerClient, prepare
 from podium.worker.host.process import start_host
 
 _ROUNDS = 3

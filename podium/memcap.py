@@ -133,7 +133,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def _parse_size(text: int | str) -> int:
-    # The same grammar as the node agent's --fake-gpu-memory (podium.worker.gpus.parse_size).
+    # The same grammar as the node agent's --fake-gpu-memory (podium.worker.agent.gpus.parse_size).
     if isinstance(text, int):
         return text
     match = _SIZE.match(text)

@@ -53,7 +53,7 @@ async def start_workers(rt: Session, members: GroupMembers, calls: GroupCaller, 
     """Create the workers of ``specs``, wait until they run, connect (filling ``members``)
     and construct ``cia`` in each."""
     from podium.v1 import common_pb2
-    from podium.worker.client import prepare
+    from podium.worker.caller.client import prepare
     sched = rt.scheduler
     owner = "" if detached else rt.session_id
     n = len(specs)
@@ -122,7 +122,7 @@ async def distinct_group_key(rt: Session, specs: list, name_prefix: str, cls_nam
 async def connect(rt: Session, members: GroupMembers, infos: list, liveness: bool = True) -> None:
     """Connect to the workers of ``infos`` (rank order), watch them for death, and record
     them in ``members``."""
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
     infos = sorted(infos, key=lambda i: i.spec.rank)
     handles = [WorkerHandle(info, WorkerClient(f"{info.node_address}:{info.port}", rt.token,
                                                rank=info.spec.rank, worker_id=info.id, tls=rt.tls))

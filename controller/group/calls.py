@@ -254,7 +254,7 @@ class GroupCaller:
 
         ``snapshot(ranks, payload)``: the payload copied as it is now, for a call that
         returns before it is sent."""
-        from podium.worker.client import prepare
+        from podium.worker.caller.client import prepare
         groups = _dispatch.unique_payload_groups([(a, k) for _, _, a, k in prepared])
         payloads: dict[int, Any] = {}
         for members in groups:

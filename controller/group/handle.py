@@ -86,7 +86,7 @@ def no_arguments() -> Any:
     """The encoded ``((), {})`` every argument-less call sends (made once)."""
     global _NO_ARGUMENTS
     if _NO_ARGUMENTS is None:
-        from podium.worker.client import prepare
+        from podium.worker.caller.client import prepare
         _NO_ARGUMENTS = prepare(((), {}))
     return _NO_ARGUMENTS
 

@@ -210,7 +210,7 @@ class ActorClass:
 
 
 def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
-    from podium.worker.client import prepare
+    from podium.worker.caller.client import prepare
 
     sync_only = not any(asyncio.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
                         if not n.startswith("__"))

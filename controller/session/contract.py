@@ -5,7 +5,7 @@ concrete :class:`~podium.controller.session.runtime.Runtime`, so mypy checks eve
 the rooms, and what a room may touch is written here, once. The session's own services (the
 death watch, liveness, the releaser, the object store) see only its
 :class:`~podium.controller.session.core.SessionCore`, which they are part of. Pending results are settled
-through :class:`~podium.worker.pendingcalls.Sink` (``set_result``/``set_exception``), the
+through :class:`~podium.worker.caller.pendingcalls.Sink` (``set_result``/``set_exception``), the
 public face of a call's outcome.
 """
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from podium.controller.session.objects import ObjectServer
     from podium.controller.session.releaser import Releaser
     from podium.v1 import scheduler_pb2
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
 
 __all__ = ["Session"]
 

@@ -253,7 +253,7 @@ class Runtime:
         """A started WorkerClient to ``address`` for fetching refs (cached)."""
         client = self._fetch_clients.get(address)
         if client is None:
-            from podium.worker.client import WorkerClient
+            from podium.worker.caller.client import WorkerClient
             client = WorkerClient(address, self.token, tls=self.tls)
             client.connect()
             self._fetch_clients[address] = client

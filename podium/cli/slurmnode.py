@@ -7,7 +7,7 @@ It is ``podium node`` with its settings taken from the allocation:
 - the address it serves on and registers is the one this node routes to the scheduler
   from (so it works whatever the node's host name resolves to);
 - the node id is Slurm's node name (``SLURMD_NODENAME``), labels name the job;
-- the GPUs are those of the allocation (:func:`job_gpus`, :mod:`podium.worker.gpufilter`):
+- the GPUs are those of the allocation (:func:`job_gpus`, :mod:`podium.worker.agent.gpufilter`):
   ``CUDA_VISIBLE_DEVICES`` as Slurm sets it for the step, also with ``--fake-gpus``;
 - the cluster token comes from ``PODIUM_TOKEN`` (srun passes the launcher's environment).
 
@@ -78,7 +78,7 @@ def job_gpus(env: Mapping[str, str], every_gpu: bool = False) -> tuple[str, ...]
     ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` (the allocation's GPU indices). With none of
     them the job was given no GPU, and a shared node's GPUs belong to other jobs: offer
     none, unless ``every_gpu`` (nodes without gres/gpu, given whole; fake GPUs)."""
-    from podium.worker.gpufilter import parse_visible_devices
+    from podium.worker.agent.gpufilter import parse_visible_devices
 
     for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         if name in env:
@@ -130,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run this node's agent until SIGUSR2/SIGTERM/SIGINT; returns the exit status."""
     from podium.worker.agent.service import build_parser as node_parser, config_from_args
-    from podium.worker.gpufilter import VisibleGpus
-    from podium.worker.gpus import detect
+    from podium.worker.agent.gpufilter import VisibleGpus
+    from podium.worker.agent.gpus import detect
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),

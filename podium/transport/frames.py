@@ -30,7 +30,9 @@ MAX_TAILS = 16
 TAIL_MAX_BYTES = 64 << 10
 
 _CALL_ID_TAG = b"\x08"  # field 1 (call_id), wire type 0 (varint)
-_CALL = worker_pb2.CALL
+#: The kinds of a call's first frame (``CallHeader.kind``), named once for both ends.
+CALL, CONSTRUCT, CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
+_CALL = CALL
 
 
 _ONE_BYTE = [bytes((value,)) for value in range(0x80)]

@@ -19,7 +19,7 @@ from podium.v1 import worker_pb2
 
 __all__ = ["Payload", "Written", "prepare", "shares_shm"]
 
-_CALL = worker_pb2.CALL
+_CALL = frames.CALL
 
 
 class Payload:

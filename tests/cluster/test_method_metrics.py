@@ -51,7 +51,7 @@ def _method_samples(text: str) -> dict[tuple[str, str, str, str], float]:
 def test_method_histograms_sum_ranks_bound_names_and_feed_the_dashboard(tmp_path, token, arun):
     from podium.scheduler.client import SchedulerClient
     from podium.v1 import common_pb2
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
 
     state_dir = tmp_path / "local"
     env = dict(os.environ, PODIUM_TOKEN=token)

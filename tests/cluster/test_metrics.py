@@ -46,7 +46,7 @@ def _value(text: str, metric: str, **labels: str) -> float:
 def test_agent_and_scheduler_metrics(tmp_path, token, arun):
     from podium.scheduler.client import SchedulerClient
     from podium.v1 import common_pb2
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
 
     state_dir = tmp_path / "local"
     env = dict(os.environ, PODIUM_TOKEN=token)

@@ -193,7 +193,7 @@ def test_plaintext_and_foreign_clients_fail_cleanly_on_every_service(tls_cluster
                 assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE, (what, label, error)
     # The SDK's own clients say UnavailableError, within their deadline, never a hang.
     from podium.scheduler.client import SchedulerClient
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
 
     async def plain_clients():
         async with SchedulerClient(tls_cluster.address, tls_cluster.token, timeout=5) as client:

@@ -24,7 +24,7 @@ from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2
 from podium.controller import ClassWithInitArgs, create_colocated_worker_cls
 from podium.worker import Dispatch, Worker, register
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from tests.support.clusters import TWO_NODES, two_node_processes
 from tests.support.proctable import alive
 

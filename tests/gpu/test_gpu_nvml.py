@@ -1,4 +1,4 @@
-"""NVML from the real library (podium.worker.gpus.NvmlProvider): the inventory agrees with
+"""NVML from the real library (podium.worker.agent.gpus.NvmlProvider): the inventory agrees with
 what CUDA reports, and memory this process allocates shows up as per-process usage."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from podium.worker.gpus import NvmlProvider, detect
+from podium.worker.agent.gpus import NvmlProvider, detect
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]

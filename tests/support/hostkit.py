@@ -10,7 +10,7 @@ import threading
 import time
 
 
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from podium.worker.decorator import Dispatch, register
 from podium.worker.host.process import start_host
 

@@ -21,7 +21,7 @@ from podium import rpc
 from podium.auth import TlsConfig
 from podium.scheduler.server import run_scheduler
 from podium.worker.agent.service import AgentConfig, run_agent
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from podium.worker.host.process import start_host
 from tests.support.scheduler_fakes import config as scheduler_config
 

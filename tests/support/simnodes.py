@@ -46,7 +46,7 @@ from podium.scheduler.client import HeartbeatStream
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from podium.worker.agent.link import SchedulerLink
 from podium.worker.agent.service import RPC_TIMEOUT_SECONDS
-from podium.worker.gpus import DEFAULT_FAKE_MEMORY, fake_uuid
+from podium.worker.agent.gpus import DEFAULT_FAKE_MEMORY, fake_uuid
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from podium import errors
 from podium.auth import TlsConfig
-from podium.worker.gpus import DEFAULT_FAKE_MEMORY, GpuProvider, parse_size
+from podium.worker.agent.gpus import DEFAULT_FAKE_MEMORY, GpuProvider, parse_size
 
 __all__ = ["AgentConfig", "build_parser", "config_from_args"]
 

@@ -35,7 +35,7 @@ from podium.limits import (MAX_GRACE_SECONDS, MAX_PORT_HOLD_SECONDS, MAX_TAIL_LI
 from podium.scheduler.client import SchedulerClient
 from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
 from podium.worker import usermetrics
-from podium.worker.gpus import GpuProvider, detect
+from podium.worker.agent.gpus import GpuProvider, detect
 from podium.worker.agent.config import AgentConfig, build_parser, config_from_args
 from podium.worker.agent.link import MAX_BACKOFF_SECONDS, RETRYABLE, SchedulerLink
 from podium.worker.agent.logtail import LogFollower, file_size

@@ -20,7 +20,7 @@ from typing import Any
 
 from podium import errors, rpc
 from podium.tracering import RING, mono_to_ns, now_ns
-from podium.transport import chunks
+from podium.transport import chunks, frames
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.transport.frames import is_whole_call
@@ -35,7 +35,7 @@ __all__ = ["ActiveCall", "CallStream"]
 
 log = logging.getLogger("podium.worker.host")
 
-_CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
+_CALL, _CONSTRUCT, _CANCEL = frames.CALL, frames.CONSTRUCT, frames.CANCEL
 
 
 class _Incoming:

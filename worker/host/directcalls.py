@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from podium import errors
 from podium.tracering import RING, mono_to_ns, now_ns
-from podium.transport.frames import BULK_FLAG, FRAME_LENGTH, frame_with_call_id, is_whole_call
+from podium.transport.frames import BULK_FLAG, CANCEL, FRAME_LENGTH, frame_with_call_id, is_whole_call
 from podium.v1 import worker_pb2
 from podium.transport.connection import CallConnection
 from podium.worker.host.results import NONE_OUTCOME, NONE_REPLY_TAIL, Outcome
@@ -53,7 +53,7 @@ log = logging.getLogger("podium.worker.host")
 
 _LEN = FRAME_LENGTH
 _BULK_FLAG = BULK_FLAG
-_CANCEL = worker_pb2.CANCEL
+_CANCEL = CANCEL
 _parse_frame = worker_pb2.CallFrame.FromString
 # Frames are read into a buffer of this size, with at least _ROOM free for each read: a
 # frame larger than the difference goes to the loop (its payload is large anyway).

@@ -65,7 +65,7 @@ class HostResolver:
             return codec.decode(bytearray(b"".join(encoded.to_segments())))
         client = self._clients.get(ref.owner_address)
         if client is None:
-            from podium.worker.client import WorkerClient
+            from podium.worker.caller.client import WorkerClient
 
             client = WorkerClient(ref.owner_address, self._token, rank=ref.owner_rank,
                                   worker_id=ref.worker_id, tls=self._tls)

@@ -154,7 +154,7 @@ def test_put_stores_the_value_as_it_was(group):
 
 
 def test_a_snapshot_is_the_segment_on_shared_memory_a_copy_elsewhere_and_one_never_sent_is_dropped(group, path):
-    from podium.worker.client import prepare
+    from podium.worker.caller.client import prepare
     client = group.workers[0].client
     if path != "shm":  # TCP and gRPC: a copy in memory of its own, not the tensor's
         tensor = torch.ones(NUMEL)

@@ -11,7 +11,7 @@ import pytest
 from podium import errors
 from podium.controller.session.futures import PendingRef
 from podium.refs import ObjectRef, inline_value
-from podium.worker.client import WorkerClient, prepare
+from podium.worker.caller.client import WorkerClient, prepare
 from podium.worker.host.process import start_host
 from tests.support.waiting import eventually_async
 

@@ -279,7 +279,7 @@ def test_non_blocking_and_wait(wg):
 
 
 def test_a_shard_several_ranks_receive_is_encoded_once(wg, monkeypatch):
-    import podium.worker.client as client_module
+    import podium.worker.caller.client as client_module
     encoded = []
     real = client_module.prepare
 

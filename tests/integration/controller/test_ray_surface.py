@@ -380,7 +380,7 @@ def test_node_affinity(cluster):
 
 def test_the_object_server_runs_no_calls(cluster, arun):
     from podium import errors
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
 
     podium.put(1)  # the object server is up
     rt = get_runtime()

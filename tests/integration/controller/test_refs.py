@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from podium import codec, errors
 from podium.dataproto import DataProto
 from podium.refs import DataProtoFuture, ObjectRef, concat_values
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from podium.worker.decorator import register
 from podium.worker.host.process import current_host, start_host
 from tests.support.processes import spawn_worker

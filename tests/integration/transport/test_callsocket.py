@@ -17,7 +17,7 @@ import torch
 
 from podium import errors
 from podium.transport import callsocket, framewriter
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from podium.worker.host.process import start_host
 from tests.support.waiting import eventually_async
 
@@ -79,7 +79,7 @@ async def exercise(client: WorkerClient) -> None:
     out = await client.call("add", (big, 1))
     assert torch.equal(out, big + 1)
     # pipelined calls through submit (one frame each) answer in any order, all correct
-    from podium.worker.client import prepare
+    from podium.worker.caller.client import prepare
 
     futures = [client.submit("add", prepare(((i, i), {}))) for i in range(200)]
     assert await asyncio.gather(*futures) == [2 * i for i in range(200)]
@@ -235,7 +235,7 @@ def test_large_payloads_under_tls_are_written_as_the_socket_drains_and_stay_in_o
 async def kept_then_bumped(client: WorkerClient, steps: int = 3) -> None:
     """The reply of ``kept`` is the value at return, though the very next call (sent with
     it, run while that reply is still leaving) changes the tensor in place."""
-    from podium.worker.client import prepare
+    from podium.worker.caller.client import prepare
 
     empty = prepare(((), {}))
     for step in range(steps):
@@ -270,7 +270,7 @@ def test_a_peer_that_stops_reading_a_lent_reply_loses_its_connection_and_frees_t
     deadline the connection is closed, its caller gets an error, and other callers are
     served again."""
     from podium.worker.host import results
-    from podium.worker.client import prepare
+    from podium.worker.caller.client import prepare
 
     monkeypatch.setattr(results, "LENT_SECONDS", 0.5)
 

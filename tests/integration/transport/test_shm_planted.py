@@ -109,7 +109,7 @@ def test_a_peer_of_another_user_cannot_make_a_worker_map_this_users_segment(toke
     from podium.transport import callsocket
     from podium.transport.frames import FRAME_LENGTH
     from podium.v1 import worker_pb2
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
     from podium.worker.host.process import start_host
 
     async def scenario():

@@ -127,7 +127,7 @@ class Adder:
 def test_segments_go_back_and_forth_on_both_call_transports(raw, token, arun, monkeypatch):
     """The bookkeeping frames (call id 0) travel on the raw socket and on the gRPC Calls
     stream (what TLS uses) alike: results kept by the caller stay intact, segments are reused."""
-    from podium.worker.client import WorkerClient
+    from podium.worker.caller.client import WorkerClient
     from podium.worker.host.process import start_host
 
     if not raw:

@@ -9,8 +9,8 @@ import pytest
 from podium import errors
 from podium.cli import slurm, slurmnode
 from podium.cli.main import SUBCOMMANDS
-from podium.worker.gpufilter import VisibleGpus, parse_visible_devices
-from podium.worker.gpus import FakeProvider
+from podium.worker.agent.gpufilter import VisibleGpus, parse_visible_devices
+from podium.worker.agent.gpus import FakeProvider
 
 
 @pytest.mark.parametrize("value, expected", [

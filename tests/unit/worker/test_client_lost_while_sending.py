@@ -9,7 +9,7 @@ import pytest
 from podium import errors
 from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
-from podium.worker.client import WorkerClient, prepare
+from podium.worker.caller.client import WorkerClient, prepare
 
 
 class LosingCarrier:

@@ -8,8 +8,8 @@ import pynvml
 import pytest
 
 from podium.errors import InvalidArgumentError
-from podium.worker import gpus
-from podium.worker.gpus import FakeProvider, Gpu, NvmlProvider, ProcessUsage, detect, fake_uuid, parse_size
+from podium.worker.agent import gpus
+from podium.worker.agent.gpus import FakeProvider, Gpu, NvmlProvider, ProcessUsage, detect, fake_uuid, parse_size
 
 
 # ---------------------------------------------------------------- fake provider

@@ -23,7 +23,7 @@ import pytest
 from podium import errors, rpc
 from podium.v1 import common_pb2, node_pb2
 from podium.worker.agent.service import AgentConfig, run_agent
-from podium.worker.gpus import FakeProvider, ProcessUsage, fake_uuid
+from podium.worker.agent.gpus import FakeProvider, ProcessUsage, fake_uuid
 from tests.support.proctable import alive
 from tests.support.agentkit import (TOKEN, WAIT, eventually, node, rpc_error, run,
                                     spawn_running, start_scheduler, worker)

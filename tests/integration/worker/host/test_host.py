@@ -11,7 +11,7 @@ import torch
 
 from podium import codec, errors
 from podium.v1 import worker_pb2, worker_pb2_grpc
-from podium.worker.client import prepare
+from podium.worker.caller.client import prepare
 
 from tests.support.hostkit import Echo, hosted
 from tests.support.waiting import eventually_async

@@ -13,7 +13,7 @@ import pytest
 
 from podium import errors, rpc
 from podium.v1 import worker_pb2, worker_pb2_grpc
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 
 from tests.support.processes import spawn_worker
 from tests.support.waiting import eventually_async

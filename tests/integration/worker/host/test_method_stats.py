@@ -16,7 +16,7 @@ import time
 import pytest
 
 from podium import errors
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from podium.worker.host.config import FETCH_CALL
 from podium.worker.host.methodstats import BUCKET_BOUNDS, CONSTRUCT, MAX_METHODS, OTHER
 from podium.worker.host.process import start_host

@@ -8,7 +8,7 @@ worker's first call with "Connection refused" (seen in a full run).
 from __future__ import annotations
 
 from podium import errors
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 from podium.worker.host.process import start_host
 
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from podium.transport import preauth
-from podium.worker.client import WorkerClient
+from podium.worker.caller.client import WorkerClient
 
 from tests.support.processes import spawn_worker
 from tests.support.waiting import eventually

@@ -22,7 +22,7 @@ import pytest
 from podium import codec
 from podium.transport import callsocket
 from podium.v1 import worker_pb2
-from podium.worker.client import WorkerClient, prepare
+from podium.worker.caller.client import WorkerClient, prepare
 from podium.worker.host.process import start_host
 
 pytestmark = pytest.mark.timeout(120)

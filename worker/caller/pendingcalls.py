@@ -1,4 +1,4 @@
-"""The calls a :class:`~podium.worker.client.WorkerClient` has sent and not yet seen answered.
+"""The calls a :class:`~podium.worker.caller.client.WorkerClient` has sent and not yet seen answered.
 
 Each call waits as a :class:`PendingCall` (an asyncio future, or a "sink" that a burst of
 ``blocking=False`` calls settles without a future per call). :class:`PendingCalls` keeps them

@@ -1,6 +1,6 @@
 """Reply frames of one call connection turned into call outcomes (the client's reading side).
 
-A :class:`~podium.worker.client.WorkerClient` hands every frame its call connection reads to
+A :class:`~podium.worker.caller.client.WorkerClient` hands every frame its call connection reads to
 :meth:`ReplyDecoder.on_frame`: an error header, a held result's ref, a reply in a
 shared-memory segment, a one-frame reply, reply chunks (assembled), or a whole bulk reply
 already in its final buffer. What a call's reply is goes to the client's ``finish``; the
@@ -18,8 +18,8 @@ from podium.transport import chunks
 from podium.transport.bulkframes import BulkFrame
 from podium.transport.connection import CallConnection
 from podium.v1 import worker_pb2
-from podium.worker.channel import MAX_REPLY_BYTES
-from podium.worker.pendingcalls import PendingCall, PendingCalls
+from podium.worker.caller.channel import MAX_REPLY_BYTES
+from podium.worker.caller.pendingcalls import PendingCall, PendingCalls
 
 __all__ = ["FailedReply", "InPlaceReply", "ReplyDecoder", "ShmReply"]
 

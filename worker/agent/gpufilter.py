@@ -12,7 +12,7 @@ indices, so the ``CUDA_VISIBLE_DEVICES`` the agent gives each worker (with
 from __future__ import annotations
 
 from podium.errors import InvalidArgumentError
-from podium.worker.gpus import Gpu, GpuProvider, ProcessUsage
+from podium.worker.agent.gpus import Gpu, GpuProvider, ProcessUsage
 
 __all__ = ["VisibleGpus", "parse_visible_devices"]
 

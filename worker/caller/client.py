@@ -10,7 +10,7 @@ calls overlap freely. When the stream or channel breaks, every pending call
 fails at once with UnavailableError naming the rank and address; a call past
 its timeout fails with DeadlineExceededError naming the method and rank (and
 the worker is told to drop it if it has not started). The reply frames are read by a
-:class:`~podium.worker.replydecoder.ReplyDecoder`.
+:class:`~podium.worker.caller.replydecoder.ReplyDecoder`.
 
 Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
 when the worker sees this process's /dev/shm (``shm_domain``, learnt from Describe
@@ -36,21 +36,21 @@ from podium.transport import frames, shm, shmstage
 from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, Written, prepare, shares_shm
 from podium.v1 import worker_pb2
-from podium.worker.channel import MAX_REPLY_BYTES, RELEASE_PER_CALL, WorkerChannel
+from podium.worker.caller.channel import MAX_REPLY_BYTES, RELEASE_PER_CALL, WorkerChannel
 from podium.worker.host.config import FETCH_CALL
-from podium.worker.pendingcalls import PendingCall, PendingCalls, Sink
-from podium.worker.replydecoder import FailedReply, InPlaceReply, ReplyDecoder, ShmReply
+from podium.worker.caller.pendingcalls import PendingCall, PendingCalls, Sink
+from podium.worker.caller.replydecoder import FailedReply, InPlaceReply, ReplyDecoder, ShmReply
 
 __all__ = ["WorkerClient", "Payload", "prepare"]
 
-log = logging.getLogger("podium.worker.client")
+log = logging.getLogger("podium.worker.caller.client")
 
-_CALL, _CONSTRUCT, _CANCEL = worker_pb2.CALL, worker_pb2.CONSTRUCT, worker_pb2.CANCEL
+_CALL, _CONSTRUCT, _CANCEL = frames.CALL, frames.CONSTRUCT, frames.CANCEL
 
 
 class WorkerClient(WorkerChannel):
     """Client of one worker: calls over one call connection, plus Describe/Fetch/Release/Shutdown
-    (:class:`~podium.worker.channel.WorkerChannel`)."""
+    (:class:`~podium.worker.caller.channel.WorkerChannel`)."""
 
     def __init__(self, address: str, token: str, *, rank: int = -1, worker_id: str = "",
                  tls: TlsConfig | None = None, shm_threshold: int | None = None) -> None:
@@ -61,7 +61,7 @@ class WorkerClient(WorkerChannel):
         #: The call connection (raw socket or the stream above), made by start().
         self._conn: CallConnection | None = None
         self._pending = PendingCalls(self._expire)
-        #: Reads the reply frames (podium.worker.replydecoder); knows the connection once made.
+        #: Reads the reply frames (podium.worker.caller.replydecoder); knows the connection once made.
         self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
 

@@ -1,7 +1,7 @@
 """A worker's gRPC channel and its unary RPCs: Describe, Fetch, Release, Shutdown.
 
 :class:`WorkerChannel` is what a process needs to read a worker's results (the controller's
-ref fetches, a worker fetching its arguments from a peer); :class:`~podium.worker.client.WorkerClient`
+ref fetches, a worker fetching its arguments from a peer); :class:`~podium.worker.caller.client.WorkerClient`
 adds the call connection on top.
 """
 
