@@ -79,7 +79,7 @@ async def run(args) -> None:
             seconds = (time.perf_counter() - t0) / 3
             print(f"echo {args.mib} MiB over {transport}: {seconds * 1e3:.1f} ms, "
                   f"{2 * args.mib / 1024 / seconds:.2f} GiB/s (both ways counted)")
-        await client.shutdown("bench done")
+        await client.channel.shutdown("bench done")
         await client.close()
         proc.wait(timeout=30)
     finally:

@@ -66,7 +66,7 @@ async def _collect(handles: list) -> list[tuple[Any, Any]]:
     """(handle, (TimelineResponse, sent_ns, received_ns) or the exception) per worker."""
     async def one(handle: Any) -> Any:
         try:
-            return await handle.client.timeline(timeout=COLLECT_TIMEOUT)
+            return await handle.client.channel.timeline(timeout=COLLECT_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - named in the trace, not raised
             return exc
     answers = await asyncio.gather(*(one(h) for h in handles))

@@ -68,5 +68,5 @@ class Releaser:
 
     async def _send(self, client: Any, ids: list[str]) -> None:
         with contextlib.suppress(Exception):  # a gone worker holds nothing any more
-            released = await client.release(ids)
+            released = await client.channel.release(ids)
             self._rt.stats["released"] = self._rt.stats.get("released", 0) + released

@@ -1,8 +1,8 @@
 """A worker's gRPC channel and its unary RPCs: Describe, Fetch, Release, Shutdown.
 
 :class:`WorkerChannel` is what a process needs to read a worker's results (the controller's
-ref fetches, a worker fetching its arguments from a peer); :class:`~podium.worker.caller.client.WorkerClient`
-adds the call connection on top.
+ref fetches, a worker fetching its arguments from a peer);
+:class:`~podium.worker.caller.client.WorkerClient` holds one beside its call connection.
 """
 
 from __future__ import annotations
@@ -52,49 +52,53 @@ class WorkerChannel:
         #: Ids of held results to drop in the worker (:class:`podium.controller.session.releaser.Releaser`
         #: appends from any thread): the next call frame takes them along, else one Release RPC.
         self.releasable: collections.deque[str] = collections.deque()
-        self._token = token
-        self._tls = tls
-        self._metadata = rpc.token_metadata(token)
+        #: The cluster token and TLS settings: the call connection authenticates with them too.
+        self.token = token
+        self.tls = tls
+        #: The token as per-call gRPC metadata.
+        self.metadata = rpc.token_metadata(token)
+        #: The loop the channel was opened on (every RPC must be awaited there).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: worker_pb2_grpc.WorkerStub | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _who(self) -> str:
+    def who(self) -> str:
+        """The worker as errors name it: its rank (when known) and address."""
         return f"worker rank {self.rank} at {self.address}" if self.rank >= 0 else f"worker at {self.address}"
 
     def connect(self) -> None:
         """Open the channel (no RPC); enough for describe/fetch/release/shutdown."""
         if self._channel is not None:
             return
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         # The token goes in per-call metadata rather than through a client
         # interceptor: intercepted streams add a queue and a task per message.
-        self._channel = rpc.make_channel(self.address, "", self._tls, add_token=False)
+        self._channel = rpc.make_channel(self.address, "", self.tls, add_token=False)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
-    def _connected_stub(self) -> worker_pb2_grpc.WorkerStub:
+    def stub(self) -> worker_pb2_grpc.WorkerStub:
         """The stub of the channel, connecting first (on the running loop)."""
         self.connect()
         stub = self._stub
-        if stub is None:  # connect() always makes one; a subclass that does not is a bug
-            raise errors.InternalError(f"no channel to {self._who()} after connect()")
+        if stub is None:  # connect() always makes one
+            raise errors.InternalError(f"no channel to {self.who()} after connect()")
         return stub
 
     def _rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> errors.PodiumError:
-        err = rpc.error_from_rpc(exc, what=f"{what} on {self._who()}")
+        err = rpc.error_from_rpc(exc, what=f"{what} on {self.who()}")
         if type(err) is errors.UnavailableError:
-            err = errors.UnavailableError(f"{what}: cannot reach {self._who()}: {exc.details()}",
+            err = errors.UnavailableError(f"{what}: cannot reach {self.who()}: {exc.details()}",
                                           rank=self.rank)
         elif type(err) is errors.DeadlineExceededError and not exc.trailing_metadata():
-            err = errors.DeadlineExceededError(f"{what} on {self._who()} timed out", rank=self.rank)
+            err = errors.DeadlineExceededError(f"{what} on {self.who()} timed out", rank=self.rank)
         return err
 
     async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
         """The worker's identity, state and method table."""
-        stub = self._connected_stub()
+        stub = self.stub()
         try:
             return await stub.Describe(worker_pb2.DescribeRequest(), timeout=timeout,
-                                             metadata=self._metadata)
+                                             metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Describe") from None
 
@@ -102,11 +106,11 @@ class WorkerChannel:
                        ) -> tuple[worker_pb2.TimelineResponse, int, int]:
         """The worker's recent spans (``Timeline``), with this process's wall clock just before
         and just after the call (ns): the caller aligns the two clocks with them."""
-        stub = self._connected_stub()
+        stub = self.stub()
         sent = time.time_ns()
         try:
             reply = await stub.Timeline(worker_pb2.TimelineRequest(max_events=max_events), timeout=timeout,
-                                        metadata=self._metadata)
+                                        metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Timeline") from None
         return reply, sent, time.time_ns()
@@ -114,7 +118,7 @@ class WorkerChannel:
     async def fetch(self, ref: ObjectRef, rows: tuple[int, int] | None = None, *,
                     timeout: float | None = None) -> Any:
         """The value ``ref`` names (or only rows ``[rows[0], rows[1])`` of it), from its owner."""
-        stub = self._connected_stub()
+        stub = self.stub()
         if self.same_host is None and ref.size_bytes >= self.shm_threshold:
             self.same_host = shares_shm(await self.describe(timeout=timeout or 30.0))
         request = worker_pb2.FetchRequest(object_id=ref.object_id,
@@ -124,7 +128,7 @@ class WorkerChannel:
             request.row_start, request.row_stop = int(rows[0]), int(rows[1])
         assembler = None
         try:
-            async for chunk in stub.Fetch(request, timeout=timeout, metadata=self._metadata):
+            async for chunk in stub.Fetch(request, timeout=timeout, metadata=self.metadata):
                 if assembler is None:
                     if chunk.shm_name:
                         self.last_fetch_bytes = chunk.total_size
@@ -135,26 +139,32 @@ class WorkerChannel:
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, f"Fetch of {ref.object_id}") from None
         if assembler is None:
-            raise errors.DataLossError(f"Fetch of {ref.object_id} from {self._who()} returned nothing")
+            raise errors.DataLossError(f"Fetch of {ref.object_id} from {self.who()} returned nothing")
         self.last_fetch_bytes = assembler.total_size
         return codec.decode(assembler.result())
 
     async def release(self, object_ids, *, timeout: float | None = 30.0) -> int:
         """Drop held results in the worker; returns how many were held."""
-        stub = self._connected_stub()
+        stub = self.stub()
         ids = [r.object_id if isinstance(r, ObjectRef) else r for r in object_ids]
         try:
             reply = await stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
-                                             timeout=timeout, metadata=self._metadata)
+                                             timeout=timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Release") from None
         return reply.released
 
     async def shutdown(self, reason: str = "", *, timeout: float | None = 10.0) -> None:
         """Ask the worker process to exit (it answers first)."""
-        stub = self._connected_stub()
+        stub = self.stub()
         try:
             await stub.Shutdown(worker_pb2.ShutdownRequest(reason=reason), timeout=timeout,
-                                      metadata=self._metadata)
+                                      metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Shutdown") from None
+
+    async def close(self) -> None:
+        """Close the gRPC channel (a later RPC opens a new one)."""
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()

@@ -48,13 +48,24 @@ log = logging.getLogger("podium.worker.caller.client")
 _CALL, _CONSTRUCT, _CANCEL = frames.CALL, frames.CONSTRUCT, frames.CANCEL
 
 
-class WorkerClient(WorkerChannel):
-    """Client of one worker: calls over one call connection, plus Describe/Fetch/Release/Shutdown
-    (:class:`~podium.worker.caller.channel.WorkerChannel`)."""
+class WorkerClient:
+    """Client of one worker: calls over one call connection, beside the worker's gRPC
+    channel (:attr:`channel`, a :class:`~podium.worker.caller.channel.WorkerChannel`: Describe,
+    Timeline, Fetch, Release, Shutdown)."""
 
     def __init__(self, address: str, token: str, *, rank: int = -1, worker_id: str = "",
                  tls: TlsConfig | None = None, shm_threshold: int | None = None) -> None:
-        super().__init__(address, token, rank=rank, worker_id=worker_id, tls=tls, shm_threshold=shm_threshold)
+        #: The worker's gRPC channel and its unary RPCs.
+        self.channel = channel = WorkerChannel(address, token, rank=rank, worker_id=worker_id, tls=tls,
+                                               shm_threshold=shm_threshold)
+        # What every call reads, bound once: the channel's own counters and release queue, its
+        # threshold, and whether calls may use shared memory (learnt by start(), which tells
+        # the channel too; a test may set it to force the TCP path).
+        self.stats = channel.stats
+        self.releasable = channel.releasable
+        self.shm_threshold = channel.shm_threshold
+        self.same_host = channel.same_host
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: The gRPC ``Calls`` stream and its reader task, when the calls take it.
         self._stream: Any = None
         self._reader: asyncio.Task | None = None
@@ -64,6 +75,39 @@ class WorkerClient(WorkerChannel):
         #: Reads the reply frames (podium.worker.caller.replydecoder); knows the connection once made.
         self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
+
+    @property
+    def address(self) -> str:
+        """The worker's gRPC address."""
+        return self.channel.address
+
+    @property
+    def rank(self) -> int:
+        """The worker's rank (-1 when it has none)."""
+        return self.channel.rank
+
+    @property
+    def worker_id(self) -> str:
+        """The worker's id (learnt by :meth:`start` when not given)."""
+        return self.channel.worker_id
+
+    @property
+    def last_fetch_bytes(self) -> int:
+        """Bytes the last :meth:`fetch` moved (for counters)."""
+        return self.channel.last_fetch_bytes
+
+    def _who(self) -> str:
+        return self.channel.who()
+
+    def connect(self) -> None:
+        """Open the gRPC channel (no RPC) on the running loop, the loop every call uses."""
+        self.channel.connect()
+        self._loop = self.channel.loop
+
+    async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
+        """The worker's identity, state and method table (the channel's Describe)."""
+        self.connect()
+        return await self.channel.describe(timeout=timeout)
 
     @property
     def broken(self) -> errors.PodiumError | None:
@@ -100,20 +144,22 @@ class WorkerClient(WorkerChannel):
         info = await self.describe(timeout=timeout)
         if self._conn is not None:  # already started: just the fresh Describe
             return info
+        channel = self.channel
         if self.same_host is None:
             self.same_host = shares_shm(info)
-        if self.rank < 0:
-            self.rank = info.rank
-        self.worker_id = self.worker_id or info.worker_id
+        channel.same_host = self.same_host
+        if channel.rank < 0:
+            channel.rank = info.rank
+        channel.worker_id = channel.worker_id or info.worker_id
         carrier: Any = None
         if info.call_port and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
             from podium.transport import callsocket
 
             host = self.address.rsplit(":", 1)[0]
-            tls = self._tls
+            tls = channel.tls
             try:
                 carrier = await callsocket.connect(
-                    host, info.call_port, self._token, worker_pb2.ReplyFrame.FromString, self._replies.on_frame,
+                    host, info.call_port, channel.token, worker_pb2.ReplyFrame.FromString, self._replies.on_frame,
                     self._on_raw_lost, timeout=timeout, max_bulk=MAX_REPLY_BYTES,
                     ssl_context=tls.ssl_context(server=False) if tls is not None else None,
                     server_hostname=(tls.server_name or host.strip("[]")) if tls is not None else None)
@@ -123,7 +169,7 @@ class WorkerClient(WorkerChannel):
                 # Unreachable raw port (a firewall between nodes): the gRPC stream works too.
                 log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
         if carrier is None:
-            carrier = self._stream = self._connected_stub().Calls(metadata=self._metadata)
+            carrier = self._stream = channel.stub().Calls(metadata=channel.metadata)
         self._conn = self._replies.conn = CallConnection(carrier, worker_pb2.CallFrame,
                                                          shared_memory=bool(self.same_host))
         if self._stream is not None:
@@ -151,9 +197,8 @@ class WorkerClient(WorkerChannel):
                 await self._reader
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing anyway
                 pass
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel = self._stub = self._stream = self._reader = self._conn = self._replies.conn = None
+        await self.channel.close()
+        self._stream = self._reader = self._conn = self._replies.conn = None
 
     # ---------------------------------------------------------------- reader
 
@@ -484,10 +529,10 @@ class WorkerClient(WorkerChannel):
             if (await self.describe(timeout=timeout or 30.0)).call_port:  # not an object server
                 await self.start(timeout=timeout or 30.0)
         if self.transport != "socket" or self._broken is not None:
-            return await super().fetch(ref, rows, timeout=timeout)
+            return await self.channel.fetch(ref, rows, timeout=timeout)
         payload = Payload(codec.encode(((ref.object_id, rows), {})), reusable=False)
         reply = await self._roundtrip(_CALL, FETCH_CALL, payload, False, timeout, decode=False)
-        self.last_fetch_bytes = reply.nbytes if isinstance(reply, ShmReply) else len(reply)
+        self.channel.last_fetch_bytes = reply.nbytes if isinstance(reply, ShmReply) else len(reply)
         return self._replies.decode(reply)
 
     async def call_encoded(self, method: str, payload: Payload | codec.Encoded, *,

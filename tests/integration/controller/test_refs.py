@@ -157,7 +157,7 @@ def test_hold_fetch_rows_release(token, arun, transport):
             with pytest.raises(errors.OutOfRangeError, match="DataProto or TensorDict"):
                 await client.fetch(blob_ref, rows=(0, 1))
             assert len(host.runtime.held) == 3
-            assert await client.release([ref, td_ref.object_id, "o-unknown"]) == 2
+            assert await client.channel.release([ref, td_ref.object_id, "o-unknown"]) == 2
             with pytest.raises(errors.NotFoundError, match=ref.object_id):
                 await client.fetch(ref)
             assert len(host.runtime.held) == 1
@@ -175,13 +175,13 @@ def test_a_release_is_bounded_and_a_guessed_id_releases_nothing(token, arun):
         async with producer_host(token) as (host, client):
             ref = await client.call("make", (0, 4), hold=True)
             guesses = [f"o-{os.getpid():x}-{n}" for n in range(1, 100)]
-            assert await client.release(guesses) == 0
+            assert await client.channel.release(guesses) == 0
             assert (await client.fetch(ref)).batch["x"].tolist() == [0, 1, 2, 3]
-            assert await client.release([f"o-unknown-{i}" for i in range(MAX_REPEATED)]) == 0  # at the bound
+            assert await client.channel.release([f"o-unknown-{i}" for i in range(MAX_REPEATED)]) == 0  # at the bound
             with pytest.raises(errors.InvalidArgumentError, match="release: object ids"):
-                await client.release([ref, *(f"o-unknown-{i}" for i in range(MAX_REPEATED))])
+                await client.channel.release([ref, *(f"o-unknown-{i}" for i in range(MAX_REPEATED))])
             assert len(host.runtime.held) == 1  # nothing was released by the refused request
-            assert await client.release([ref]) == 1
+            assert await client.channel.release([ref]) == 1
     arun(scenario())
 
 
@@ -203,7 +203,7 @@ def test_hold_budget_exceeded(token, arun):
             text = str(caught.value)
             assert "100000" in text and str(first.size_bytes) in text and "1 results" in text
             assert "60" in caught.value.details["size_bytes"]
-            await client.release([first])
+            await client.channel.release([first])
             await client.call("blob", (60_000,), hold=True)  # fits again
     arun(scenario())
 

@@ -13,9 +13,12 @@ from tests.support.waiting import eventually_async
 
 
 class FakeClient:
+    """A worker client and its channel in one: the releaser sends through ``client.channel``."""
+
     def __init__(self):
         self.calls = []
         self.releasable = collections.deque()
+        self.channel = self
 
     async def release(self, ids):
         self.calls.append(list(ids))

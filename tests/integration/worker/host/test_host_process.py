@@ -143,7 +143,7 @@ def test_shutdown_exits_zero(worker, token, arun, how, tmp_path):
         await client.start()
         await client.construct((Counter, (0,), {}))
         if how == "rpc":
-            await client.shutdown("test over")
+            await client.channel.shutdown("test over")
         elif how == "sigterm":
             worker.proc.send_signal(signal.SIGTERM)
         else:
