@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import time
 from typing import Any
@@ -29,6 +30,8 @@ __all__ = ["WorkerChannel", "MAX_REPLY_BYTES", "RELEASE_PER_CALL"]
 MAX_REPLY_BYTES = 1 << 40
 #: Most held-result ids one call frame carries to release (``releasable``; ~20 bytes each).
 RELEASE_PER_CALL = 256
+
+log = logging.getLogger("podium.worker.caller.channel")
 
 
 class WorkerChannel:
@@ -92,6 +95,24 @@ class WorkerChannel:
         elif type(err) is errors.DeadlineExceededError and not exc.trailing_metadata():
             err = errors.DeadlineExceededError(f"{what} on {self.who()} timed out", rank=self.rank)
         return err
+
+    async def open_call_socket(self, port: int, on_frame: Any, on_lost: Any, timeout: float | None) -> Any:
+        """The worker's raw call socket (token hello first, TLS under TLS), its reply frames
+        handed to ``on_frame``; None where it cannot be reached (a firewall between nodes: the
+        gRPC ``Calls`` stream works too). A refused token raises."""
+        from podium.transport import callsocket
+
+        host, tls = self.address.rsplit(":", 1)[0], self.tls
+        try:
+            return await callsocket.connect(
+                host, port, self.token, worker_pb2.ReplyFrame.FromString, on_frame, on_lost, timeout=timeout,
+                max_bulk=MAX_REPLY_BYTES, ssl_context=tls.ssl_context(server=False) if tls is not None else None,
+                server_hostname=(tls.server_name or host.strip("[]")) if tls is not None else None)
+        except errors.AuthenticationError:
+            raise
+        except (OSError, asyncio.TimeoutError, errors.PodiumError) as exc:
+            log.warning("raw call port of %s unusable (%s); using the gRPC stream", self.who(), exc)
+            return None
 
     async def describe(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
         """The worker's identity, state and method table."""

@@ -1,25 +1,16 @@
-"""The asyncio client of one worker process (``podium.v1.Worker``).
+"""The asyncio client of one worker process (``podium.v1.Worker``), for the controller (on its
+loop thread) and for workers fetching refs from peers. All methods run on one event loop.
 
-Used by the controller SDK (on its own event-loop thread) and by workers (to
-fetch refs from peers). All methods must be awaited on one event loop.
-
-Calls share one long-lived bidirectional ``Calls`` stream: each call gets a
-call id, its frames are written under a lock (one writer at a time) and a
-single reader task hands every reply frame to the future of its call id, so
-calls overlap freely. When the stream or channel breaks, every pending call
-fails at once with UnavailableError naming the rank and address; a call past
-its timeout fails with DeadlineExceededError naming the method and rank (and
-the worker is told to drop it if it has not started). The reply frames are read by a
-:class:`~podium.worker.caller.replydecoder.ReplyDecoder`.
-
-Payloads at least ``shm_threshold`` bytes go through a shared-memory segment
-when the worker sees this process's /dev/shm (``shm_domain``, learnt from Describe
-at :meth:`WorkerClient.start`), both ways, through segments each side reuses
-(:mod:`podium.transport.shmpool`); set ``PODIUM_DISABLE_SHM=1`` to keep everything on TCP.
-``PODIUM_SHM_THRESHOLD_BYTES`` (default 1 MiB) sets the threshold here and in the
-workers.
+Calls share one long-lived call connection (the raw call socket, else the gRPC ``Calls``
+stream): each call gets a call id, and one reader hands every reply frame to its call
+(:class:`~podium.worker.caller.replydecoder.ReplyDecoder`), so calls overlap freely. A broken
+connection fails every pending call at once with UnavailableError naming the rank and address;
+a call past its timeout fails with DeadlineExceededError (and the worker is told to drop it if
+it has not started). Payloads of at least ``shm_threshold`` bytes (``PODIUM_SHM_THRESHOLD_BYTES``,
+default 1 MiB, here and in the workers) go through reused shared-memory segments when the
+worker sees this process's /dev/shm (learnt at :meth:`WorkerClient.start`);
+``PODIUM_DISABLE_SHM=1`` keeps everything on TCP.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +27,7 @@ from podium.transport import frames, shm, shmstage
 from podium.transport.connection import CallConnection
 from podium.transport.payload import Payload, Written, prepare, shares_shm
 from podium.v1 import worker_pb2
-from podium.worker.caller.channel import MAX_REPLY_BYTES, RELEASE_PER_CALL, WorkerChannel
+from podium.worker.caller.channel import RELEASE_PER_CALL, WorkerChannel
 from podium.worker.host.config import FETCH_CALL
 from podium.worker.caller.pendingcalls import PendingCall, PendingCalls, Sink
 from podium.worker.caller.replydecoder import FailedReply, InPlaceReply, ReplyDecoder, ShmReply
@@ -76,25 +67,11 @@ class WorkerClient:
         self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
 
-    @property
-    def address(self) -> str:
-        """The worker's gRPC address."""
-        return self.channel.address
-
-    @property
-    def rank(self) -> int:
-        """The worker's rank (-1 when it has none)."""
-        return self.channel.rank
-
-    @property
-    def worker_id(self) -> str:
-        """The worker's id (learnt by :meth:`start` when not given)."""
-        return self.channel.worker_id
-
-    @property
-    def last_fetch_bytes(self) -> int:
-        """Bytes the last :meth:`fetch` moved (for counters)."""
-        return self.channel.last_fetch_bytes
+    # The worker's identity is its channel's (learnt by start() where not given).
+    address = property(lambda self: self.channel.address, doc="The worker's gRPC address.")
+    rank = property(lambda self: self.channel.rank, doc="The worker's rank (-1 when it has none).")
+    worker_id = property(lambda self: self.channel.worker_id, doc="The worker's id.")
+    last_fetch_bytes = property(lambda self: self.channel.last_fetch_bytes, doc="Bytes the last fetch moved.")
 
     def _who(self) -> str:
         return self.channel.who()
@@ -133,8 +110,6 @@ class WorkerClient:
         ``cache``: what the worker wrote), or None for a worker on another host."""
         return self._conn.segments if self._conn is not None else None
 
-    # ---------------------------------------------------------------- lifecycle
-
     async def start(self, timeout: float | None = 30.0) -> worker_pb2.DescribeResponse:
         """Connect, learn whether the worker shares this host, open the call stream.
 
@@ -153,21 +128,8 @@ class WorkerClient:
         channel.worker_id = channel.worker_id or info.worker_id
         carrier: Any = None
         if info.call_port and os.environ.get("PODIUM_RAW_CALLS", "1") != "0":
-            from podium.transport import callsocket
-
-            host = self.address.rsplit(":", 1)[0]
-            tls = channel.tls
-            try:
-                carrier = await callsocket.connect(
-                    host, info.call_port, channel.token, worker_pb2.ReplyFrame.FromString, self._replies.on_frame,
-                    self._on_raw_lost, timeout=timeout, max_bulk=MAX_REPLY_BYTES,
-                    ssl_context=tls.ssl_context(server=False) if tls is not None else None,
-                    server_hostname=(tls.server_name or host.strip("[]")) if tls is not None else None)
-            except errors.AuthenticationError:
-                raise
-            except (OSError, asyncio.TimeoutError, errors.PodiumError) as exc:
-                # Unreachable raw port (a firewall between nodes): the gRPC stream works too.
-                log.warning("raw call port of %s unusable (%s); using the gRPC stream", self._who(), exc)
+            carrier = await channel.open_call_socket(info.call_port, self._replies.on_frame, self._on_raw_lost,
+                                                     timeout)
         if carrier is None:
             carrier = self._stream = channel.stub().Calls(metadata=channel.metadata)
         self._conn = self._replies.conn = CallConnection(carrier, worker_pb2.CallFrame,
@@ -199,8 +161,6 @@ class WorkerClient:
                 pass
         await self.channel.close()
         self._stream = self._reader = self._conn = self._replies.conn = None
-
-    # ---------------------------------------------------------------- reader
 
     async def _read_loop(self) -> None:
         assert self._conn is not None
@@ -282,8 +242,6 @@ class WorkerClient:
                                                    header=worker_pb2.CallHeader(kind=_CANCEL), last=True))
         except Exception:  # noqa: BLE001 - the stream is gone: nothing to cancel
             pass
-
-    # ---------------------------------------------------------------- calls
 
     def _on_loop(self) -> asyncio.AbstractEventLoop:
         """The client's loop (set by connect(), which start() runs first)."""
@@ -375,8 +333,6 @@ class WorkerClient:
                 self._on_loop().create_task(self._send_cancel(call_id))
             raise
         return self._replies.decode(reply) if decode else reply
-
-    # ---------------------------------------------------------------- shared memory
 
     def _drop_written(self, copy: asyncio.Future, p: PendingCall) -> None:
         if not copy.cancelled() and copy.exception() is None:
