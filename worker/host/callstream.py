@@ -232,13 +232,13 @@ class CallStream:
                     lent.release()
                 raise
             return True
-        frame = self._single_frame(call_id, outcome)
+        frame = self.single_frame(call_id, outcome)
         if frame is None:
             return False
         self.conn.write_nowait(frame)
         return True
 
-    def _single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
+    def single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
         """The one reply frame of ``outcome``, or None when it streams in chunks."""
         if outcome.ref is not None:
             header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
@@ -253,21 +253,8 @@ class CallStream:
         return frame
 
     async def send_outcome(self, call_id: int, outcome: Outcome) -> None:
-        """Answer ``call_id`` with a packaged result: a ref, a segment, a bulk frame, or chunks."""
-        if self.conn.writes_nowait and self.reply_nowait(call_id, outcome):
-            if self.conn.must_drain:
-                await self.conn.carrier.drain()
-            return
-        try:  # a lent reply (only ever a bulk frame, above) is let go whatever happens here
-            frame = self._single_frame(call_id, outcome)
-            if frame is not None:
-                await self.write(frame)
-                return
-            header = outcome.header()
-            await self.conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
-        finally:
-            if outcome.lent is not None:
-                outcome.lent.release()
+        """Answer ``call_id`` with a packaged result (the writer picked by ``CallCompletion.send``)."""
+        await self.completion.send(call_id, outcome)
 
     async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
         """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame

@@ -8,7 +8,8 @@ places, each of which calls a :class:`CallCompletion`:
 - the execution thread reading the socket itself (:mod:`podium.worker.host.directcalls`),
   answering from the thread (:meth:`CallCompletion.end_on_thread`) or handing the reply to
   the loop (``CallStream.direct_done``, then :meth:`CallCompletion.end_fast`);
-- the loop's general path (:meth:`CallCompletion.end_general`).
+- the loop's general path (:meth:`CallCompletion.send` answers, :meth:`CallCompletion.end_general`
+  counts).
 
 There is one book of counters: the per-method rows (:class:`~podium.worker.host.methodstats.MethodTable`),
 one writer per thread so that no count is lost without a lock per call. Every ending records
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 from podium import errors
 from podium.tracering import RING, mono_to_ns, now_ns
+from podium.transport import chunks
 from podium.transport.connection import CallConnection
 from podium.transport.frames import CONSTRUCT as CONSTRUCT_KIND, FRAME_LENGTH, frame_with_call_id
 from podium.v1 import worker_pb2
@@ -115,6 +117,12 @@ class ReplyWriter(Protocol):
 
     def reply_later(self, active: ActiveCall, outcome: Outcome) -> None:
         """Send ``outcome`` in chunks, as ``active``'s task."""
+
+    def single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
+        """The one reply frame of ``outcome``, or None when it streams in chunks."""
+
+    async def write(self, frame: worker_pb2.ReplyFrame) -> None:
+        """Send one reply frame, in order with the others."""
 
 
 class CallCompletion:
@@ -211,6 +219,25 @@ class CallCompletion:
         finished = writer.fast_finished
         if finished is not None and not finished.done():
             finished.set_result(None)
+
+    async def send(self, call_id: int, outcome: Outcome) -> None:
+        """The general path's reply (awaited): the loop's write or a bulk frame on the raw
+        socket, else one frame or chunks on the stream."""
+        conn, writer = self._conn, self._writer
+        if conn.writes_nowait and writer.reply_nowait(call_id, outcome):
+            if conn.must_drain:
+                await conn.carrier.drain()
+            return
+        try:  # a lent reply (only ever a bulk frame, above) is let go whatever happens here
+            frame = writer.single_frame(call_id, outcome)
+            if frame is not None:
+                await writer.write(frame)
+                return
+            header = outcome.header()
+            await conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
+        finally:
+            if outcome.lent is not None:
+                outcome.lent.release()
 
     def end_general(self, active: ActiveCall, started: float, ok: bool, resolved: bool) -> None:
         """A call or constructor of the loop's general path ended (its task answered it,
