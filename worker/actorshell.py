@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 from podium.errors import FailedPreconditionError, InvalidArgumentError
 
-__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "MAX_GROUPS", "DEFAULT_GROUP", "check_groups",
-           "construct", "group_of", "mark_group", "method_groups", "set_host_loop"]
+__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "MAX_GROUPS", "DEFAULT_GROUP", "GROUP_CALL",
+           "check_groups", "check_method_groups", "construct", "group_of", "mark_group", "method_groups",
+           "set_host_loop"]
 
 #: Largest ``max_concurrency`` accepted (threads in one worker, or concurrent coroutines).
 MAX_CONCURRENCY = 10_000
@@ -39,6 +40,8 @@ DEFAULT_GROUP = "_ray_default"
 _SYNC_DEFAULT, _ASYNC_DEFAULT = 1, 1000
 #: Longest group name accepted.
 _MAX_GROUP_NAME = 100
+#: The method a call that names its concurrency group is sent to (ActorShell._podium_call_in_group).
+GROUP_CALL = "_podium_call_in_group"
 #: The attribute ``@ray.method(concurrency_group=...)`` sets on a function.
 _GROUP_ATTR = "__ray_concurrency_group__"
 

@@ -42,7 +42,7 @@ from podium.controller.group.handle import class_name as _class_name
 from podium.controller.session.runtime import get_runtime
 from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
                            NotFoundError, SlotFullError)
-from podium.worker.actorshell import ActorShell, check_method_groups, method_groups
+from podium.worker.actorshell import GROUP_CALL, ActorShell, check_method_groups, method_groups
 from podium.worker.factory import ClassWithInitArgs, by_value
 from podium.worker.processenv import WithProcessEnv
 
@@ -110,7 +110,7 @@ class _MethodInGroup(ActorMethod):
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method in the group; a PendingRef, as :meth:`ActorMethod.remote`."""
-        ref = self._handle._group._calls.run([0], "_podium_call_in_group",
+        ref = self._handle._group._calls.run([0], GROUP_CALL,
                                              [((self._group_name, self._name, *args), kwargs)], blocking=False)[0]
         ref.keep = self._handle
         return ref

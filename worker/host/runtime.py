@@ -17,7 +17,7 @@ from podium import codec, errors, refs
 from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
-from podium.worker.actorshell import construct, set_host_loop
+from podium.worker.actorshell import GROUP_CALL, construct, set_host_loop
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission, Declined
 from podium.worker.host.completion import CallBook
@@ -151,6 +151,10 @@ class HostRuntime:
         except AttributeError:
             fn = None
         if fn is None or not callable(fn):
+            if name == GROUP_CALL:  # (handle.method.options(concurrency_group=...): ActorShell has it)
+                raise errors.UnknownMethodError(
+                    f"{self._class_name} declares no concurrency_groups: a call cannot name a "
+                    "concurrency group of it", details={"method": name})
             close = close_names(name, obj)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise errors.UnknownMethodError(

@@ -156,4 +156,7 @@ refused(lambda: ray.remote(concurrency_groups={"io": 1})(Misplaced).remote(),
 refused(lambda: ray.remote(Misplaced).remote(), "Misplaced.f is in concurrency group 'nope'")
 refused(lambda: ray.get(threaded.ping.options(concurrency_group="nope").remote(), timeout=WAIT_S),
         "concurrency group 'nope' is not one of this actor's")
+plain = ray.remote(Plain).remote()
+refused(lambda: ray.get(plain.f.options(concurrency_group="io").remote(), timeout=WAIT_S),
+        "declares no concurrency_groups")
 print("CONCURRENCY GROUPS OK")
