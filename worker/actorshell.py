@@ -5,7 +5,12 @@ A worker runs synchronous methods one at a time on its execution thread and ``as
 methods concurrently on its loop. :class:`ActorShell` wraps the user's object to change
 that as Ray's ``max_concurrency`` does: synchronous methods run on a pool of that many
 threads (so up to that many at once, in no guaranteed order) and async methods at most
-that many at once. :class:`TaskRunner` is the hosted object of a task worker.
+that many at once. With ``concurrency_groups`` (Ray's meaning) each group has its own limit
+and its own threads (sync methods) or slots (async methods); a method runs in the group
+``@ray.method(concurrency_group=...)`` named (:func:`mark_group`), a call may name another
+(:meth:`ActorShell._podium_call_in_group`), and every other method runs in the default
+group, whose limit is ``max_concurrency``. So a control method in a group of its own
+answers while the default group is full. :class:`TaskRunner` is the hosted object of a task worker.
 :func:`construct` builds an actor's object, awaiting an ``async def __init__`` on the worker's
 loop (as Ray does; OpenRLHF's actors have one).
 """
@@ -18,12 +23,87 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from podium.errors import FailedPreconditionError
+from podium.errors import FailedPreconditionError, InvalidArgumentError
 
-__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "construct", "set_host_loop"]
+__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "MAX_GROUPS", "DEFAULT_GROUP", "GROUP_CALL",
+           "check_groups", "check_method_groups", "construct", "group_of", "mark_group", "method_groups",
+           "set_host_loop"]
 
 #: Largest ``max_concurrency`` accepted (threads in one worker, or concurrent coroutines).
 MAX_CONCURRENCY = 10_000
+#: Most concurrency groups one actor may declare.
+MAX_GROUPS = 64
+#: The group of every method that names none (its limit is ``max_concurrency``).
+DEFAULT_GROUP = "_ray_default"
+#: Ray's default limits of the default group: a threaded (sync) actor runs one call at a
+#: time, an async actor up to 1000.
+_SYNC_DEFAULT, _ASYNC_DEFAULT = 1, 1000
+#: Longest group name accepted.
+_MAX_GROUP_NAME = 100
+#: The method a call that names its concurrency group is sent to (ActorShell._podium_call_in_group).
+GROUP_CALL = "_podium_call_in_group"
+#: The attribute ``@ray.method(concurrency_group=...)`` sets on a function.
+_GROUP_ATTR = "__ray_concurrency_group__"
+
+
+def mark_group(fn: Callable, group: str) -> Callable:
+    """Put ``fn`` (a method of an actor class) in the concurrency group ``group``
+    (``@ray.method(concurrency_group=...)``); InvalidArgumentError for a bad name."""
+    setattr(fn, _GROUP_ATTR, _group_name(group, "concurrency_group"))
+    return fn
+
+
+def group_of(fn: Any) -> str | None:
+    """The concurrency group ``fn`` was put in, or None."""
+    return getattr(fn, _GROUP_ATTR, None)
+
+
+def method_groups(cls: type) -> dict[str, str]:
+    """Method name -> the group ``@ray.method`` put it in, for every such method of ``cls``."""
+    found = {}
+    for name in dir(cls):
+        group = group_of(getattr(cls, name, None))
+        if group is not None:
+            found[name] = group
+    return found
+
+
+def _group_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name or len(name) > _MAX_GROUP_NAME:
+        raise InvalidArgumentError(f"{what} must be a non-empty string of at most {_MAX_GROUP_NAME} "
+                                   f"characters, got {name!r}")
+    return name
+
+
+def check_groups(groups: Any) -> dict[str, int]:
+    """``concurrency_groups`` checked: at most :data:`MAX_GROUPS` names, each limit an int in
+    [1, :data:`MAX_CONCURRENCY`] (InvalidArgumentError otherwise)."""
+    if not isinstance(groups, dict):
+        raise InvalidArgumentError(f"concurrency_groups must be a dict of group name to limit, got {groups!r}")
+    if len(groups) > MAX_GROUPS:
+        raise InvalidArgumentError(f"concurrency_groups may name at most {MAX_GROUPS} groups, got {len(groups)}")
+    checked = {}
+    for name, limit in groups.items():
+        _group_name(name, "a concurrency group's name")
+        if name == DEFAULT_GROUP:
+            raise InvalidArgumentError(f"{DEFAULT_GROUP!r} is the default group: set its limit with max_concurrency")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY:
+            raise InvalidArgumentError(f"concurrency group {name!r}: its limit must be an int in "
+                                       f"[1, {MAX_CONCURRENCY}], got {limit!r}")
+        checked[name] = limit
+    return checked
+
+
+def check_method_groups(cls: type, groups: dict[str, int]) -> dict[str, str]:
+    """The groups of ``cls``'s methods (:func:`method_groups`), each one of ``groups``
+    (InvalidArgumentError naming the method otherwise)."""
+    found = method_groups(cls)
+    for name, group in found.items():
+        if group not in groups:
+            known = ", ".join(sorted(groups)) or "none"
+            raise InvalidArgumentError(f"{cls.__qualname__}.{name} is in concurrency group {group!r}, which "
+                                       f"the actor does not declare (concurrency_groups: {known})")
+    return found
 
 #: The event loop of this worker process's host (its async methods run there), once set.
 _host_loop: asyncio.AbstractEventLoop | None = None
@@ -60,47 +140,92 @@ def construct(cls: type, args: tuple, kwargs: dict) -> Any:
     return obj
 
 
+class _Group:
+    """One concurrency group: its limit, its threads (made on first use) and its slots."""
+
+    __slots__ = ("limit", "name", "semaphore", "threads")
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self.threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self.semaphore: asyncio.Semaphore | None = None
+
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self.threads is None:
+            self.threads = concurrent.futures.ThreadPoolExecutor(self.limit, thread_name_prefix=f"podium-{self.name}")
+        return self.threads
+
+    def slots(self) -> asyncio.Semaphore:
+        # Made on first use, on the worker's loop (where every call through the shell runs).
+        if self.semaphore is None:
+            self.semaphore = asyncio.Semaphore(self.limit)
+        return self.semaphore
+
+
 class ActorShell:
-    """Hosts ``cls(*args, **kwargs)`` with at most ``max_concurrency`` calls running at once."""
+    """Hosts ``cls(*args, **kwargs)`` with at most ``max_concurrency`` calls running at once
+    in the default group, and each concurrency group's own limit in that group (see the
+    module docstring). ``max_concurrency`` None: Ray's default (1 for a sync actor, 1000 for
+    an async one)."""
 
-    def __init__(self, cls: type, max_concurrency: int, args: tuple, kwargs: dict) -> None:
+    def __init__(self, cls: type, max_concurrency: int | None, args: tuple, kwargs: dict,
+                 concurrency_groups: dict[str, int] | None = None) -> None:
+        groups = check_groups(concurrency_groups or {})
+        self._podium_method_groups = check_method_groups(cls, groups)
+        if max_concurrency is None:
+            is_async = any(inspect.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
+                           if not n.startswith("__"))
+            max_concurrency = _ASYNC_DEFAULT if is_async else _SYNC_DEFAULT
+        self._podium_groups = {name: _Group(name, limit) for name, limit in groups.items()}
+        self._podium_default = _Group(DEFAULT_GROUP, max_concurrency)
+        self._podium_wrapped: dict[tuple[str, str], Callable] = {}
         self._podium_actor = construct(cls, args, kwargs)
-        self._podium_limit = max_concurrency
-        self._podium_threads = concurrent.futures.ThreadPoolExecutor(
-            max_concurrency, thread_name_prefix="podium-actor")
-        self._podium_semaphore: asyncio.Semaphore | None = None
-        self._podium_wrapped: dict[str, Callable] = {}
-
-    def _podium_gate(self) -> asyncio.Semaphore:
-        # Made on first use, on the worker's loop (where every wrapper below runs).
-        if self._podium_semaphore is None:
-            self._podium_semaphore = asyncio.Semaphore(self._podium_limit)
-        return self._podium_semaphore
 
     def __getattr__(self, name: str) -> Any:
         # Only names the shell lacks reach here: the user's methods and attributes.
         if name.startswith("_podium_"):
             raise AttributeError(name)
+        return self._podium_method(name, self._podium_method_groups.get(name))
+
+    def _podium_method(self, name: str, group_name: str | None) -> Any:
         value = getattr(self._podium_actor, name)
         if name.startswith("__") or not callable(value):
             return value
-        wrapped = self._podium_wrapped.get(name)
+        key = (name, group_name or "")
+        wrapped = self._podium_wrapped.get(key)
         if wrapped is None:
-            wrapped = self._podium_wrapped[name] = self._wrap(value)
+            group = self._podium_default if group_name is None else self._podium_groups[group_name]
+            wrapped = self._podium_wrapped[key] = self._podium_wrap(value, group)
         return wrapped
 
-    def _wrap(self, fn: Callable) -> Callable:
+    async def _podium_call_in_group(self, group: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """``handle.method.options(concurrency_group=group).remote(...)``: this call of
+        ``name`` runs in ``group`` instead of the method's own."""
+        if group not in self._podium_groups and group != DEFAULT_GROUP:
+            known = ", ".join(sorted(self._podium_groups)) or "none"
+            raise InvalidArgumentError(f"concurrency group {group!r} is not one of this actor's "
+                                       f"(concurrency_groups: {known})")
+        if name.startswith(("__", "_podium_")):
+            raise InvalidArgumentError(f"{name!r} is not a method that can be called in a concurrency group")
+        method = self._podium_method(name, None if group == DEFAULT_GROUP else group)
+        if not callable(method):
+            raise InvalidArgumentError(f"{name!r} is not a method of the actor")
+        return await method(*args, **kwargs)
+
+    @staticmethod
+    def _podium_wrap(fn: Callable, group: _Group) -> Callable:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def limited(*args: Any, **kwargs: Any) -> Any:
-                async with self._podium_gate():
+                async with group.slots():
                     return await fn(*args, **kwargs)
             return limited
 
         @functools.wraps(fn)
         async def threaded(*args: Any, **kwargs: Any) -> Any:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._podium_threads, functools.partial(fn, *args, **kwargs))
+            return await loop.run_in_executor(group.pool(), functools.partial(fn, *args, **kwargs))
         return threaded
 
 

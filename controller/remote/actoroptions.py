@@ -15,7 +15,7 @@ from typing import Any
 
 from podium.errors import InvalidArgumentError, UnimplementedError
 from podium.resources import SYSTEM_ENV_KEYS
-from podium.worker.actorshell import MAX_CONCURRENCY
+from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
 __all__ = ["Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
            "parse_options", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
@@ -38,12 +38,11 @@ _UNSUPPORTED = {
     "resources": "num_cpus/num_gpus, or a placement group bundle",
     "memory": "num_cpus/num_gpus (Podium schedules CPUs and GPUs only)",
     "accelerator_type": "a placement group on the nodes that have it",
-    "concurrency_groups": "max_concurrency, or async methods",
 }
 _IGNORED = {"placement_group_capture_child_tasks", "_metadata", "enable_task_events"}
 #: Options of _UNSUPPORTED whose None (and, for ``resources``, ``{}``) asks for nothing beyond
 #: CPUs and GPUs: accepted (SkyRL and verl pass ``resources=None`` / ``{}`` through).
-_NONE_IS_DEFAULT = {"resources", "memory", "accelerator_type", "concurrency_groups"}
+_NONE_IS_DEFAULT = {"resources", "memory", "accelerator_type"}
 
 
 class PlacementGroupSchedulingStrategy:
@@ -77,6 +76,8 @@ class Options:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     max_concurrency: int | None = None
+    #: Ray's ``concurrency_groups``: group name -> its limit (None: none declared).
+    concurrency_groups: dict[str, int] | None = None
     placement_group: Any = None
     bundle_index: int = -1
     node: str | None = None
@@ -143,6 +144,8 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
                 raise InvalidArgumentError(f"max_concurrency must be an int in [1, {MAX_CONCURRENCY}], "
                                            f"got {value!r}")
             opts.max_concurrency = value
+        elif key == "concurrency_groups" and actor:
+            opts.concurrency_groups = None if value is None else check_groups(value)
         elif key == "get_if_exists" and actor:
             opts.get_if_exists = bool(value)
         elif key == "placement_group":

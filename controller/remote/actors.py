@@ -42,7 +42,7 @@ from podium.controller.group.handle import class_name as _class_name
 from podium.controller.session.runtime import get_runtime
 from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
                            NotFoundError, SlotFullError)
-from podium.worker.actorshell import ActorShell
+from podium.worker.actorshell import GROUP_CALL, ActorShell, check_method_groups, method_groups
 from podium.worker.factory import ClassWithInitArgs, by_value
 from podium.worker.processenv import WithProcessEnv
 
@@ -79,13 +79,41 @@ class ActorMethod:
         return ref
 
     def options(self, **options: Any) -> "ActorMethod":
-        """Ray's per-call options: only the defaults are accepted (NotImplementedError names others)."""
+        """Ray's per-call options: ``concurrency_group`` (this call runs in that group of the
+        actor's), else only the defaults are accepted (NotImplementedError names others)."""
+        group = options.pop("concurrency_group", None)
         parse_options({k: v for k, v in options.items() if k != "name"}, actor=True)
-        return self
+        if group is None:
+            return self
+        return _MethodInGroup(self._handle, self._name, _check_group_name(group))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise ArgumentMismatchError(
             f"actor methods are called with '.{self._name}.remote(...)', not '.{self._name}(...)'")
+
+
+def _check_group_name(group: Any) -> str:
+    if not isinstance(group, str) or not group:
+        raise InvalidArgumentError(f"concurrency_group must be a group's name, got {group!r}")
+    return group
+
+
+class _MethodInGroup(ActorMethod):
+    """``handle.method.options(concurrency_group=g)``: its calls run in the actor's group ``g``
+    (the actor's shell runs them there: ``ActorShell._podium_call_in_group``)."""
+
+    __slots__ = ("_group_name",)
+
+    def __init__(self, handle: "ActorHandle", name: str, group: str) -> None:
+        super().__init__(handle, name)
+        self._group_name = group
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method in the group; a PendingRef, as :meth:`ActorMethod.remote`."""
+        ref = self._handle._group._calls.run([0], GROUP_CALL,
+                                             [((self._group_name, self._name, *args), kwargs)], blocking=False)[0]
+        ref.keep = self._handle
+        return ref
 
 
 class _ActorId(str):
@@ -214,10 +242,15 @@ def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
 
     sync_only = not any(asyncio.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
                         if not n.startswith("__"))
-    if opts.max_concurrency is None or (opts.max_concurrency == 1 and sync_only):
+    groups = opts.concurrency_groups
+    if groups is not None:  # (a method in a group the actor lacks: refused here, before it starts)
+        check_method_groups(cls, groups)
+    elif method_groups(cls):
+        check_method_groups(cls, {})
+    if groups is None and (opts.max_concurrency is None or (opts.max_concurrency == 1 and sync_only)):
         cia = ClassWithInitArgs(cls, *args, **kwargs)
     else:
-        cia = ClassWithInitArgs(ActorShell, cls, opts.max_concurrency, args, kwargs)
+        cia = ClassWithInitArgs(ActorShell, cls, opts.max_concurrency, args, kwargs, groups)
     if opts.process_env:  # variables the agent sets itself: the worker sets these before building
         cia = ClassWithInitArgs(WithProcessEnv, dict(opts.process_env), cia.cls, cia.args, cia.kwargs)
     with by_value(cia, cls):

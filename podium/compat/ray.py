@@ -126,12 +126,19 @@ def remote(*args: Any, **options: Any) -> Any:
 
 
 def method(*args: Any, **kwargs: Any) -> Any:
-    """``ray.method``: accepted for ``num_returns=1`` and concurrency defaults (no effect)."""
+    """``ray.method``: ``concurrency_group`` puts the method in that group of its actor's
+    ``concurrency_groups``; accepted for ``num_returns=1``."""
     if kwargs.get("num_returns", 1) != 1:
         raise NotImplementedError("ray.method(num_returns=...) is not supported: return a tuple")
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
-    return lambda fn: fn
+    group = kwargs.get("concurrency_group")
+    if group is None:
+        return lambda fn: fn
+    from podium.worker.actorshell import mark_group  # (checks the name now, at class definition)
+
+    mark_group(lambda: None, group)
+    return lambda fn: mark_group(fn, group)
 
 
 def get_actor(name: str, namespace: str | None = None) -> Any:

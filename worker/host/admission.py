@@ -6,8 +6,8 @@ A call's frame is read by the loop (``CallStream.run``) or by the execution thre
 call may run on the execution thread at once (then :class:`~podium.worker.host.invoke.SyncInvoker`
 runs it); a call it declines takes the loop's general path, which takes its place in order with
 :meth:`CallAdmission.reserve_gate` and is checked by :meth:`CallAdmission.check_start`
-before it reaches the thread. The rules (written once, in docs/architecture.md, "One way
-into the worker host"):
+before it reaches the thread. The rules (their cases are the table of
+tests/unit/worker/host/test_admission.py):
 
 - **Order.** Synchronous calls reach the execution thread in the order the host admitted
   them. A call runs at once only while nothing earlier waits: the object is built and the
@@ -31,10 +31,22 @@ from podium.v1 import worker_pb2
 from podium.worker.host.activecall import ActiveCall
 from podium.worker.host.decodeonce import DecodeFailed
 
-__all__ = ["AdmittingHost", "CallAdmission"]
+__all__ = ["AdmittingHost", "CallAdmission", "Declined"]
 
 #: Method names whose lookup admission keeps (a class answering any name must not grow it).
 _MAX_FOUND = 1024
+
+
+class Declined:
+    """A call admission sent to the general path after it decoded the payload and found the
+    method: both go along, so ``HostRuntime.run_call`` neither decodes nor looks up again."""
+
+    __slots__ = ("found", "value")
+
+    def __init__(self, value: Any, found: tuple[Any, bool, bool]) -> None:
+        self.value = value
+        #: ``(bound method, is_async, materialize_futures)``, as ``lookup`` gave it.
+        self.found = found
 
 
 class AdmittingHost(Protocol):
@@ -74,9 +86,14 @@ class CallAdmission:
         return self._host.construct_state == "done" and self.gate.done()
 
     def admit(self, header: worker_pb2.CallHeader, data: bytes) -> tuple[Any, Any]:
-        """``(fn, (args, kwargs))`` when a one-frame CALL may run on the execution thread at
-        once; else ``(None, x)``, ``x`` being what the general path (``HostRuntime.run_call``)
-        takes instead: the decoded payload, a DecodeFailed, or None (not decoded).
+        """``(fn, (args, kwargs))`` when a CALL may run on the execution thread at once; else
+        ``(None, x)``, ``x`` being what the general path (``HostRuntime.run_call``) takes
+        instead: a :class:`Declined` (the payload decoded and the method found), the decoded
+        payload, a DecodeFailed, or None (not decoded).
+
+        Every CALL is admitted here: a one-frame one as it is read (by the loop or by the
+        execution thread), a bulk or multi-frame one once its payload is whole
+        (``CallStream.start``; it then takes the general path in any case).
 
         The payload is decoded here once (its unpickling may run user code): what the call
         needs beyond that (a ref argument to fetch, an ``async def`` method, a wait for an
@@ -109,11 +126,11 @@ class CallAdmission:
             self._found[method] = found
         fn, is_async, materialize = found
         if is_async:
-            return None, value
+            return None, Declined(value, found)
         args, kwargs = value
         if materialize and (args or kwargs) and (any(map(refs.is_ref, args))
                                                  or any(map(refs.is_ref, kwargs.values()))):
-            return None, value
+            return None, Declined(value, found)
         return fn, value
 
     def reserve_gate(self) -> tuple[asyncio.Future, asyncio.Future]:

@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from podium import errors, rpc
-from podium.tracering import RING, mono_to_ns, now_ns
 from podium.transport import chunks, frames
 from podium.transport.callsocket import BulkFrame
 from podium.transport.connection import CallConnection
@@ -27,7 +26,9 @@ from podium.transport.frames import is_whole_call
 from podium.transport.chunks import GrowingAssembler, ReservationBudget
 from podium.v1 import worker_pb2
 from podium.worker.host.activecall import ActiveCall
-from podium.worker.host.directcalls import DirectReader, reply_frame
+from podium.worker.host.admission import Declined
+from podium.worker.host.completion import CallCompletion
+from podium.worker.host.directcalls import DirectReader
 from podium.worker.host.results import Outcome
 from podium.worker.host.runtime import HostRuntime
 
@@ -60,8 +61,12 @@ class CallStream:
         #: without awaiting (the fast path) need the raw socket; on the gRPC stream every call
         #: takes the general path.
         self.conn = CallConnection(context, worker_pb2.ReplyFrame, shared_memory=True)
-        self.fast_done = self._fast_done  # one bound method for every fast call
-        self._fast_finished: asyncio.Future | None = None
+        #: Set while run() waits for the fast-path calls in flight: each one's ending wakes it.
+        self.fast_finished: asyncio.Future | None = None
+        #: Ends every call of this stream: counts it, records it, picks its reply's writer.
+        self.completion = CallCompletion(host.book, self, host.resolved)
+        self._end_fast = self.completion.end_fast  # one bound method for every fast call
+        self._send_from_thread = self.completion.send_from_thread
         # Frames the execution thread handed back after decoding their payload, with that
         # value (a payload is decoded once: its unpickling may run user code).
         self._declined: collections.deque = collections.deque()
@@ -96,8 +101,8 @@ class CallStream:
                     await asyncio.gather(*tasks, return_exceptions=True)
                 elif any(a.task is None for a in self.active.values()):
                     # fast-path calls (no task): each one that finishes wakes this
-                    self._fast_finished = asyncio.get_running_loop().create_future()
-                    await self._fast_finished
+                    self.fast_finished = asyncio.get_running_loop().create_future()
+                    await self.fast_finished
                 else:
                     break
         finally:
@@ -124,7 +129,7 @@ class CallStream:
     def try_fast(self, frame: worker_pb2.CallFrame) -> Any:
         """Hand a one-frame CALL to the execution thread right now when the host's admission
         lets it run at once: no task, gate or future per call; the outcome is written from
-        the execution thread or the loop (:meth:`_fast_done`). True if started; otherwise
+        the execution thread or the loop (``CallCompletion.end_fast``). True if started; otherwise
         the decoded payload or None, for on_frame (which also reports every error)."""
         host = self.host
         host.exec_thread.settle()  # calls answered from the execution thread leave `active`
@@ -138,33 +143,13 @@ class CallStream:
         if fn is None:
             return value
         active = ActiveCall(call_id, header, self, None)
-        stats = host.stats
-        stats["bytes_in"] += header.payload_size
-        stats["calls"] += 1
-        stats["calls_in_flight"] += 1
+        host.stats["calls_in_flight"] += 1  # (CallCompletion.begin, inline: the hot path)
         active.started = time.monotonic()
         self.active[call_id] = active
         args, kwargs = value
         active.job = host.exec_thread.submit_reporting(
-            host.invoker.invoke, (fn, args, kwargs, header, self.conn), self.fast_done, active,
-            self.reply_from_thread)
-        return True
-
-    def reply_from_thread(self, active: ActiveCall, ok: bool, result: Any) -> bool:
-        """Send a fast-path call's small reply from the execution thread (True if it went):
-        one wake-up of the loop fewer per call. The rest of :meth:`_fast_done` runs later."""
-        if not ok:
-            return False
-        if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
-            header = active.header
-            RING.add("call", header.method, mono_to_ns(active.started), now_ns(), header.trace_id, active.call_id,
-                     header.payload_size, getattr(result, "nbytes", 0))
-            active.recorded = True
-        # (A lent reply is a bulk one: reply_frame leaves it to the loop.)
-        data = reply_frame(active.call_id, result, self.conn)
-        if data is None or not self.conn.carrier.loan.write_frames_from_thread(data):
-            return False
-        active.answered = time.monotonic()
+            host.invoker.invoke, (fn, args, kwargs, header, self.conn), self._end_fast, active,
+            self._send_from_thread)
         return True
 
     def _lend_reads(self) -> None:
@@ -194,51 +179,19 @@ class CallStream:
     def direct_done(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool,
                     result: Any, recorded: bool = False) -> None:
         """A call the execution thread read and ran, whose reply it could not send itself
-        (an error, a large or shared-memory reply, a busy socket): counted and answered
-        here, on the loop."""
+        (an error, a large or shared-memory reply, a busy socket): ended here, on the loop."""
         stats = self.host.stats
-        stats["calls"] += 1
         stats["direct_calls"] += 1
-        stats["bytes_in"] += header.payload_size
         stats["calls_in_flight"] += 1
         active = ActiveCall(call_id, header, self, None)
         active.started = started
         active.recorded = recorded  # the thread put its span on the timeline
-        self._fast_done(active, ok, result)
+        self.active[call_id] = active
+        self.completion.end_fast(active, ok, result)
 
-    def _fast_done(self, active: ActiveCall, ok: bool, result: Any) -> None:
-        """The execution thread finished a fast-path call (on the loop): reply, unless the
-        thread did (reply_from_thread), and count it."""
-        host = self.host
-        stats = host.stats
-        stats["calls_in_flight"] -= 1
-        ended = active.answered or time.monotonic()
-        seconds = ended - active.started
-        stats["call_seconds"] += seconds
-        header = active.header
-        if ok:
-            host.methods.loop.record(header.method, seconds, header.payload_size, result.nbytes)
-        elif host.resolved(header.method):  # (a call cancelled unread may name no method)
-            host.methods.loop.record(header.method, seconds, header.payload_size, 0)
-        call_id = active.call_id
-        if RING.on and not active.recorded:
-            RING.add("call", header.method, mono_to_ns(active.started), mono_to_ns(ended), header.trace_id, call_id,
-                     header.payload_size, result.nbytes if ok and type(result) is Outcome else 0, ok)
-        self.active.pop(call_id, None)
-        try:
-            if active.answered:
-                stats["bytes_out"] += result.nbytes
-                stats["thread_replies"] += 1
-            elif not ok:
-                stats["call_errors"] += 1
-                self.conn.write_nowait(self._error_frame(call_id, result))
-            elif not self._reply_nowait(call_id, result):  # chunks on the gRPC stream: awaited
-                self.spawn(active, self._reply_later(active, result))
-        except errors.PodiumError:
-            pass  # the connection is closed: nobody to tell
-        finished = self._fast_finished
-        if finished is not None and not finished.done():
-            finished.set_result(None)
+    def reply_later(self, active: ActiveCall, outcome: Outcome) -> None:
+        """Send ``outcome`` in chunks (awaited on the gRPC stream), as ``active``'s task."""
+        self.spawn(active, self._reply_later(active, outcome))
 
     async def _reply_later(self, active: ActiveCall, outcome: Outcome) -> None:
         try:
@@ -248,7 +201,9 @@ class CallStream:
         finally:
             self.active.pop(active.call_id, None)
 
-    def _error_frame(self, call_id: int, exc: BaseException) -> worker_pb2.ReplyFrame:
+    def error_frame(self, call_id: int, exc: BaseException) -> worker_pb2.ReplyFrame:
+        """The reply frame that answers ``call_id`` with ``exc`` (a non-Podium exception
+        becomes InternalError)."""
         if not isinstance(exc, errors.PodiumError):
             log.exception("internal error in call %d", call_id, exc_info=exc)
             exc = errors.InternalError(f"worker host: {type(exc).__name__}: {exc}")
@@ -259,13 +214,12 @@ class CallStream:
 
     async def send_error(self, call_id: int, exc: BaseException) -> None:
         """Answer ``call_id`` with ``exc`` (a non-Podium exception becomes InternalError)."""
-        await self.write(self._error_frame(call_id, exc))
+        await self.write(self.error_frame(call_id, exc))
 
-    def _reply_nowait(self, call_id: int, outcome: Outcome) -> bool:
+    def reply_nowait(self, call_id: int, outcome: Outcome) -> bool:
         """Queue the whole reply of ``outcome`` on the raw socket if it needs no awaiting
         (one frame, or a bulk frame); False when it must stream in chunks."""
         if outcome.ref is None and not outcome.shm_name and self.conn.takes_bulk(outcome.nbytes):
-            self.host.stats["bytes_out"] += outcome.nbytes
             self.host.stats["bulk_out"] += 1
             header = outcome.header()
             lent = outcome.lent
@@ -278,15 +232,14 @@ class CallStream:
                     lent.release()
                 raise
             return True
-        frame = self._single_frame(call_id, outcome)
+        frame = self.single_frame(call_id, outcome)
         if frame is None:
             return False
         self.conn.write_nowait(frame)
         return True
 
-    def _single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
-        """The one reply frame of ``outcome`` (counted in bytes_out), or None when it
-        streams in chunks."""
+    def single_frame(self, call_id: int, outcome: Outcome) -> worker_pb2.ReplyFrame | None:
+        """The one reply frame of ``outcome``, or None when it streams in chunks."""
         if outcome.ref is not None:
             header = worker_pb2.ReplyHeader(ok=True, ref=outcome.ref)
             frame = worker_pb2.ReplyFrame(call_id=call_id, header=header, last=True)
@@ -297,26 +250,11 @@ class CallStream:
                                           data=b"".join(outcome.segments), last=True)
         else:
             return None
-        self.host.stats["bytes_out"] += outcome.nbytes
         return frame
 
     async def send_outcome(self, call_id: int, outcome: Outcome) -> None:
-        """Answer ``call_id`` with a packaged result: a ref, a segment, a bulk frame, or chunks."""
-        if self.conn.writes_nowait and self._reply_nowait(call_id, outcome):
-            if self.conn.must_drain:
-                await self.conn.carrier.drain()
-            return
-        try:  # a lent reply (only ever a bulk frame, above) is let go whatever happens here
-            frame = self._single_frame(call_id, outcome)
-            if frame is not None:
-                await self.write(frame)
-                return
-            self.host.stats["bytes_out"] += outcome.nbytes
-            header = outcome.header()
-            await self.conn.send_chunks(call_id, header, (bytes(c) for c in chunks.iter_chunks(outcome.segments)))
-        finally:
-            if outcome.lent is not None:
-                outcome.lent.release()
+        """Answer ``call_id`` with a packaged result (the writer picked by ``CallCompletion.send``)."""
+        await self.completion.send(call_id, outcome)
 
     async def on_frame(self, frame: worker_pb2.CallFrame, decoded: Any = None) -> None:
         """Any frame: a cancel, a call's header, or a data chunk (``decoded``: the one-frame
@@ -407,7 +345,12 @@ class CallStream:
     def start(self, call_id: int, header: worker_pb2.CallHeader, payload: Any, decoded: Any = None) -> None:
         """Start a fully received CALL or CONSTRUCT as a task."""
         host = self.host
-        host.stats["bytes_in"] += header.payload_size
+        if (decoded is None and header.kind == _CALL and not header.shm_name and not header.refs_segment):
+            # A bulk or multi-frame CALL is admitted once its payload is whole, by the same
+            # rules (it takes the general path in any case: its payload is large).
+            fn, decoded = host.admission.admit(header, payload)
+            if fn is not None:  # (admitted to run at once: nothing to materialize, not async)
+                decoded = Declined(decoded, (fn, False, False))
         gates = host.admission.reserve_gate()
         active = ActiveCall(call_id, header, self, gates)
         if header.kind == _CONSTRUCT:
@@ -428,35 +371,25 @@ class CallStream:
         active.task = asyncio.get_running_loop().create_task(coro)
 
     async def guard(self, active: ActiveCall, body) -> None:
-        """Run a call's body, turn its exception into an error reply, keep the stats."""
-        stats = self.host.stats
-        stats["calls_in_flight"] += 1
+        """Run a call's body, turn its exception into an error reply, end it (CallCompletion)."""
+        completion = self.completion
+        completion.begin()
         started = time.monotonic()
         ok = True
         try:
             await body
         except asyncio.CancelledError:
-            stats["call_errors"] += 1
             ok = False
             raise
         except BaseException as exc:  # noqa: BLE001 - becomes the call's error reply
-            stats["call_errors"] += 1
             ok = False
             try:
                 await self.send_error(active.call_id, exc)
             except Exception:  # noqa: BLE001 - the stream is gone; nobody to tell
                 pass
         finally:
-            stats["calls_in_flight"] -= 1
-            seconds = time.monotonic() - started
-            stats["call_seconds"] += seconds
             self.active.pop(active.call_id, None)
-            if RING.on:
-                header = active.header
-                RING.add("call", header.method, mono_to_ns(started), now_ns(), header.trace_id, active.call_id,
-                         header.payload_size, active.bytes_out, ok)
-            host = self.host
-            host.methods.record_general(active.header, host.resolved(active.header.method), seconds, active.bytes_out)
+            completion.end_general(active, started, ok, self.host.resolved(active.header.method))
 
     async def cancel(self, call_id: int) -> None:
         """CANCEL: drop a call still arriving or not yet started."""

@@ -19,7 +19,8 @@ parse) ends the loan: it and everything read after it go back to the loop
 (``ThreadLoan.take_back``), which takes them as if it had read them itself. So does
 the end of the stream, and the loop recalls the loan when the connection ends. Replies
 that cannot leave from this thread (an error, a bulk or shared-memory reply, a busy
-socket) are written by the loop (:meth:`CallStream.direct_done`).
+socket) are written by the loop (:meth:`CallStream.direct_done`). Either way the call
+ends in :class:`~podium.worker.host.completion.CallCompletion`.
 
 Calls read together (a pipelined burst) have their replies sent together: a reply waits
 for the next call held here only when that call's method last ran in under 0.2 ms, so one
@@ -40,14 +41,14 @@ from time import monotonic
 from typing import Any, Protocol
 
 from podium import errors
-from podium.tracering import RING, mono_to_ns, now_ns
-from podium.transport.frames import BULK_FLAG, CANCEL, FRAME_LENGTH, frame_with_call_id, is_whole_call
+from podium.tracering import RING
+from podium.transport.frames import BULK_FLAG, CANCEL, FRAME_LENGTH, is_whole_call
 from podium.v1 import worker_pb2
 from podium.transport.connection import CallConnection
-from podium.worker.host.results import NONE_OUTCOME, NONE_REPLY_TAIL, Outcome
+from podium.worker.host.completion import CallCompletion, reply_frame
 from podium.worker.host.runtime import HostRuntime
 
-__all__ = ["DirectReader", "DirectStream", "reply_frame"]
+__all__ = ["DirectReader", "DirectStream"]
 
 log = logging.getLogger("podium.worker.host")
 
@@ -72,20 +73,6 @@ _MAX_UNSENT = 64
 _MAX_METHODS = 1024
 
 
-def reply_frame(call_id: int, outcome: Any, conn: CallConnection) -> bytes | None:
-    """The length-prefixed reply frame of a small ``outcome`` that carries its bytes or of a
-    held result's ref (a ``blocking=False`` call's), as the execution thread sends it; None
-    when it cannot go from there (a shared-memory or bulk reply: the loop sends those)."""
-    if outcome is NONE_OUTCOME:  # most replies: checked first
-        tail = NONE_REPLY_TAIL
-    elif type(outcome) is not Outcome or outcome.shm_name or (outcome.ref is None and conn.takes_bulk(outcome.nbytes)):
-        return None
-    else:
-        tail = outcome.reply_tail()
-    message = frame_with_call_id(call_id, tail)
-    return _LEN.pack(len(message)) + message
-
-
 class DirectStream(Protocol):
     """What a :class:`DirectReader` needs of the call stream whose socket it reads (a
     ``CallStream``): its host and connection, and the loop-side ends of a loan."""
@@ -97,6 +84,10 @@ class DirectStream(Protocol):
     @property
     def conn(self) -> CallConnection:
         """The stream's call connection."""
+
+    @property
+    def completion(self) -> CallCompletion:
+        """What ends the stream's calls (counts them, records them)."""
 
     def take_back(self, frames: list, decoded: Any, data: bytes) -> None:
         """The socket comes back to the loop with what was read and not run (on the loop)."""
@@ -142,7 +133,9 @@ class DirectReader:
         self._conn = stream.conn
         self._admit = stream.host.admission.admit
         self._invoke = stream.host.invoker.invoke
-        self._record = stream.host.methods.thread.record
+        self._book = stream.host.book
+        self._end_call = stream.completion.end_on_thread
+        self._unsent_on_thread = stream.completion.unsent_on_thread
 
     def start(self, sock: socket.socket) -> None:
         """Take the socket lent (on the loop, before ``ExecutionThread.lend``)."""
@@ -287,7 +280,7 @@ class DirectReader:
         one row of counters and a reply frame queued in :attr:`_unsent` (see the module
         docstring). Anything unusual (an error, a reply that cannot leave from here) is
         handed to the loop."""
-        frames, quick, unsent, host, conn = self._frames, self._quick, self._unsent, self._host, self._conn
+        frames, quick, unsent, book, conn = self._frames, self._quick, self._unsent, self._book, self._conn
         while frames:
             frame = frames[0]
             if frame is _FOR_LOOP or self.recalled or self._writer.must_drain:
@@ -300,7 +293,7 @@ class DirectReader:
                 return
             frames.popleft()
             started = monotonic()
-            host.thread_running = 1
+            book.thread_running = 1
             try:
                 # (No argument lies in a shared segment here: the thread takes no shm or staged
                 # call, so no reply by reference into one depends on the arguments being gone.)
@@ -308,22 +301,18 @@ class DirectReader:
                 if result.pending is not None:
                     result = result.settle()
             except BaseException as exc:  # noqa: BLE001 - the call's error reply
-                host.thread_running = 0
+                book.thread_running = 0
                 self._answer_on_loop(frame, started, False, exc)
             else:
-                host.thread_running = 0
+                book.thread_running = 0
                 data = reply_frame(frame.call_id, result, conn) if result.lent is None else None
                 if data is None:
                     self._answer_on_loop(frame, started, True, result)
                 else:
-                    # Counted before it is sent: a caller that reads the counters after its
-                    # reply finds this call in them.
+                    # Ended (counted, on the timeline) before it is sent: a caller that reads
+                    # the counters or the timeline after its reply finds this call in them.
+                    elapsed = self._end_call(header, frame.call_id, started, result.nbytes)
                     method = header.method
-                    elapsed = monotonic() - started
-                    self._record(method, elapsed, header.payload_size, result.nbytes)
-                    if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
-                        RING.add("call", method, mono_to_ns(started), now_ns(), header.trace_id, frame.call_id,
-                                 header.payload_size, result.nbytes)
                     if method in quick or len(quick) < _MAX_METHODS:
                         quick[method] = elapsed < _QUICK_S
                     unsent.append((data, frame, started, result, elapsed))
@@ -358,11 +347,11 @@ class DirectReader:
         if self._write_frames(data):
             unsent.clear()
             return
-        taken, methods = list(unsent), self._host.methods.thread
+        taken = list(unsent)
         unsent.clear()
         for _, frame, started, result, elapsed in taken:
             header = frame.header
-            methods.record(header.method, elapsed, header.payload_size, result.nbytes, -1)
+            self._unsent_on_thread(header, elapsed, result.nbytes)
             self._report(frame.call_id, header, started, True, result, RING.on)
 
     def _report(self, call_id: int, header: worker_pb2.CallHeader, started: float, ok: bool, result: Any,

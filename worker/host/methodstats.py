@@ -15,7 +15,9 @@ Recording is on the hot path of every call: one dict lookup, one bisect, four ad
 threads record: the loop and the execution thread (the calls it reads and answers itself,
 :mod:`podium.worker.host.directcalls`). Each writes only its own :class:`MethodCounts`, so
 no update is lost without a lock per call; they share the :class:`MethodNames` that gives
-a new name its row, under a lock, once. :meth:`MethodTable.to_proto` adds both up.
+a new name its row, under a lock, once. :meth:`MethodTable.to_proto` adds both up. These
+rows are the host's one book of calls: its per-worker totals are the rows added up
+(:mod:`podium.worker.host.completion`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from bisect import bisect_left
 
 from podium.v1 import worker_pb2
 
-__all__ = ["BUCKET_BOUNDS", "CONSTRUCT", "MAX_METHODS", "OTHER", "MethodCounts", "MethodNames", "MethodTable"]
+__all__ = ["BUCKET_BOUNDS", "CONSTRUCT", "MAX_METHODS", "OTHER", "ROW_IN", "ROW_OUT", "ROW_SUM", "UNRESOLVED",
+           "MethodCounts", "MethodNames", "MethodTable"]
 
 #: Upper bounds in seconds of the latency buckets (``le``): Prometheus's defaults (5 ms to
 #: 10 s) extended down to 1 ms (a no-op call) and up to 10 minutes (a long RL step). A
@@ -38,10 +41,15 @@ MAX_METHODS = 64
 OTHER = "other"
 #: The name the constructor (CONSTRUCT) is counted under.
 CONSTRUCT = "__init__"
+#: The row of the calls that found no method (a misspelt name, a call cancelled unread):
+#: counted in the worker's totals, never shown as a row (no method is named "").
+UNRESOLVED = ""
 
 # A row: the bucket counts (the last one +Inf), then seconds, bytes in, bytes out.
 _BUCKETS = len(BUCKET_BOUNDS) + 1
 _SUM, _IN, _OUT = _BUCKETS, _BUCKETS + 1, _BUCKETS + 2
+#: Where a row keeps its seconds, bytes in and bytes out (the bucket counts come first).
+ROW_SUM, ROW_IN, ROW_OUT = _SUM, _IN, _OUT
 
 
 class MethodNames:
@@ -78,7 +86,7 @@ class MethodCounts:
         """Count one finished call (``sign=-1`` takes back one counted too early)."""
         row = self.rows.get(method)
         if row is None:
-            row = self._row(method)
+            row = self.row(method)
         row[bisect_left(BUCKET_BOUNDS, seconds)] += sign
         row[_SUM] += sign * seconds
         row[_IN] += sign * bytes_in
@@ -94,10 +102,11 @@ class MethodCounts:
             bytes_out += row[_OUT]
         return calls, seconds, bytes_in, bytes_out
 
-    def _row(self, method: str) -> list:
+    def row(self, method: str) -> list:
+        """The row ``method`` is counted in (made on first use)."""
         # (A name counted under OTHER is not kept: a name past the bound costs a lock per
         # call, never memory.)
-        key = self._names.key(method)
+        key = method if method == UNRESOLVED else self._names.key(method)
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = [0] * _BUCKETS + [0.0, 0, 0]
@@ -114,14 +123,6 @@ class MethodTable:
         #: Written by the execution thread only.
         self.thread = MethodCounts(names)
 
-    def record_general(self, header: worker_pb2.CallHeader, known: bool, seconds: float, bytes_out: int) -> None:
-        """Count a call or constructor that ran on the loop's general path; a call only
-        when ``known`` (its method was found: a misspelt name gets no row)."""
-        if header.kind == worker_pb2.CONSTRUCT:
-            self.loop.record(CONSTRUCT, seconds, header.payload_size, bytes_out)
-        elif known:
-            self.loop.record(header.method, seconds, header.payload_size, bytes_out)
-
     def to_proto(self) -> list[worker_pb2.MethodStats]:
         """Both writers' rows added up, one message per name, sorted by name."""
         merged: dict[str, list] = {}
@@ -136,6 +137,7 @@ class MethodTable:
                     for index, value in enumerate(row):
                         total[index] += value
         out = []
+        merged.pop(UNRESOLVED, None)
         for name in sorted(merged):
             row = merged[name]
             buckets = row[:_BUCKETS]

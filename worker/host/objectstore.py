@@ -51,8 +51,8 @@ class ObjectStore:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """The host's counters (calls served, fetches served, bytes)."""
-        return self._runtime.stats
+        """The host's counters (calls served, fetches served, bytes), a copy taken now."""
+        return self._runtime.book.stats_now()
 
     def holds(self, object_id: str) -> bool:
         """Whether the value ``object_id`` is held here."""

@@ -17,9 +17,10 @@ from podium import codec, errors, refs
 from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
-from podium.worker.actorshell import construct, set_host_loop
+from podium.worker.actorshell import GROUP_CALL, construct, set_host_loop
 from podium.worker.host.activecall import ActiveCall, CallOrigin
-from podium.worker.host.admission import CallAdmission
+from podium.worker.host.admission import CallAdmission, Declined
+from podium.worker.host.completion import CallBook
 from podium.worker.host.config import FETCH_CALL, RAY_CALL, HostConfig
 from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
@@ -55,7 +56,7 @@ class HostRuntime:
                       # Calls whose arguments came in a staged segment; results sent as
                       # references into the argument's segment (see SyncInvoker.package); large TCP
                       # replies sent from the method's memory, not a copy (LentReply); small
-                      # replies sent by the execution thread itself (CallStream.reply_from_thread).
+                      # replies sent by the execution thread itself (CallCompletion.send_from_thread).
                       "staged_in": 0, "in_place_out": 0, "lent_out": 0, "thread_replies": 0,
                       # The call path's counters (node agent /metrics): calls and constructs
                       # running now, finished with an error, seconds spent, payload bytes.
@@ -68,13 +69,10 @@ class HostRuntime:
                       "direct_calls": 0}
         #: Runs sync methods and packages their values (the one way a call runs on the thread).
         self.invoker = SyncInvoker(config, self.held, self.stats)
-        #: Calls the execution thread read itself and is running now (0 or 1; only it writes).
-        #: Those calls are otherwise counted in their method's row alone (``methods.thread``):
-        #: stats_now adds what changed there into ``stats``, so the thread's path keeps one counter.
-        self.thread_running = 0
-        self._thread_added = (0, 0.0, 0, 0, 0)
-        #: Per-method latency histograms and bytes (Describe's method_stats).
+        #: Per-method latency histograms and bytes (Describe's method_stats): the one book
+        #: every call's ending is counted in (podium.worker.host.completion).
         self.methods = MethodTable()
+        self.book = CallBook(self.stats, self.methods)
         self.stopping = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         set_host_loop(self._loop)  # an actor's async def __init__ runs here (actorshell.construct)
@@ -153,6 +151,10 @@ class HostRuntime:
         except AttributeError:
             fn = None
         if fn is None or not callable(fn):
+            if name == GROUP_CALL:  # (handle.method.options(concurrency_group=...): ActorShell has it)
+                raise errors.UnknownMethodError(
+                    f"{self._class_name} declares no concurrency_groups: a call cannot name a "
+                    "concurrency group of it", details={"method": name})
             close = close_names(name, obj)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise errors.UnknownMethodError(
@@ -241,16 +243,20 @@ class HostRuntime:
                 f"this worker's constructor failed ({self._construct_error}); tear it down")
 
     async def run_call(self, active: ActiveCall, payload: Any, decoded: Any = None) -> None:
-        """CALL: decode (unless ``decoded`` is the value already), look up, materialize refs,
-        run (thread or loop), package, reply."""
+        """CALL: decode and look up (unless admission did: ``decoded`` is what it gave,
+        :meth:`CallAdmission.admit`), materialize refs, run (thread or loop), package, reply."""
         assert active.gates is not None  # the general path's calls have gates
         prev, mine = active.gates
         admission = self.admission
         header = active.header
         job = None
+        found = None
         try:
-            value = (self._decode_payload(header, payload, active.stream) if decoded is None
-                     else decoded)
+            if type(decoded) is Declined:
+                value, found = decoded.value, decoded.found
+            else:
+                value = (self._decode_payload(header, payload, active.stream) if decoded is None
+                         else decoded)
             if type(value) is DecodeFailed:
                 value.raise_error()
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
@@ -260,7 +266,7 @@ class HostRuntime:
             if self.construct_state == "pending":
                 await self._construct_done
             self.precondition_for_call()
-            fn, is_async, materialize = self.lookup(header.method)
+            fn, is_async, materialize = found if found is not None else self.lookup(header.method)
             if materialize and (any(map(refs.is_ref, args)) or any(map(refs.is_ref, kwargs.values()))):
                 args, kwargs = await self._materialize(active, args, kwargs)
             if is_async:
@@ -276,7 +282,6 @@ class HostRuntime:
                 value = args = kwargs = decoded = payload = None
         finally:
             admission.open_gate(prev, mine)
-        self.stats["calls"] += 1
         if job is not None:
             assert job.future is not None  # submit() gives every job one
             outcome = await job.future
@@ -349,19 +354,9 @@ class HostRuntime:
             call_port=self.call_port, stats=self.stats_now(), method_stats=self.methods.to_proto())
 
     def stats_now(self) -> dict:
-        """The counters, with every finished call counted."""
+        """The counters, with every finished call counted (a copy; see ``CallBook.stats_now``)."""
         self.exec_thread.settle()
-        now = (*self.methods.thread.totals(), self.thread_running)
-        calls, seconds, bytes_in, bytes_out, running = (a - b for a, b in zip(now, self._thread_added))
-        self._thread_added = now
-        stats = self.stats
-        for key in ("calls", "direct_calls", "thread_replies"):  # (every such call replied from the thread)
-            stats[key] += calls
-        stats["call_seconds"] += seconds
-        stats["bytes_in"] += bytes_in
-        stats["bytes_out"] += bytes_out
-        stats["calls_in_flight"] += running
-        return stats
+        return self.book.stats_now()
 
     def fetch_value(self, object_id: str, rows: tuple[int, int] | None) -> tuple[Any, Any]:
         """(value, Encoded) of a held object or a row range of it."""

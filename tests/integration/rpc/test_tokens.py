@@ -53,7 +53,7 @@ def _state(live):
     async def snapshot():
         sched = live.scheduler.service.model
         return (sorted(sched.nodes), sorted(sched.groups), sorted(sched.workers),
-                len(live.agent.spawner.workers()), live.host.runtime.stats["calls"],
+                len(live.agent.spawner.workers()), live.host.runtime.stats_now()["calls"],
                 live.host.runtime.stopping.is_set())
     return live.run(snapshot())
 

@@ -18,7 +18,7 @@ LIVE_WORKER_ENV = {"PODIUM_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD)}
 
 
 def _calls(live) -> int:
-    return live.host.runtime.stats["calls"]
+    return live.run(live.client.describe()).stats["calls"]
 
 
 @pytest.mark.parametrize("method, args, kwargs, error, text", [
