@@ -78,6 +78,9 @@ class JobRecord:
     pid_start: int = 0
     node_id: str = ""
     node_address: str = ""
+    #: The placement group holding a driver placed on the cluster (podium.scheduler.jobnodes);
+    #: "" for one run on the scheduler's machine.
+    driver_group: str = ""
     #: A stop was asked for while the job ran (it ends STOPPED whatever its exit status).
     stop_requested: bool = False
 
@@ -224,8 +227,8 @@ def parse_submit(doc) -> SubmitRequest:
                 f"submission_id {submission_id!r} must be 1-128 letters, digits, '_', '.' or '-' "
                 f"(starting with a letter or digit)")
     if doc.get("entrypoint_label_selector"):
-        raise InvalidArgumentError("entrypoint_label_selector is not supported: Podium runs the "
-                                   "entrypoint on the scheduler's machine")
+        raise InvalidArgumentError("entrypoint_label_selector is not supported: ask for the node with "
+                                   "entrypoint_resources={'node:<node id or address>': 1}")
     gpus = _number(doc.get("entrypoint_num_gpus"), "entrypoint_num_gpus")
     memory = doc.get("entrypoint_memory")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 0):
@@ -236,11 +239,11 @@ def parse_submit(doc) -> SubmitRequest:
     for name, value in (resources or {}).items():
         _text(name, "entrypoint_resources key")
         _number(value, f"entrypoint_resources[{name!r}]")
-    if gpus or memory or any((resources or {}).values()):
+    if memory:
         raise InvalidArgumentError(
-            "entrypoint_num_gpus, entrypoint_memory and entrypoint_resources are not supported: "
-            "Podium runs the entrypoint (the driver) on the scheduler's machine and reserves only "
-            "CPUs for it; give GPUs to the actors and placement groups the driver creates")
+            "entrypoint_memory is not supported: Podium schedules CPUs, GPUs and resources, not "
+            "memory; ask for entrypoint_num_cpus / entrypoint_num_gpus, or a node by "
+            "entrypoint_resources={'node:<node id or address>': 1}")
     return SubmitRequest(
         entrypoint=entrypoint, submission_id=submission_id, runtime_env=_runtime_env(doc.get("runtime_env")),
         metadata=_str_dict(doc.get("metadata"), "metadata", MAX_METADATA_ITEMS),

@@ -12,7 +12,7 @@ import pytest
 
 from podium import errors
 from podium.cli.job import zip_folder
-from podium.scheduler import jobpackages
+from podium import zippackage
 from podium.scheduler.joblog import JobLog
 from podium.scheduler.jobpackages import PackageStore, check_zip, package_name_of, unpack
 from podium.scheduler.jobrecords import FAILED, PENDING, JobRecord, parse_submit
@@ -72,7 +72,7 @@ def test_package_checks_refuse_escapes_links_and_bombs(tmp_path, monkeypatch):
         path.write_bytes(data)
         with pytest.raises(errors.InvalidArgumentError):
             check_zip(path)
-    monkeypatch.setattr(jobpackages, "MAX_UNPACKED_BYTES", 1000)
+    monkeypatch.setattr(zippackage, "MAX_UNPACKED_BYTES", 1000)
     big = tmp_path / "big"
     big.write_bytes(_zip({"zeros": bytes(2000)}))  # compresses to far less than it unpacks to
     with pytest.raises(errors.PayloadTooLargeError, match="unpacks to 2000 bytes"):
