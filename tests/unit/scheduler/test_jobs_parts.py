@@ -43,7 +43,7 @@ def test_submit_body_checks_name_the_problem():
            ({"entrypoint": "x", "nope": 1}, "unexpected field"),
            ({"entrypoint": "x", "runtime_env": {"pip": ["torch"]}}, "pip is not supported"),
            ({"entrypoint": "x", "runtime_env": {"wat": 1}}, "not known"),
-           ({"entrypoint": "x", "entrypoint_num_gpus": 1}, "entrypoint_num_gpus"),
+           ({"entrypoint": "x", "entrypoint_memory": 1}, "entrypoint_memory is not supported"),
            ({"entrypoint": "x", "entrypoint_num_cpus": -1}, ">= 0"),
            ({"entrypoint": "x", "metadata": {"k": 1}}, "must be a string"),
            ({"entrypoint": "x", "metadata": {str(i): "v" for i in range(65)}}, "at most 64")]
