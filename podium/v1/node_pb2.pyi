@@ -149,6 +149,7 @@ class ReadDriverLogRequest(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     driver_id: _builtins.str
+    """The driver (its job's submission id)."""
     offset: _builtins.int
     """Byte offset in its log to read from."""
     max_bytes: _builtins.int
@@ -177,11 +178,13 @@ class ReadDriverLogResponse(_message.Message):
     ENDED_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
+    """Bytes of the log from the offset asked for."""
     next_offset: _builtins.int
     """Offset to read from next."""
     ended: _builtins.bool
-    """Whether the driver's process has ended (then exit_code is its Popen-style code)."""
+    """Whether the driver's process had ended before this read."""
     exit_code: _builtins.int
+    """Once ended: its exit code, Popen style (-N for signal N)."""
     def __init__(
         self,
         *,
@@ -205,6 +208,7 @@ class StopDriverRequest(_message.Message):
     DRIVER_ID_FIELD_NUMBER: _builtins.int
     GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     driver_id: _builtins.str
+    """The driver (its job's submission id)."""
     grace_seconds: _builtins.float
     """Seconds between SIGTERM and SIGKILL (0: 3 s)."""
     def __init__(
