@@ -24,7 +24,7 @@ from podium.errors import InvalidArgumentError, UnimplementedError
 
 __all__ = ["ENV_KEY", "MAX_COMMAND_ARGS", "MAX_COMMAND_CHARS", "MAX_PATH_CHARS", "MAX_PY_MODULES",
            "REFUSED", "RuntimeFields", "parse_runtime_env", "inherited", "to_env", "check_fields",
-           "check_spec", "spec_kwargs"]
+           "check_spec", "spec_kwargs", "parse_py_executable", "driver_env"]
 
 #: Environment variable holding a process's inherited runtime environment (JSON).
 ENV_KEY = "PODIUM_RUNTIME_ENV"
@@ -56,6 +56,11 @@ class RuntimeFields(dict):
     """The honoured keys of one runtime_env, checked: ``py_executable`` (argv tuple),
     ``working_dir`` (absolute path) and ``py_modules`` (tuple of absolute paths); a key absent
     is inherited from the creator."""
+
+
+def parse_py_executable(value: Any) -> tuple[str, ...]:
+    """``runtime_env['py_executable']`` as argv (InvalidArgumentError for one out of bounds)."""
+    return _command(value)
 
 
 def _command(value: Any) -> tuple[str, ...]:
@@ -161,6 +166,12 @@ def to_env(python_command: Sequence[str], working_dir: str, py_modules: Sequence
         return ""
     return json.dumps({"py_executable": list(python_command), "working_dir": working_dir,
                        "py_modules": list(py_modules)})
+
+
+def driver_env(py_executable: str | None) -> dict[str, str]:
+    """The variables of a submitted job's driver whose runtime_env sets ``py_executable``: the
+    actors and tasks it creates inherit it ({} without one)."""
+    return {ENV_KEY: to_env(_command(py_executable), "", ())} if py_executable else {}
 
 
 def check_fields(python_command: Sequence[str], working_dir: str, py_modules: Sequence[str],

@@ -16,6 +16,7 @@ import string
 from dataclasses import asdict, dataclass, field
 
 from podium.errors import InvalidArgumentError
+from podium.runtimeenv import parse_py_executable
 
 __all__ = ["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED", "TERMINAL", "JobRecord",
            "SubmitRequest", "parse_submit", "new_submission_id", "MAX_LIVE_JOBS", "MAX_JOB_RECORDS",
@@ -43,7 +44,7 @@ MAX_ENV_VARS = 256
 MAX_TEXT_CHARS = 16 * 1024
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 #: The runtime_env fields a job may set; anything else is refused, naming what to do instead.
-_RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config"})
+_RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config", "py_executable"})
 _REFUSED_RUNTIME_ENV = ("pip", "uv", "conda", "container", "image_uri", "java_jars", "nsight",
                         "worker_process_setup_hook", "mpi", "rocprof_sys", "_nsight")
 
@@ -179,9 +180,10 @@ def _runtime_env(value) -> dict:
     refused = sorted(k for k in value if k in _REFUSED_RUNTIME_ENV and value[k])
     if refused:
         raise InvalidArgumentError(
-            f"runtime_env {', '.join(refused)} is not supported by Podium: the driver runs in the "
-            f"scheduler's Python environment; install packages into the cluster's image or "
-            f"virtualenv, and ship your own code with working_dir or py_modules")
+            f"runtime_env {', '.join(refused)} is not supported by Podium: the driver runs in its "
+            f"node's Python environment; install packages into the cluster's image or a virtualenv "
+            f"(its actors start under runtime_env py_executable), and ship your own code with "
+            f"working_dir or py_modules")
     unknown = sorted(k for k in value if k not in _RUNTIME_ENV_FIELDS and k not in _REFUSED_RUNTIME_ENV)
     if unknown:
         raise InvalidArgumentError(f"runtime_env field(s) {', '.join(map(repr, unknown))} are not known; "
@@ -196,6 +198,8 @@ def _runtime_env(value) -> dict:
                                        f"{MAX_METADATA_ITEMS} package URIs")
         for uri in modules:
             _text(uri, "runtime_env.py_modules entry")
+    if env.get("py_executable") is not None:  # the driver's actors and tasks start under it
+        parse_py_executable(env["py_executable"])
     env["env_vars"] = _str_dict(env.get("env_vars"), "runtime_env.env_vars", MAX_ENV_VARS)
     if not env["env_vars"]:
         del env["env_vars"]

@@ -36,6 +36,7 @@ import grpc
 
 from podium import errors
 from podium.private import private_dir
+from podium.runtimeenv import driver_env
 from podium.scheduler.joblog import READ_CHUNK, JobLog
 from podium.scheduler.jobnodes import bundle_of, driver_request, wants_node
 from podium.zippackage import MAX_DRIVER_PACKAGES_BYTES
@@ -153,12 +154,11 @@ class JobManager:
             if job.terminal:
                 continue
             left = ""
-            if job.driver_group:
-                if self.nodes is not None:  # its driver on another node, and its reservation
-                    if job.node_id:
-                        asyncio.get_running_loop().create_task(self.nodes.stop_driver(job.node_id, job.submission_id, 0))
-                    self.nodes.release_name(job.submission_id)
-            elif job.pid and _ours(job.pid, job.pid_start) and _kill_group(job.pid, signal.SIGKILL):
+            if job.driver_group and self.nodes is not None:  # its driver on another node, its reservation
+                if job.node_id:
+                    asyncio.get_running_loop().create_task(self.nodes.stop_driver(job.node_id, job.submission_id, 0))
+                self.nodes.release_name(job.submission_id)
+            elif job.pid and not job.driver_group and _ours(job.pid, job.pid_start) and _kill_group(job.pid, signal.SIGKILL):
                 left = f"; its driver (pid {job.pid}) was still running and was killed"
             self._end(job, FAILED, SUPERVISOR_DIED,
                       f"Job supervisor died: the scheduler stopped while the job was {job.status}{left}.")
@@ -397,11 +397,11 @@ class JobManager:
         try:
             code = await self.nodes.run(job, request, logfile.append, started)
         except (errors.PodiumError, grpc.aio.AioRpcError) as exc:
+            text = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             if job.stop_requested:
                 self._end(job, STOPPED, None, None)
             else:
-                text = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                self._end(job, FAILED, START_ERROR if not job.pid else SUPERVISOR_DIED,
+                self._end(job, FAILED, SUPERVISOR_DIED if job.pid else START_ERROR,
                           f"Job driver on node {job.node_id or '(not placed)'} failed: {text}")
             return
         job.driver_exit_code = code
@@ -449,6 +449,7 @@ class JobManager:
         if self.tls is not None:
             env.update({"PODIUM_TLS_CERT": self.tls.cert, "PODIUM_TLS_KEY": self.tls.key,
                         "PODIUM_TLS_CA": self.tls.ca})
+        env.update(driver_env(env_spec.get("py_executable")))  # its actors and tasks inherit it
         env.update(env_spec.get("env_vars") or {})
         return str(cwd), env
 

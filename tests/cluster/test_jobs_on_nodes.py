@@ -1,12 +1,14 @@
 """A submitted job's driver placed on the node that holds its entrypoint resources (a
 scheduler and two node agents, as processes): it runs there through that node's agent, with
 the bundle's GPU, its log streams through the agent while it runs, its reservation is the
-scheduler's while it runs, stop ends it and frees everything, and a job that fits no node is
+scheduler's while it runs, the actors it creates start under the job's py_executable, stop
+ends it and frees everything, and a job that fits no node is
 refused at once with the reason."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +22,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 DRIVER = ("python -c \"import os, sys, time; import ray; ray.init(); "
           "print('DRIVER', os.getcwd(), os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True); "
-          "a = ray.remote(num_cpus=1)(type('A', (), {'f': lambda self: 41 + 1})).remote(); "
+          "a = ray.remote(num_cpus=1)(type('A', (), {'f': lambda self: os.environ.get('VIA')})).remote(); "
           "print('ACTOR', ray.get(a.f.remote()), flush=True); "
           "time.sleep(600)\"")
 
@@ -63,9 +65,11 @@ def test_a_job_runs_on_the_node_that_holds_its_entrypoint_resources(tmp_path):
 
         status, doc = http.call("POST", "/api/jobs/", {
             "entrypoint": DRIVER, "submission_id": "placed", "entrypoint_num_cpus": 1,
-            "entrypoint_num_gpus": 1, "entrypoint_resources": {f"node:{second}": 1}})
+            "entrypoint_num_gpus": 1, "entrypoint_resources": {f"node:{second}": 1},
+            # The driver's actors start under the job's py_executable (a command prefix).
+            "runtime_env": {"py_executable": f"env VIA=job-interpreter {sys.executable}"}})
         assert status == 200, doc
-        logs = http.wait(lambda: (lambda t: t if "ACTOR 42" in t else "")(
+        logs = http.wait(lambda: (lambda t: t if "ACTOR job-interpreter" in t else "")(
             http.call("GET", "/api/jobs/placed/logs")[1]["logs"]))
         job = http.call("GET", "/api/jobs/placed")[1]
         assert job["status"] == "RUNNING" and job["driver_info"]["node_ip_address"] == second
