@@ -122,6 +122,13 @@ class JobNodes:
             await service._commit()
             await service.agents.stop_workers(effects)
 
+    def abandon(self, job: Any) -> None:
+        """A restarted scheduler found ``job`` placed and unfinished: stop what is left of its
+        driver on its node (once that node is back) and remove its reservation."""
+        if job.node_id:
+            asyncio.get_running_loop().create_task(self.stop_driver(job.node_id, job.submission_id, 0, tries=120))
+        self.release_name(job.submission_id)
+
     def release_name(self, submission_id: str) -> None:
         """Remove the group of a job by name, if there is one (at start-up, for jobs a dead
         supervisor left)."""
@@ -133,11 +140,23 @@ class JobNodes:
         """The node agent stub of ``node_id``."""
         return self.service.agents.stub(node_id)
 
-    async def stop_driver(self, node_id: str, submission_id: str, grace: float) -> None:
-        """Stop the driver on its node (or forget it there once it has ended)."""
-        with contextlib.suppress(Exception):
-            await self.agent(node_id).StopDriver(
-                node_pb2.StopDriverRequest(driver_id=submission_id, grace_seconds=grace), timeout=grace + 30)
+    async def stop_driver(self, node_id: str, submission_id: str, grace: float, *, tries: int = 1) -> None:
+        """Stop the driver on its node (or forget it there once it has ended). ``tries`` (about
+        a second apart) for a node that may not have registered yet (a restarted scheduler);
+        a driver that is not there (its agent died, and it with it) is done."""
+        for attempt in range(tries):
+            try:
+                await self.agent(node_id).StopDriver(
+                    node_pb2.StopDriverRequest(driver_id=submission_id, grace_seconds=grace), timeout=grace + 30)
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return
+            except errors.PodiumError:
+                pass  # the node is not known (yet)
+            if attempt + 1 < tries:
+                await asyncio.sleep(1.0)
+        log.warning("job %s: could not stop its driver on node %s", submission_id, node_id)
 
     async def run(self, job: Any, request: node_pb2.StartDriverRequest, append: Callable[[bytes], None],
                   started: Callable[[int], None]) -> int:

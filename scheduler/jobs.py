@@ -154,10 +154,8 @@ class JobManager:
             if job.terminal:
                 continue
             left = ""
-            if job.driver_group and self.nodes is not None:  # its driver on another node, its reservation
-                if job.node_id:
-                    asyncio.get_running_loop().create_task(self.nodes.stop_driver(job.node_id, job.submission_id, 0))
-                self.nodes.release_name(job.submission_id)
+            if job.driver_group and self.nodes is not None:
+                self.nodes.abandon(job)  # its driver on another node, and its reservation
             elif job.pid and not job.driver_group and _ours(job.pid, job.pid_start) and _kill_group(job.pid, signal.SIGKILL):
                 left = f"; its driver (pid {job.pid}) was still running and was killed"
             self._end(job, FAILED, SUPERVISOR_DIED,
