@@ -139,7 +139,18 @@ class Drivers:
             (folder / request.cwd).mkdir(parents=True, exist_ok=True)
 
     async def _reap(self, driver_id: str, driver: _Driver) -> None:
-        code = await asyncio.to_thread(driver.proc.wait)
+        # A pidfd on the loop, as the spawner watches workers (no thread per driver held).
+        loop, exited = asyncio.get_running_loop(), asyncio.Event()
+        pidfd = os.pidfd_open(driver.proc.pid)
+        loop.add_reader(pidfd, exited.set)
+        try:
+            while driver.proc.poll() is None:
+                await exited.wait()
+                exited.clear()
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        code = driver.proc.returncode
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(driver.proc.pid, signal.SIGKILL)  # what it started and left behind
         driver.exit_code = code
