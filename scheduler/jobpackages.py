@@ -17,12 +17,11 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import stat
-import zipfile
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from podium.errors import InvalidArgumentError, NotFoundError, PayloadTooLargeError
+from podium.zippackage import MAX_PACKAGE_ENTRIES, MAX_UNPACKED_BYTES, check_zip, unpack
 from podium.private import open_private, private_dir
 
 __all__ = ["PackageStore", "check_zip", "unpack", "package_name_of", "MAX_PACKAGE_BYTES",
@@ -30,9 +29,6 @@ __all__ = ["PackageStore", "check_zip", "unpack", "package_name_of", "MAX_PACKAG
 
 #: Largest package upload (Ray's own limit is its gRPC message size, 512 MiB).
 MAX_PACKAGE_BYTES = 256 * 1024 * 1024
-#: Largest sum of a package's unpacked file sizes, and most entries in one.
-MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
-MAX_PACKAGE_ENTRIES = 100_000
 #: Stored packages together, at most.
 MAX_STORED_BYTES = 2 * 1024 * 1024 * 1024
 #: What Ray's clients upload: a zip named by its hash (``gcs`` is the protocol they use).
@@ -55,69 +51,6 @@ def _check_name(protocol: str, name: str) -> None:
     if protocol != _PROTOCOL or not _NAME.match(name):
         raise InvalidArgumentError(f"package {protocol}://{name} is not a name Podium stores: it takes "
                                    f"gcs://_ray_pkg_<hex hash>.zip")
-
-
-def _entry_path(info: zipfile.ZipInfo) -> PurePosixPath | None:
-    """The checked relative path of an entry (None for the root itself)."""
-    name = info.filename
-    if "\\" in name or "\x00" in name:
-        raise InvalidArgumentError(f"package entry {name!r} has a backslash or NUL in its path")
-    path = PurePosixPath(name)
-    if path.is_absolute() or re.match(r"^[A-Za-z]:", name):
-        raise InvalidArgumentError(f"package entry {name!r} is an absolute path")
-    if ".." in path.parts:
-        raise InvalidArgumentError(f"package entry {name!r} leaves its folder ('..')")
-    mode = info.external_attr >> 16
-    if stat.S_ISLNK(mode):
-        raise InvalidArgumentError(f"package entry {name!r} is a symbolic link; packages hold files "
-                                   f"and folders only")
-    kind = stat.S_IFMT(mode)  # 0 where the zip tool recorded permissions only
-    if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
-        raise InvalidArgumentError(f"package entry {name!r} is not a file or folder")
-    return path if path.parts else None
-
-
-def check_zip(path: str | os.PathLike) -> int:
-    """Check a package file (see the module); returns its unpacked size in bytes."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            infos = archive.infolist()
-            if len(infos) > MAX_PACKAGE_ENTRIES:
-                raise PayloadTooLargeError(f"package has {len(infos)} entries; at most {MAX_PACKAGE_ENTRIES}")
-            total = 0
-            for info in infos:
-                _entry_path(info)
-                total += info.file_size
-            if total > MAX_UNPACKED_BYTES:
-                raise PayloadTooLargeError(f"package unpacks to {total} bytes; at most {MAX_UNPACKED_BYTES}")
-            return total
-    except zipfile.BadZipFile as exc:
-        raise InvalidArgumentError(f"package is not a zip file ({exc})") from None
-
-
-def unpack(package: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Unpack a checked package into ``target`` (made), entry by entry: each file at its
-    checked path, written no larger than its declared size (zipfile stops there)."""
-    root = Path(target)
-    root.mkdir(parents=True, exist_ok=True)
-    check_zip(package)
-    with zipfile.ZipFile(package) as archive:
-        for info in archive.infolist():
-            rel = _entry_path(info)
-            if rel is None:
-                continue
-            dest = root.joinpath(*rel.parts)
-            if info.is_dir():
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if dest.is_symlink() or (dest.exists() and not dest.is_file()):
-                raise InvalidArgumentError(f"package entry {info.filename!r} collides with a folder")
-            with archive.open(info) as src, open(dest, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-            mode = (info.external_attr >> 16) & 0o777
-            os.chmod(dest, (mode & 0o755) | 0o600 if mode else 0o644)
 
 
 class PackageStore:

@@ -16,6 +16,7 @@ import string
 from dataclasses import asdict, dataclass, field
 
 from podium.errors import InvalidArgumentError
+from podium.runtimeenv import parse_py_executable
 
 __all__ = ["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED", "TERMINAL", "JobRecord",
            "SubmitRequest", "parse_submit", "new_submission_id", "MAX_LIVE_JOBS", "MAX_JOB_RECORDS",
@@ -43,7 +44,7 @@ MAX_ENV_VARS = 256
 MAX_TEXT_CHARS = 16 * 1024
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 #: The runtime_env fields a job may set; anything else is refused, naming what to do instead.
-_RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config"})
+_RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config", "py_executable"})
 _REFUSED_RUNTIME_ENV = ("pip", "uv", "conda", "container", "image_uri", "java_jars", "nsight",
                         "worker_process_setup_hook", "mpi", "rocprof_sys", "_nsight")
 
@@ -78,6 +79,9 @@ class JobRecord:
     pid_start: int = 0
     node_id: str = ""
     node_address: str = ""
+    #: The placement group holding a driver placed on the cluster (podium.scheduler.jobnodes);
+    #: "" for one run on the scheduler's machine.
+    driver_group: str = ""
     #: A stop was asked for while the job ran (it ends STOPPED whatever its exit status).
     stop_requested: bool = False
 
@@ -176,9 +180,10 @@ def _runtime_env(value) -> dict:
     refused = sorted(k for k in value if k in _REFUSED_RUNTIME_ENV and value[k])
     if refused:
         raise InvalidArgumentError(
-            f"runtime_env {', '.join(refused)} is not supported by Podium: the driver runs in the "
-            f"scheduler's Python environment; install packages into the cluster's image or "
-            f"virtualenv, and ship your own code with working_dir or py_modules")
+            f"runtime_env {', '.join(refused)} is not supported by Podium: the driver runs in its "
+            f"node's Python environment; install packages into the cluster's image or a virtualenv "
+            f"(its actors start under runtime_env py_executable), and ship your own code with "
+            f"working_dir or py_modules")
     unknown = sorted(k for k in value if k not in _RUNTIME_ENV_FIELDS and k not in _REFUSED_RUNTIME_ENV)
     if unknown:
         raise InvalidArgumentError(f"runtime_env field(s) {', '.join(map(repr, unknown))} are not known; "
@@ -193,6 +198,8 @@ def _runtime_env(value) -> dict:
                                        f"{MAX_METADATA_ITEMS} package URIs")
         for uri in modules:
             _text(uri, "runtime_env.py_modules entry")
+    if env.get("py_executable") is not None:  # the driver's actors and tasks start under it
+        parse_py_executable(env["py_executable"])
     env["env_vars"] = _str_dict(env.get("env_vars"), "runtime_env.env_vars", MAX_ENV_VARS)
     if not env["env_vars"]:
         del env["env_vars"]
@@ -224,8 +231,8 @@ def parse_submit(doc) -> SubmitRequest:
                 f"submission_id {submission_id!r} must be 1-128 letters, digits, '_', '.' or '-' "
                 f"(starting with a letter or digit)")
     if doc.get("entrypoint_label_selector"):
-        raise InvalidArgumentError("entrypoint_label_selector is not supported: Podium runs the "
-                                   "entrypoint on the scheduler's machine")
+        raise InvalidArgumentError("entrypoint_label_selector is not supported: ask for the node with "
+                                   "entrypoint_resources={'node:<node id or address>': 1}")
     gpus = _number(doc.get("entrypoint_num_gpus"), "entrypoint_num_gpus")
     memory = doc.get("entrypoint_memory")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 0):
@@ -236,11 +243,11 @@ def parse_submit(doc) -> SubmitRequest:
     for name, value in (resources or {}).items():
         _text(name, "entrypoint_resources key")
         _number(value, f"entrypoint_resources[{name!r}]")
-    if gpus or memory or any((resources or {}).values()):
+    if memory:
         raise InvalidArgumentError(
-            "entrypoint_num_gpus, entrypoint_memory and entrypoint_resources are not supported: "
-            "Podium runs the entrypoint (the driver) on the scheduler's machine and reserves only "
-            "CPUs for it; give GPUs to the actors and placement groups the driver creates")
+            "entrypoint_memory is not supported: Podium schedules CPUs, GPUs and resources, not "
+            "memory; ask for entrypoint_num_cpus / entrypoint_num_gpus, or a node by "
+            "entrypoint_resources={'node:<node id or address>': 1}")
     return SubmitRequest(
         entrypoint=entrypoint, submission_id=submission_id, runtime_env=_runtime_env(doc.get("runtime_env")),
         metadata=_str_dict(doc.get("metadata"), "metadata", MAX_METADATA_ITEMS),

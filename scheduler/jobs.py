@@ -15,6 +15,8 @@ The driver does not depend on whoever submitted it. It does depend on its superv
 scheduler that stops stops its jobs first, and one that restarts after dying marks the jobs
 it was running FAILED (``JOB_SUPERVISOR_ACTOR_DIED``) and kills what is left of them.
 Entrypoint CPUs are counted against the machine's: a job that does not fit yet waits PENDING.
+A job that asks for GPUs, resources or more CPUs than that machine has runs on a node of the
+cluster that holds them instead, through its agent (:mod:`podium.scheduler.jobnodes`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,14 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+
 from podium import errors
 from podium.private import private_dir
+from podium.runtimeenv import driver_env
 from podium.scheduler.joblog import READ_CHUNK, JobLog
+from podium.scheduler.jobnodes import bundle_of, driver_request, wants_node
+from podium.zippackage import MAX_DRIVER_PACKAGES_BYTES
 from podium.scheduler.jobpackages import PackageStore, package_name_of, unpack
 from podium.scheduler.jobrecords import (ENTRYPOINT_ERROR, FAILED, MAX_JOB_RECORDS, MAX_LIVE_JOBS,
                                          PENDING, RUNNING, RUNTIME_ENV_FAILURE, START_ERROR, STOPPED,
@@ -117,7 +124,7 @@ class JobManager:
     """
 
     def __init__(self, folder: str | os.PathLike, store, end_sessions, *, token: str,
-                 tls=None, cpus: float | None = None, grace: float = STOP_GRACE_SECONDS) -> None:
+                 tls=None, cpus: float | None = None, grace: float = STOP_GRACE_SECONDS, nodes=None) -> None:
         self.folder = private_dir(folder)
         self.packages = PackageStore(self.folder / "packages")
         self.store = store
@@ -126,6 +133,8 @@ class JobManager:
         self.tls = tls
         self.cpus = float(cpus if cpus is not None else (os.cpu_count() or 1))
         self.grace = grace
+        #: Placement of drivers on the cluster's nodes (podium.scheduler.jobnodes.JobNodes), if any.
+        self.nodes = nodes
         self.address = ""
         self.node_address = ""
         self.jobs: dict[str, JobRecord] = {}
@@ -145,7 +154,9 @@ class JobManager:
             if job.terminal:
                 continue
             left = ""
-            if job.pid and _ours(job.pid, job.pid_start) and _kill_group(job.pid, signal.SIGKILL):
+            if job.driver_group and self.nodes is not None:
+                self.nodes.abandon(job)  # its driver on another node, and its reservation
+            elif job.pid and not job.driver_group and _ours(job.pid, job.pid_start) and _kill_group(job.pid, signal.SIGKILL):
                 left = f"; its driver (pid {job.pid}) was still running and was killed"
             self._end(job, FAILED, SUPERVISOR_DIED,
                       f"Job supervisor died: the scheduler stopped while the job was {job.status}{left}.")
@@ -157,7 +168,9 @@ class JobManager:
         for job in list(self.jobs.values()):
             if not job.terminal:
                 job.stop_requested = True
-                if job.pid:
+                if job.driver_group and self.nodes is not None:
+                    self._stop_placed(job)
+                elif job.pid:
                     self._signal(job)
         tasks = list(self._tasks.values())
         if tasks:
@@ -192,28 +205,34 @@ class JobManager:
         if len(self.live()) >= MAX_LIVE_JOBS:
             raise errors.ResourceExhaustedError(
                 f"{MAX_LIVE_JOBS} jobs are PENDING or RUNNING already; stop one or wait for one to end")
-        cpus = request.entrypoint_num_cpus or 0
-        if cpus > self.cpus:
+        placed = wants_node(request, self.cpus)
+        if placed and self.nodes is None:
             raise errors.InvalidArgumentError(
-                f"entrypoint_num_cpus={cpus:g} does not fit: the scheduler's machine, where the "
-                f"entrypoint runs, has {self.cpus:g} CPUs")
+                "entrypoint_num_gpus, entrypoint_resources and entrypoint_num_cpus beyond this machine's "
+                f"{self.cpus:g} need a cluster scheduler, which places the driver on a node")
         env = request.runtime_env
+        size = 0
         for uri in [env.get("working_dir"), *(env.get("py_modules") or [])]:
             if uri is not None:
                 try:
-                    self.packages.require(uri)  # a bad request now, not a FAILED job later
+                    size += self.packages.require(uri).stat().st_size  # a bad request now, not a FAILED job
                 except errors.NotFoundError as exc:
                     raise errors.InvalidArgumentError(str(exc)) from None
+        if placed and size > MAX_DRIVER_PACKAGES_BYTES:
+            raise errors.InvalidArgumentError(
+                f"a job whose driver runs on another node takes its packages there in one message: "
+                f"at most {MAX_DRIVER_PACKAGES_BYTES} bytes, these are {size}")
         submission_id = request.submission_id or new_submission_id()
         if submission_id in self.jobs:
             raise errors.AlreadyExistsError(f"Job with submission_id {submission_id} already exists. "
                                             f"Please use a different submission_id.")
+        group = self.nodes.reserve(submission_id, bundle_of(request)) if placed else ""
         job = JobRecord(submission_id=submission_id, entrypoint=request.entrypoint, start_time=_now_ms(),
                         metadata=request.metadata or None, runtime_env=env or None,
                         entrypoint_num_cpus=request.entrypoint_num_cpus,
                         entrypoint_num_gpus=request.entrypoint_num_gpus,
                         entrypoint_memory=request.entrypoint_memory,
-                        entrypoint_resources=request.entrypoint_resources)
+                        entrypoint_resources=request.entrypoint_resources, driver_group=group)
         # Ray's PENDING message, with its hints.
         hints = [" It may be waiting for resources (CPUs, GPUs, memory, custom resources) to become "
                  "available." if request.entrypoint_num_cpus else "",
@@ -235,6 +254,8 @@ class JobManager:
         if submission_id not in self._tasks:  # still queued: it never ran
             self._end(job, STOPPED, None, None)
             self._start_pending()
+        elif job.driver_group:
+            self._stop_placed(job)
         elif job.pid:
             self._signal(job)
         return True
@@ -266,11 +287,11 @@ class JobManager:
 
     def _start_pending(self) -> None:
         used = sum(j.entrypoint_num_cpus or 0 for j in self.jobs.values()
-                   if j.submission_id in self._tasks and not j.terminal)
+                   if j.submission_id in self._tasks and not j.terminal and not j.driver_group)
         for job in list(self.jobs.values()):
             if job.status != PENDING or job.submission_id in self._tasks or job.terminal:
                 continue
-            cpus = job.entrypoint_num_cpus or 0
+            cpus = 0 if job.driver_group else job.entrypoint_num_cpus or 0  # the scheduler counts placed ones
             if used + cpus > self.cpus:
                 continue
             used += cpus
@@ -283,7 +304,7 @@ class JobManager:
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must end the job, not leave it RUNNING
             log.exception("job %s: supervisor failed", job.submission_id)
-            if job.pid:
+            if job.pid and not job.driver_group:
                 _kill_group(job.pid, signal.SIGKILL)
             if not job.terminal:
                 self._end(job, FAILED, SUPERVISOR_DIED, f"Job supervisor failed: {type(exc).__name__}: {exc}")
@@ -293,6 +314,8 @@ class JobManager:
                 self._end(job, FAILED, SUPERVISOR_DIED, "Job supervisor died: the scheduler stopped.")
             with contextlib.suppress(Exception):
                 await self._end_sessions(job)
+            if job.driver_group and self.nodes is not None:
+                await self.nodes.release(job.driver_group)
             # The unpacked packages go with the driver (its log stays with the record), unless
             # the job was deleted meanwhile and its id reused: the folder is the new job's then.
             folder = self._job_dir(job)
@@ -311,6 +334,9 @@ class JobManager:
             return
         if job.stop_requested:
             self._end(job, STOPPED, None, None)
+            return
+        if job.driver_group:
+            await self._supervise_placed(job, logfile, cwd, env)
             return
         command = [sys.executable, "-m", "podium.cli", "run", "--", "/bin/sh", "-c", job.entrypoint]
         try:
@@ -341,7 +367,12 @@ class JobManager:
         if self._closing:
             self._end(job, FAILED, SUPERVISOR_DIED,
                       "Job supervisor died: the scheduler stopped, and stopped the job's driver first.")
-        elif job.stop_requested:
+        else:
+            self._ended(job, code, logfile)
+
+    def _ended(self, job: JobRecord, code: int, logfile: JobLog) -> None:
+        """End a job whose driver exited with ``code``."""
+        if job.stop_requested:
             self._end(job, STOPPED, None, None)
         elif code == 0:
             self._end(job, SUCCEEDED, None, None)
@@ -350,6 +381,37 @@ class JobManager:
             self._end(job, FAILED, ENTRYPOINT_ERROR,
                       f"Job entrypoint command failed with exit code {code}, last available logs "
                       f"(truncated to {_MESSAGE_TAIL} chars):\n{tail}")
+
+    async def _supervise_placed(self, job: JobRecord, logfile: JobLog, cwd: str, env: dict[str, str]) -> None:
+        """Run the driver on the node its reservation is on (podium.scheduler.jobnodes)."""
+        request = await asyncio.to_thread(driver_request, job, self.packages, env)
+
+        def started(pid: int) -> None:
+            job.pid, job.pid_start = pid, 0
+            job.status, job.message = RUNNING, f"Job is currently running (on node {job.node_id})."
+            self._save(job)
+            if job.stop_requested:
+                self._stop_placed(job)
+        try:
+            code = await self.nodes.run(job, request, logfile.append, started)
+        except (errors.PodiumError, grpc.aio.AioRpcError) as exc:
+            text = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            if job.stop_requested:
+                self._end(job, STOPPED, None, None)
+            else:
+                self._end(job, FAILED, SUPERVISOR_DIED if job.pid else START_ERROR,
+                          f"Job driver on node {job.node_id or '(not placed)'} failed: {text}")
+            return
+        job.driver_exit_code = code
+        self._ended(job, code, logfile)
+
+    def _stop_placed(self, job: JobRecord) -> None:
+        """Stop a placed job's driver on its node, or drop its reservation while it waits."""
+        loop = asyncio.get_running_loop()
+        if job.pid and job.node_id:
+            loop.create_task(self.nodes.stop_driver(job.node_id, job.submission_id, self.grace))
+        else:
+            loop.create_task(self.nodes.release(job.driver_group))
 
     async def _pump(self, stream: asyncio.StreamReader, logfile: JobLog) -> None:
         while chunk := await stream.read(READ_CHUNK):
@@ -385,6 +447,7 @@ class JobManager:
         if self.tls is not None:
             env.update({"PODIUM_TLS_CERT": self.tls.cert, "PODIUM_TLS_KEY": self.tls.key,
                         "PODIUM_TLS_CA": self.tls.ca})
+        env.update(driver_env(env_spec.get("py_executable")))  # its actors and tasks inherit it
         env.update(env_spec.get("env_vars") or {})
         return str(cwd), env
 

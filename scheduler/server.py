@@ -25,6 +25,7 @@ from podium.auth import TlsConfig, resolve_token
 from podium.private import write_private_atomic
 from podium.rpc import bind, make_server, start_server, use_uvloop
 from podium.scheduler.http import HttpServer
+from podium.scheduler.jobnodes import JobNodes
 from podium.scheduler.jobs import JobManager
 from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.service import SchedulerConfig, SchedulerService
@@ -107,7 +108,8 @@ async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
     await start_server(server, health)
     service.start()
     folder, jobs_tmp = _jobs_folder(config)
-    jobs = JobManager(folder, store, service.close_sessions, token=config.token, tls=config.tls)
+    jobs = JobManager(folder, store, service.close_sessions, token=config.token, tls=config.tls,
+                      nodes=JobNodes(service))
     http = HttpServer(service, config, jobs)
     try:
         host = _connect_host(config.host)

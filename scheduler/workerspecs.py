@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from podium import errors
+from podium.runtimeenv import check_spec
 from podium.resources import check_user_env, cpu_units, format_cpus, format_gpus, gpu_units
 from podium.scheduler.groups import GroupTable
 from podium.scheduler.records import LIVE_WORKER_STATES
@@ -84,6 +85,7 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
         ranks.add(key)
         try:
             check_user_env(dict(spec.env))
+            check_spec(spec, label)
             gpu = 0 if spec.num_gpus == 0 else gpu_units(spec.num_gpus, name=f"{label}: num_gpus")
             cpu = cpu_units(spec.num_cpus, name=f"{label}: num_cpus")
         except errors.InvalidSpecError as exc:

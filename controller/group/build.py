@@ -19,6 +19,7 @@ from podium.controller.group.members import GroupMembers
 from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
 from podium.controller.session.progress import Progress
 from podium.errors import InvalidArgumentError, NotFoundError
+from podium.runtimeenv import spec_kwargs
 from podium.worker.factory import ClassWithInitArgs, by_value
 
 
@@ -43,7 +44,8 @@ def pool_specs(pool: ResourcePool, cia: ClassWithInitArgs, name_prefix: str, *, 
     specs = [common_pb2.WorkerSpec(
         name=f"{name_prefix}{cls_name}_{pg_idx}:{bundle}", group=name_prefix,
         placement_group_id=pg.id, bundle_index=bundle, num_gpus=num_gpus, num_cpus=1.0,
-        rank=rank, world_size=len(slots), env=dict(worker_env or {}), detached=detached)
+        rank=rank, world_size=len(slots), env=dict(worker_env or {}), detached=detached,
+        **spec_kwargs())  # the runtime_env this process inherited (ray.init's, as in Ray)
         for rank, (pg, pg_idx, bundle) in enumerate(slots)]
     return specs, sorted({pg.id for pg, _, _ in slots})
 

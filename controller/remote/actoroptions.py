@@ -15,10 +15,11 @@ from typing import Any
 
 from podium.errors import InvalidArgumentError, UnimplementedError
 from podium.resources import SYSTEM_ENV_KEYS
+from podium.runtimeenv import RuntimeFields, parse_runtime_env, spec_kwargs
 from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
 __all__ = ["Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
-           "parse_options", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
+           "parse_options", "runtime_spec_fields", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
 
 #: Largest num_cpus / num_gpus one actor or task may ask for.
 MAX_CPUS = 1024.0
@@ -88,6 +89,9 @@ class Options:
     #: actor's process sets them just before it builds the class (Ray lets them be given).
     process_env: dict[str, str] = dataclasses.field(default_factory=dict)
     get_if_exists: bool = False
+    #: runtime_env's py_executable / working_dir / py_modules given here (podium.runtimeenv);
+    #: a key absent is inherited from the creating process (:func:`runtime_spec_fields`).
+    runtime: RuntimeFields = dataclasses.field(default_factory=RuntimeFields)
 
 
 def _amount(key: str, value: Any, bound: float) -> float:
@@ -114,6 +118,7 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
     opts = dataclasses.replace(base) if base is not None else Options()
     opts.env = dict(opts.env)
     opts.process_env = dict(opts.process_env)
+    opts.runtime = RuntimeFields(opts.runtime)
     for key, value in given.items():
         if key in _UNSUPPORTED:
             if key in ("num_returns", "max_restarts", "max_task_retries", "max_retries") and value in (None, 0, 1) \
@@ -157,7 +162,8 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
         elif key == "node":
             opts.node = None if value is None else str(value)
         elif key == "runtime_env":
-            env = _runtime_env(value)
+            env, fields = parse_runtime_env(value)
+            opts.runtime.update(fields)
             own = {k: v for k, v in env.items() if k in SYSTEM_ENV_KEYS and not k.startswith("PODIUM_")}
             opts.env.update({k: v for k, v in env.items() if k not in own})
             opts.process_env.update(own)
@@ -192,23 +198,7 @@ def _strategy(opts: Options, value: Any) -> None:
                                    f"got {value!r}")
 
 
-def unsupported_runtime_env_keys(value: dict) -> list[str]:
-    """The keys of a ``runtime_env`` Podium cannot honour: all but ``env_vars``, except those
-    set to None, which ask for Ray's default (verl's trainer passes ``working_dir: None`` and
-    ``py_executable: None``), and that default is what Podium does."""
-    return sorted(k for k, v in value.items() if k != "env_vars" and v is not None)
-
-
-def _runtime_env(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidArgumentError(f"runtime_env must be a dict, got {type(value).__name__}")
-    extra = unsupported_runtime_env_keys(value)
-    if extra:
-        raise UnimplementedError(f"runtime_env keys {extra} are not supported by Podium (only env_vars): "
-                                 "install packages into the workers' environment beforehand")
-    env = value.get("env_vars") or {}
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise InvalidArgumentError("runtime_env['env_vars'] must map str to str")
-    return dict(env)
+def runtime_spec_fields(opts: Options | None = None) -> dict[str, Any]:
+    """The ``WorkerSpec`` keyword arguments (python_command, working_dir, py_modules) of a
+    worker created here with ``opts`` (:func:`podium.runtimeenv.spec_kwargs`)."""
+    return spec_kwargs(opts.runtime if opts is not None else None)

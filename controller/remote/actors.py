@@ -35,7 +35,7 @@ import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from podium.controller.remote.actoroptions import DEFAULT_NAMESPACE, Options, parse_options
+from podium.controller.remote.actoroptions import DEFAULT_NAMESPACE, Options, parse_options, runtime_spec_fields
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
@@ -303,7 +303,7 @@ async def _create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bun
     for i, index in enumerate(candidates):
         spec = common_pb2.WorkerSpec(name=wname, group=wname, placement_group_id=pg_id, bundle_index=index,
                                      num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, rank=0, world_size=1,
-                                     env=opts.env, detached=opts.detached)
+                                     env=opts.env, detached=opts.detached, **runtime_spec_fields(opts))
         try:
             infos = await rt.scheduler.create_workers([spec], owner=owner, master_rank=0)
         except SlotFullError:

@@ -22,6 +22,7 @@ import types
 from typing import Any
 
 from podium import errors as _errors
+from podium import runtimeenv as _runtimeenv
 from podium.controller.remote import actoroptions as _options
 from podium.controller.remote import placement as _placement
 from podium.controller.session import runtime as _runtime
@@ -72,17 +73,20 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
          ignore_reinit_error: bool = False, **kwargs: Any) -> Any:
     """``ray.init``: join the cluster at ``address`` ("auto" or None: ``PODIUM_ADDRESS``, else
     an embedded cluster on this machine). ``namespace`` sets the default for named actors;
-    ``runtime_env`` may carry only ``env_vars``, set for the embedded cluster's workers."""
+    ``runtime_env``: ``env_vars`` are set for the embedded cluster's workers; ``py_executable``,
+    ``working_dir`` and ``py_modules`` are inherited by every actor and task of the job
+    (:mod:`podium.runtimeenv`); other keys are refused naming the alternative."""
     global _namespace
     unknown = sorted(set(kwargs) - _INIT_IGNORED)
     if unknown:
         raise NotImplementedError(f"ray.init arguments {unknown} are not supported by podium.compat.ray")
-    env = kwargs.get("runtime_env") or {}
-    extra = _options.unsupported_runtime_env_keys(env)
-    if extra:
-        raise NotImplementedError(f"ray.init(runtime_env=...) keys {extra} are not supported: install "
-                                  "packages into the workers' environment beforehand")
-    os.environ.update(env.get("env_vars") or {})  # the embedded node agent passes them on
+    env_vars, fields = _runtimeenv.parse_runtime_env(kwargs.get("runtime_env"))
+    os.environ.update(env_vars)  # the embedded node agent passes them on
+    if fields:  # every actor and task of this job (and theirs) inherits them, as in Ray
+        merged = {**_runtimeenv.inherited(), **fields}
+        os.environ[_runtimeenv.ENV_KEY] = _runtimeenv.to_env(merged.get("py_executable", ()),
+                                                             merged.get("working_dir", ""),
+                                                             merged.get("py_modules", ()))
     _namespace = kwargs.get("namespace")
     if is_initialized() and not ignore_reinit_error:
         raise RuntimeError("Maybe you called ray.init twice by accident? (pass ignore_reinit_error=True)")

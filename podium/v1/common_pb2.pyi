@@ -542,6 +542,9 @@ class WorkerSpec(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
     DETACHED_FIELD_NUMBER: _builtins.int
+    PYTHON_COMMAND_FIELD_NUMBER: _builtins.int
+    WORKING_DIR_FIELD_NUMBER: _builtins.int
+    PY_MODULES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name unique in the cluster, e.g. "{wg_prefix}{Class}_{pg_index}:{local_rank}"."""
     group: _builtins.str
@@ -560,9 +563,26 @@ class WorkerSpec(_message.Message):
     """Group size (WORLD_SIZE)."""
     detached: _builtins.bool
     """Detached workers outlive the controller that created them."""
+    working_dir: _builtins.str
+    """runtime_env.working_dir: an absolute directory on the worker's node, its cwd and first on
+    its sys.path. Empty: the agent's cwd.
+    """
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Extra environment from the caller (worker_env). Must not name a system variable."""
+
+    @_builtins.property
+    def python_command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """runtime_env.py_executable split into argv: the command (an interpreter, or a prefix ending
+        in one) that starts this worker as a fresh process on its node. Empty: the agent's own
+        interpreter (forked). At most 64 arguments, 8 KiB together.
+        """
+
+    @_builtins.property
+    def py_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """runtime_env.py_modules: absolute paths (a package directory or a .py file) on the worker's
+        node, each importable in the worker by its name. At most 64.
+        """
 
     def __init__(
         self,
@@ -577,10 +597,13 @@ class WorkerSpec(_message.Message):
         world_size: _builtins.int = ...,
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         detached: _builtins.bool = ...,
+        python_command: _abc.Iterable[_builtins.str] | None = ...,
+        working_dir: _builtins.str = ...,
+        py_modules: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "rank", b"rank", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

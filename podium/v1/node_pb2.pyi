@@ -24,6 +24,228 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class DriverPackage(_message.Message):
+    """A package (a checked zip from the scheduler's package store) unpacked for a driver."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOLDER_FIELD_NUMBER: _builtins.int
+    ZIP_FIELD_NUMBER: _builtins.int
+    folder: _builtins.str
+    """Where it unpacks, relative to the driver's folder: "working_dir" or "py_modules/N"."""
+    zip: _builtins.bytes
+    """The zip file's bytes (all packages of one request: at most 48 MiB)."""
+    def __init__(
+        self,
+        *,
+        folder: _builtins.str = ...,
+        zip: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["folder", b"folder", "zip", b"zip"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DriverPackage: _TypeAlias = DriverPackage  # noqa: Y015
+
+@_typing.final
+class StartDriverRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    PACKAGES_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    PYTHON_PATH_FIELD_NUMBER: _builtins.int
+    driver_id: _builtins.str
+    """The job's submission id (letters, digits, '_', '.', '-'); names its folder and log."""
+    cwd: _builtins.str
+    """Its working directory, relative to its folder ("": the folder itself)."""
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The command, run as `podium run -- ARGV` by the agent's own interpreter."""
+
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Variables set on top of the agent's environment."""
+
+    @_builtins.property
+    def packages(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriverPackage]:
+        """Packages to unpack before it starts."""
+
+    @_builtins.property
+    def python_path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Folders, relative to its folder, put first on PYTHONPATH."""
+
+    def __init__(
+        self,
+        *,
+        driver_id: _builtins.str = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        packages: _abc.Iterable[Global___DriverPackage] | None = ...,
+        cwd: _builtins.str = ...,
+        python_path: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "driver_id", b"driver_id", "env", b"env", "packages", b"packages", "python_path", b"python_path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartDriverRequest: _TypeAlias = StartDriverRequest  # noqa: Y015
+
+@_typing.final
+class StartDriverResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PID_FIELD_NUMBER: _builtins.int
+    LOG_PATH_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    """Its process id on this node."""
+    log_path: _builtins.str
+    """Its log file on this node."""
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        log_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_path", b"log_path", "pid", b"pid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartDriverResponse: _TypeAlias = StartDriverResponse  # noqa: Y015
+
+@_typing.final
+class ReadDriverLogRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    driver_id: _builtins.str
+    """The driver (its job's submission id)."""
+    offset: _builtins.int
+    """Byte offset in its log to read from."""
+    max_bytes: _builtins.int
+    """Most bytes to return (at most 1 MiB; 0: 1 MiB)."""
+    def __init__(
+        self,
+        *,
+        driver_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_id", b"driver_id", "max_bytes", b"max_bytes", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadDriverLogRequest: _TypeAlias = ReadDriverLogRequest  # noqa: Y015
+
+@_typing.final
+class ReadDriverLogResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """Bytes of the log from the offset asked for."""
+    next_offset: _builtins.int
+    """Offset to read from next."""
+    ended: _builtins.bool
+    """Whether the driver's process had ended before this read."""
+    exit_code: _builtins.int
+    """Once ended: its exit code, Popen style (-N for signal N)."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        next_offset: _builtins.int = ...,
+        ended: _builtins.bool = ...,
+        exit_code: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "ended", b"ended", "exit_code", b"exit_code", "next_offset", b"next_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadDriverLogResponse: _TypeAlias = ReadDriverLogResponse  # noqa: Y015
+
+@_typing.final
+class StopDriverRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    driver_id: _builtins.str
+    """The driver (its job's submission id)."""
+    grace_seconds: _builtins.float
+    """Seconds between SIGTERM and SIGKILL (0: 3 s)."""
+    def __init__(
+        self,
+        *,
+        driver_id: _builtins.str = ...,
+        grace_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_id", b"driver_id", "grace_seconds", b"grace_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopDriverRequest: _TypeAlias = StopDriverRequest  # noqa: Y015
+
+@_typing.final
+class StopDriverResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAS_RUNNING_FIELD_NUMBER: _builtins.int
+    was_running: _builtins.bool
+    """Whether it was running."""
+    def __init__(
+        self,
+        *,
+        was_running: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["was_running", b"was_running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopDriverResponse: _TypeAlias = StopDriverResponse  # noqa: Y015
+
+@_typing.final
 class SpawnWorkersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -71,6 +71,21 @@ class NodeAgentStub:
                 request_serializer=podium_dot_v1_dot_node__pb2.ProcessStatesRequest.SerializeToString,
                 response_deserializer=podium_dot_v1_dot_node__pb2.ProcessStatesResponse.FromString,
                 _registered_method=True)
+        self.StartDriver = channel.unary_unary(
+                '/podium.v1.NodeAgent/StartDriver',
+                request_serializer=podium_dot_v1_dot_node__pb2.StartDriverRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_node__pb2.StartDriverResponse.FromString,
+                _registered_method=True)
+        self.ReadDriverLog = channel.unary_unary(
+                '/podium.v1.NodeAgent/ReadDriverLog',
+                request_serializer=podium_dot_v1_dot_node__pb2.ReadDriverLogRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_node__pb2.ReadDriverLogResponse.FromString,
+                _registered_method=True)
+        self.StopDriver = channel.unary_unary(
+                '/podium.v1.NodeAgent/StopDriver',
+                request_serializer=podium_dot_v1_dot_node__pb2.StopDriverRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_node__pb2.StopDriverResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -130,6 +145,30 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartDriver(self, request, context):
+        """Starts a submitted job's driver on this node (podium.scheduler.jobs places it here):
+        `podium run -- ARGV` in its own process group, its packages unpacked in a folder of its
+        own, its stdout and stderr in one log file here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadDriverLog(self, request, context):
+        """Bytes of a driver's log from an offset, and whether (and how) it has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopDriver(self, request, context):
+        """SIGTERM to a driver's process group, SIGKILL after the grace period; its folder goes
+        once it has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +206,21 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.ProcessStates,
                     request_deserializer=podium_dot_v1_dot_node__pb2.ProcessStatesRequest.FromString,
                     response_serializer=podium_dot_v1_dot_node__pb2.ProcessStatesResponse.SerializeToString,
+            ),
+            'StartDriver': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartDriver,
+                    request_deserializer=podium_dot_v1_dot_node__pb2.StartDriverRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_node__pb2.StartDriverResponse.SerializeToString,
+            ),
+            'ReadDriverLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadDriverLog,
+                    request_deserializer=podium_dot_v1_dot_node__pb2.ReadDriverLogRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_node__pb2.ReadDriverLogResponse.SerializeToString,
+            ),
+            'StopDriver': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopDriver,
+                    request_deserializer=podium_dot_v1_dot_node__pb2.StopDriverRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_node__pb2.StopDriverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -359,6 +413,87 @@ class NodeAgent:
             '/podium.v1.NodeAgent/ProcessStates',
             podium_dot_v1_dot_node__pb2.ProcessStatesRequest.SerializeToString,
             podium_dot_v1_dot_node__pb2.ProcessStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartDriver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.NodeAgent/StartDriver',
+            podium_dot_v1_dot_node__pb2.StartDriverRequest.SerializeToString,
+            podium_dot_v1_dot_node__pb2.StartDriverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadDriverLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.NodeAgent/ReadDriverLog',
+            podium_dot_v1_dot_node__pb2.ReadDriverLogRequest.SerializeToString,
+            podium_dot_v1_dot_node__pb2.ReadDriverLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopDriver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.NodeAgent/StopDriver',
+            podium_dot_v1_dot_node__pb2.StopDriverRequest.SerializeToString,
+            podium_dot_v1_dot_node__pb2.StopDriverResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,7 @@ from podium.v1 import common_pb2, node_pb2, node_pb2_grpc, scheduler_pb2
 from podium.worker import usermetrics
 from podium.worker.agent.gpus import GpuProvider, detect
 from podium.worker.agent.config import AgentConfig, build_parser, config_from_args
+from podium.worker.agent.drivers import Drivers
 from podium.worker.agent.link import MAX_BACKOFF_SECONDS, RETRYABLE, SchedulerLink
 from podium.worker.agent.logtail import LogFollower, file_size
 from podium.worker.agent.ports import PortHolds
@@ -164,6 +165,24 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
                                                     state_name=name, wchan=wchan, threads=threads))
         return node_pb2.ProcessStatesResponse(states=states)
 
+    @rpc.handle_errors
+    async def StartDriver(self, request, context):
+        """Start a submitted job's driver here (podium.worker.agent.drivers)."""
+        check_repeated_fields(request)
+        return await self._agent.drivers.start(request)
+
+    @rpc.handle_errors
+    async def ReadDriverLog(self, request, context):
+        """A chunk of a driver's log, and whether it has ended."""
+        return self._agent.drivers.read(request)
+
+    @rpc.handle_errors
+    async def StopDriver(self, request, context):
+        """Stop a driver (returns once it has ended); forget one that had ended."""
+        check_seconds(request.grace_seconds, "grace_seconds", MAX_GRACE_SECONDS)
+        running = await self._agent.drivers.stop(request.driver_id, request.grace_seconds)
+        return node_pb2.StopDriverResponse(was_running=running)
+
 
 class RunningAgent:
     """A node agent serving in this process (what :func:`run_agent` returns)."""
@@ -188,6 +207,8 @@ class RunningAgent:
         #: The /metrics server (podium.worker.agent.metrics), when --metrics-port is given.
         self.metrics: MetricsServer | None = None
         self.ports = PortHolds(config.host)
+        #: Submitted jobs' drivers the scheduler placed here (podium.worker.agent.drivers).
+        self.drivers = Drivers(self.log_dir / "drivers", tls=config.tls)
         #: Where workers leave their application metrics (ray.util.metrics) for /metrics
         #: (podium.worker.usermetrics); only when this agent serves /metrics.
         self.metrics_dir: pathlib.Path | None = None
@@ -276,6 +297,7 @@ class RunningAgent:
         self._stopping = True
         self._stop.set()
         stopped = await self.spawner.stop_all(grace)
+        await self.drivers.stop_all()
         log.info("node agent %s: stopped %d workers", self.node_id, stopped)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._reports.join(), REPORT_FLUSH_SECONDS)

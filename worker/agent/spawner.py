@@ -57,7 +57,9 @@ from podium.v1 import common_pb2, node_pb2, scheduler_pb2
 from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
 from podium.worker.agent.adoption import adopted_worker, record_of
 from podium.worker.agent.managed import ManagedWorker, parse_ready, ready_cap
-from podium.worker.agent.workerenv import ALLOCATOR_DEFAULTS, launch_argv, with_allocator_defaults, worker_env
+from podium.runtimeenv import check_spec
+from podium.worker.agent.workerenv import (ALLOCATOR_DEFAULTS, foreign_command, launch_argv, link_modules,
+                                           runtime_env_vars, with_allocator_defaults, worker_env)
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +225,7 @@ class Spawner:
                 raise InvalidArgumentError(f"worker id {info.id!r} appears twice in one request")
             seen.add(info.id)
             check_env_entries(info.env, f"worker {info.id}: env")
+            check_spec(info.spec, f"worker {info.id}")
 
     async def spawn(self, workers: Sequence[common_pb2.WorkerInfo]) -> list[node_pb2.SpawnedWorker]:
         """Start one process per WorkerInfo; returns at once with their pids.
@@ -261,7 +264,9 @@ class Spawner:
         """Whether a child of the fork server starts as ``info``'s environment asks: torch in
         the fork server has read its allocator setting (ALLOCATOR_DEFAULTS) once and for all,
         so a worker that wants another one starts as a new process."""
-        return all(info.env.get(key, self._base_env[key]) == self._base_env[key] for key in ALLOCATOR_DEFAULTS)
+        spec = info.spec  # a runtime_env (its interpreter, sys.path, cwd) needs a fresh process
+        return (not (spec.python_command or spec.working_dir or spec.py_modules)
+                and all(info.env.get(key, self._base_env[key]) == self._base_env[key] for key in ALLOCATOR_DEFAULTS))
 
     def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
         """Record a worker about to start, and the environment it starts with."""
@@ -270,7 +275,21 @@ class Spawner:
         env = worker_env(self._base_env, info.env, token=self.token, scheduler=self.scheduler,
                          worker_id=info.id, node_address=self.node_address, tls=self.tls)
         env["PODIUM_SPAWN_REQUESTED_AT"] = repr(time.time())  # start-up phases (bench)
+        env.update(runtime_env_vars(env, info.spec, ""))  # what its own actors inherit
         return worker, env
+
+    def _launch(self, info: common_pb2.WorkerInfo, env: dict[str, str]) -> tuple[tuple[str, ...], str]:
+        """The command and cwd that start ``info`` as a new process, with ``env`` completed for
+        its runtime_env (podium.runtimeenv); FileNotFoundError when its working_dir or a
+        py_module is not on this node."""
+        spec = info.spec
+        if spec.working_dir and not os.path.isdir(spec.working_dir):
+            raise FileNotFoundError(f"runtime_env working_dir {spec.working_dir!r} is not a directory "
+                                    f"on node {self.node_id}")
+        modules = link_modules(self.log_dir / "py_modules", tuple(spec.py_modules))
+        env.update(runtime_env_vars(env, spec, modules))
+        command = foreign_command(spec.python_command) if spec.python_command else self.command
+        return command, spec.working_dir or os.getcwd()
 
     @contextlib.contextmanager
     def _log_files(self, worker: "ManagedWorker"):
@@ -313,10 +332,11 @@ class Spawner:
         read_fd, write_fd = os.pipe()
         try:
             with self._log_files(worker) as (out, err):
+                command, cwd = self._launch(info, env)
                 # No preexec_fn, so Popen can vfork (see the module docstring).
                 proc = worker.proc = subprocess.Popen(
-                    launch_argv(self.command, write_fd), pass_fds=(write_fd,),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=os.getcwd(), env=env,
+                    launch_argv(command, write_fd), pass_fds=(write_fd,),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env,
                     start_new_session=True)
         except Exception as exc:  # noqa: BLE001 - OSError, ValueError (a NUL in env), ...
             # Whatever the OS refused, the worker ends FAILED with the reason (reported), so

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pathlib
+import shutil
 import signal
 from typing import Mapping, Sequence
 
 from podium.auth import TlsConfig
 from podium.process import die_with_parent_argv
+from podium.runtimeenv import ENV_KEY, to_env
+from podium.v1 import common_pb2
 
-__all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "launch_argv", "with_allocator_defaults", "worker_env"]
+__all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "launch_argv", "with_allocator_defaults", "worker_env",
+           "foreign_command", "runtime_env_vars", "link_modules"]
 
 #: Allocator settings every worker (and the fork server) gets unless the agent's environment
 #: sets them. ``THP_MEM_ALLOC_ENABLE=1``: torch backs its CPU allocations of 2 MiB and more
@@ -67,3 +74,62 @@ def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
         out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     out["PYTHONUNBUFFERED"] = "1"
     return out
+
+
+#: How a worker with its own interpreter (runtime_env.py_executable) starts: this program, run
+#: by ``python -c`` in that interpreter, says plainly when Podium's worker host does not import
+#: there, naming the interpreter, instead of a bare ``No module named 'podium'``.
+_FOREIGN_HOST = """import sys
+try:
+    from podium.worker.host import process
+except ImportError as exc:
+    sys.stderr.write("podium: Podium's worker host (podium.worker.host) does not import in the "
+                     "interpreter %s, started by runtime_env py_executable %s: %s: install podium "
+                     "(the cluster's version) in that environment\\n" % (sys.executable, COMMAND, exc))
+    sys.exit(1)
+sys.exit(process.main(sys.argv[1:]))
+"""
+
+
+def foreign_command(python_command: Sequence[str]) -> tuple[str, ...]:
+    """The worker command (``--ready-fd N`` is appended) for a worker started by the
+    interpreter command ``python_command`` (its last word is the interpreter)."""
+    code = _FOREIGN_HOST.replace("COMMAND", repr(" ".join(python_command)))
+    return (*python_command, "-c", code)
+
+
+def runtime_env_vars(base: Mapping[str, str], spec: common_pb2.WorkerSpec, modules_dir: str) -> dict[str, str]:
+    """Variables of a worker with ``spec``'s runtime environment (podium.runtimeenv): its
+    working_dir and its py_modules folder (``modules_dir``) first on ``PYTHONPATH`` (Ray puts
+    both on sys.path), and the runtime environment its own actors and tasks inherit
+    (``PODIUM_RUNTIME_ENV``; empty for a worker without one)."""
+    out: dict[str, str] = {}
+    front = [p for p in (spec.working_dir, modules_dir) if p]
+    if front:
+        out["PYTHONPATH"] = os.pathsep.join([*front, *filter(None, [base.get("PYTHONPATH", "")])])
+    out[ENV_KEY] = to_env(tuple(spec.python_command), spec.working_dir, tuple(spec.py_modules))
+    return out
+
+
+def link_modules(folder: pathlib.Path, py_modules: Sequence[str]) -> str:
+    """A folder (under ``folder``, one per set of modules) holding a link named like each of
+    ``py_modules`` to it, so each imports by its name and nothing beside it does; "" for none.
+    FileNotFoundError naming the module when one is not on this node."""
+    if not py_modules:
+        return ""
+    for path in py_modules:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"runtime_env py_modules entry {path!r} does not exist on this node")
+    key = hashlib.sha256("\0".join(py_modules).encode()).hexdigest()[:16]
+    target = folder / key
+    if not target.is_dir():
+        staging = folder / f".{key}.{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for path in py_modules:
+            (staging / os.path.basename(path.rstrip("/"))).symlink_to(path)
+        try:
+            staging.rename(target)
+        except OSError:  # another spawn made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(target)

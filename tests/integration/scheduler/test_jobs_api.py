@@ -142,7 +142,7 @@ def test_submit_run_logs_and_errors_the_ray_way(token, arun, tmp_path):
                         ({"entrypoint": "x", "runtime_env": {"working_dir": "gcs://_ray_pkg_00000000000000ff.zip"}},
                          400, "upload it first"),
                         ({"entrypoint": "x", "runtime_env": {"pip": ["requests"]}}, 400, "pip is not supported"),
-                        ({"entrypoint": "x", "entrypoint_num_cpus": 10**6}, 400, "does not fit")):
+                        ({"entrypoint": "x", "entrypoint_memory": 10}, 400, "entrypoint_memory is not supported")):
                     async with http.post(base + "/api/jobs/", json=body) as resp:
                         assert resp.status == code and words in await resp.text(), (body, resp.status)
                 async with http.post(base + "/api/jobs/", data=b"{not json",
@@ -153,9 +153,20 @@ def test_submit_run_logs_and_errors_the_ray_way(token, arun, tmp_path):
                                      ("GET", "/api/jobs/nope/logs/tail")):
                     async with http.request(method, base + path) as resp:
                         assert resp.status == 404 and "does not exist" in await resp.text(), (method, path)
+                # More CPUs than this machine: placed on a node; with no node yet it waits PENDING
+                # (as a placement group does), and a stop drops its reservation.
+                async with http.post(base + "/api/jobs/", json={"entrypoint": "x", "submission_id": "big",
+                                                                "entrypoint_num_cpus": 10**6}) as resp:
+                    assert resp.status == 200, await resp.text()
+                async with http.get(base + "/api/jobs/big") as resp:
+                    assert (await resp.json())["status"] == "PENDING"
+                async with http.post(base + "/api/jobs/big/stop") as resp:
+                    assert (await resp.json())["stopped"] is True
+                assert (await _wait_status(http, base, "big", TERMINAL))["status"] == "STOPPED"
                 async with http.get(base + "/api/jobs/") as resp:
                     listed = {j["submission_id"]: j["status"] for j in await resp.json()}
-                assert listed == {"ok-1": "SUCCEEDED", failed_id: "FAILED", missing["submission_id"]: "FAILED"}
+                assert listed == {"ok-1": "SUCCEEDED", failed_id: "FAILED", missing["submission_id"]: "FAILED",
+                                  "big": "STOPPED"}
                 async with http.get(base + "/metrics") as resp:
                     metrics = await resp.text()
                 assert 'podium_scheduler_jobs{status="FAILED"} 2.0' in metrics
@@ -362,8 +373,13 @@ def test_entrypoint_cpus_queue_jobs_until_they_fit(token, arun):
                     body = {"entrypoint": "sleep 300", "submission_id": job_id, "entrypoint_num_cpus": cpus}
                     async with http.post(base + "/api/jobs/", json=body) as resp:
                         assert resp.status == 200, await resp.text()
-                async with http.post(base + "/api/jobs/", json={"entrypoint": "true", "entrypoint_num_cpus": 3}) as resp:
-                    assert resp.status == 400 and "has 2 CPUs" in await resp.text()
+                # More than the machine has: placed on a node (none here: it waits for one).
+                async with http.post(base + "/api/jobs/", json={"entrypoint": "true", "entrypoint_num_cpus": 3,
+                                                                "submission_id": "placed"}) as resp:
+                    assert resp.status == 200, await resp.text()
+                async with http.post(base + "/api/jobs/placed/stop") as resp:
+                    assert await resp.json() == {"stopped": True}
+                assert (await _wait_status(http, base, "placed", TERMINAL))["status"] == "STOPPED"
                 await _wait_status(http, base, "big", {"RUNNING"})
                 small = await _wait_status(http, base, "small", {"PENDING"})
                 assert small["driver_info"] is None and "waiting for resources" in small["message"]

@@ -43,6 +43,8 @@ overrides = [
     "trainer.logger=[console]", "trainer.total_training_steps=1", "trainer.val_before_train=False",
     "trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=8",
 ]
+if os.environ.get("SCENARIO_PY_EXECUTABLE"):  # verl's GPU examples set a uv command here
+    overrides.append(f"ray_kwargs.ray_init.runtime_env.py_executable='{os.environ['SCENARIO_PY_EXECUTABLE']}'")
 config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
 with initialize_config_dir(config_dir=config_dir, version_base=None):
     config = compose(config_name="ppo_trainer", overrides=overrides)

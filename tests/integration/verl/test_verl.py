@@ -150,6 +150,23 @@ def test_verls_main_ppo_task_runner_runs_on_podium_as_far_as_a_cpu_allows():
                VERL_USE_EXTERNAL_MODULES="verl_cpu_platform", VERL_PLATFORM="cpu")
 
 
+def test_verls_ray_init_py_executable_starts_the_task_runner_and_workers_under_that_command(tmp_path):
+    # ppo_trainer.yaml's ray_kwargs.ray_init.runtime_env.py_executable, a command prefix ending
+    # in an interpreter as verl's GPU examples give (`uv run ... python`): a wrapper that notes
+    # each process it starts. The TaskRunner and verl's workers (created by the TaskRunner)
+    # inherit it, and get as far as without it (scenario_main_ppo.py).
+    marker = tmp_path / "started"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$PODIUM_VIA $PODIUM_WORKER_ID" >> {marker}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    podium_run("scenario_main_ppo.py", "--num-cpus", "8", "--num-gpus", "1",
+               VERL_USE_EXTERNAL_MODULES="verl_cpu_platform", VERL_PLATFORM="cpu",
+               SCENARIO_PY_EXECUTABLE=f"env PODIUM_VIA=wrapped {wrapper}")
+    started = marker.read_text().splitlines()
+    # The TaskRunner, then at least one ActorRolloutRefWorker, each a worker Podium started.
+    assert len(started) >= 2 and all(line.startswith("wrapped w-") for line in started), started
+
+
 @pytest.mark.parametrize("mode", [(), ("--native-verl",)], ids=["ray-mode", "native"])
 def test_verls_checkpoint_engine_manager_updates_the_rollout_weights(mode):
     # The "naive" backend; verl's nccl engine imports cupy (and needs CUDA) at import.

@@ -131,8 +131,28 @@ def test_runtime_env_keys_set_to_none_ask_for_the_default_and_others_are_refused
     opts = parse_options({"runtime_env": {"env_vars": {"A": "1"}, "working_dir": None, "py_executable": None}},
                          actor=True)
     assert opts.env == {"A": "1"}
-    with pytest.raises(NotImplementedError, match=r"\['py_executable', 'working_dir'\]"):
-        parse_options({"runtime_env": {"working_dir": "/src", "py_executable": "uv run python"}}, actor=True)
+    assert not opts.runtime
+    for key in ("pip", "uv", "conda", "container", "nsight"):
+        with pytest.raises(NotImplementedError, match=f"runtime_env key '{key}' is not supported by Podium: "):
+            parse_options({"runtime_env": {key: ["x"]}}, actor=True)
+    with pytest.raises(NotImplementedError, match="local path"):
+        parse_options({"runtime_env": {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip"}}, actor=True)
+
+
+def test_runtime_env_py_executable_working_dir_and_py_modules_are_checked_and_bounded(tmp_path):
+    from podium.errors import InvalidArgumentError
+    from podium.runtimeenv import MAX_COMMAND_CHARS, MAX_PY_MODULES
+    (tmp_path / "mod.py").write_text("")
+    opts = parse_options({"runtime_env": {"py_executable": "uv run --frozen --extra vllm python",
+                                          "working_dir": str(tmp_path), "py_modules": [str(tmp_path / "mod.py")]}},
+                         actor=True)
+    assert opts.runtime == {"py_executable": ("uv", "run", "--frozen", "--extra", "vllm", "python"),
+                            "working_dir": str(tmp_path), "py_modules": (str(tmp_path / "mod.py"),)}
+    for bad in ({"py_executable": "x" * (MAX_COMMAND_CHARS + 1)}, {"py_executable": "python 'unclosed"},
+                {"py_executable": ""}, {"working_dir": str(tmp_path / "absent")},
+                {"py_modules": [str(tmp_path)] * (MAX_PY_MODULES + 1)}, {"py_modules": [str(tmp_path / "absent")]}):
+        with pytest.raises(InvalidArgumentError):
+            parse_options({"runtime_env": bad}, actor=True)
 
 
 def test_native_verl_mode_is_asked_for_in_the_environment_and_inherited_by_workers():

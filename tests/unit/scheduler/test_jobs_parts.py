@@ -12,7 +12,7 @@ import pytest
 
 from podium import errors
 from podium.cli.job import zip_folder
-from podium.scheduler import jobpackages
+from podium import zippackage
 from podium.scheduler.joblog import JobLog
 from podium.scheduler.jobpackages import PackageStore, check_zip, package_name_of, unpack
 from podium.scheduler.jobrecords import FAILED, PENDING, JobRecord, parse_submit
@@ -43,7 +43,7 @@ def test_submit_body_checks_name_the_problem():
            ({"entrypoint": "x", "nope": 1}, "unexpected field"),
            ({"entrypoint": "x", "runtime_env": {"pip": ["torch"]}}, "pip is not supported"),
            ({"entrypoint": "x", "runtime_env": {"wat": 1}}, "not known"),
-           ({"entrypoint": "x", "entrypoint_num_gpus": 1}, "entrypoint_num_gpus"),
+           ({"entrypoint": "x", "entrypoint_memory": 1}, "entrypoint_memory is not supported"),
            ({"entrypoint": "x", "entrypoint_num_cpus": -1}, ">= 0"),
            ({"entrypoint": "x", "metadata": {"k": 1}}, "must be a string"),
            ({"entrypoint": "x", "metadata": {str(i): "v" for i in range(65)}}, "at most 64")]
@@ -72,7 +72,7 @@ def test_package_checks_refuse_escapes_links_and_bombs(tmp_path, monkeypatch):
         path.write_bytes(data)
         with pytest.raises(errors.InvalidArgumentError):
             check_zip(path)
-    monkeypatch.setattr(jobpackages, "MAX_UNPACKED_BYTES", 1000)
+    monkeypatch.setattr(zippackage, "MAX_UNPACKED_BYTES", 1000)
     big = tmp_path / "big"
     big.write_bytes(_zip({"zeros": bytes(2000)}))  # compresses to far less than it unpacks to
     with pytest.raises(errors.PayloadTooLargeError, match="unpacks to 2000 bytes"):

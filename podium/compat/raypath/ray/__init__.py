@@ -47,6 +47,7 @@ from podium.compat.ray import (
 from podium.compat.standin import NotProvidedFinder as _NotProvidedFinder
 from podium.compat.standin import remote, timeline
 from ray import _private, actor, cloudpickle, exceptions, experimental, util
+from ray import runtime_env  # noqa: E402 - ray.runtime_env.RuntimeEnv
 
 # Last on the meta path: it answers only for ray.* modules no other finder found.
 if not any(isinstance(f, _NotProvidedFinder) for f in _sys.meta_path):
