@@ -28,7 +28,7 @@ import time
 import torch
 
 from podium.dataproto import DataProto
-from podium.rollout.grpo import GRPOActor
+from podium.rollout.recipes.grpo import GRPOActor
 from podium.rollout.vllm import VLLMRollout
 from podium.worker import Dispatch, register
 
@@ -161,7 +161,7 @@ def bench_grpo(model_dir: str, steps: int) -> dict:
 
 def main() -> None:
     from podium import init, shutdown
-    from podium.rollout.tinymodel import LLAMA_100M, build_tiny_llama
+    from podium.rollout.recipes.tinymodel import LLAMA_100M, build_tiny_llama
 
     parser = argparse.ArgumentParser(description="vLLM rollout bench")
     parser.add_argument("--repeat", type=int, default=5, choices=range(1, 51), metavar="1..50")

@@ -6,7 +6,7 @@ One controller (this script) drives, on an embedded Podium cluster:
   running vLLM (``podium.rollout.server.RolloutServer``), serving requests concurrently;
   the controller's :class:`~podium.rollout.servermanager.RolloutServerManager` sends each
   request (one prompt, a GRPO group of ``N_SAMPLES``) to the least-loaded replica;
-* a trainer (``podium.rollout.asyncgrpo.AsyncGRPOTrainer``), one worker process, not
+* a trainer (``podium.rollout.recipes.asyncgrpo.AsyncGRPOTrainer``), one worker process, not
   colocated with any replica.
 
 A producer thread generates batch b as soon as the policy version is at least
@@ -39,10 +39,10 @@ from podium import init, shutdown
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.dataproto import DataProto
 from podium.errors import AbortedError, DeadlineExceededError, FailedPreconditionError
-from podium.rollout.asyncgrpo import AsyncGRPOTrainer
-from podium.rollout.grpo import group_advantages, target_token_reward
+from podium.rollout.recipes.asyncgrpo import AsyncGRPOTrainer
+from podium.rollout.recipes.grpo import group_advantages, target_token_reward
 from podium.rollout.servermanager import RolloutServerManager
-from podium.rollout.tinymodel import SPECIAL_TOKENS, build_tiny_llama, default_words
+from podium.rollout.recipes.tinymodel import SPECIAL_TOKENS, build_tiny_llama, default_words
 
 WORDS = default_words(28)           # 28 words + 4 special tokens = 32 token ids
 TARGET_ID = len(SPECIAL_TOKENS) + WORDS.index("w7")   # the word the reward asks for

@@ -30,8 +30,8 @@ import torch
 from podium import init, shutdown
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup, create_colocated_worker_cls
 from podium.dataproto import DataProto
-from podium.rollout.grpo import GRPOActor, GRPOReference, group_advantages, target_token_reward
-from podium.rollout.tinymodel import SPECIAL_TOKENS, build_tiny_llama, default_words
+from podium.rollout.recipes.grpo import GRPOActor, GRPOReference, group_advantages, target_token_reward
+from podium.rollout.recipes.tinymodel import SPECIAL_TOKENS, build_tiny_llama, default_words
 from podium.rollout.vllm import VLLMRollout
 
 WORDS = default_words(28)           # 28 words + 4 special tokens = 32 token ids

@@ -1,22 +1,23 @@
-"""``podium.rollout``: rollout roles hosting an inference engine (vLLM) in the worker process.
+"""``podium.rollout``: rollout roles hosting an inference engine (vLLM), and weight updates to them.
 
 A top layer: it uses ``podium.worker`` (and ``podium.controller`` for
-:func:`~podium.rollout.sync.push_weights`); nothing below imports it. Modules:
+:func:`~podium.rollout.sync.push_weights` and the server manager); nothing below imports it.
 
-* :mod:`podium.rollout.vllm`: :class:`VLLMRollout`, the role;
-* :mod:`podium.rollout.config`: :class:`RolloutConfig`, its validated settings;
-* :mod:`podium.rollout.outputs`: the fields ``generate_sequences`` returns;
-* :mod:`podium.rollout.weights`: sibling lookup, name/shape checks, :class:`WeightSource`;
-* :mod:`podium.rollout.sync`: cross-process weight sync in buckets;
-* :mod:`podium.rollout.grpo`: the GRPO actor/reference roles of ``examples/grpo_vllm.py``;
-* :mod:`podium.rollout.tinymodel`: random Llama models and a tokenizer, built offline;
-* :mod:`podium.rollout.broadcast` / :mod:`podium.rollout.broadcastgroups`: the weight
-  broadcast chain to rollout replicas;
-* :mod:`podium.rollout.engine`: :class:`EngineLoop`, a vLLM engine stepped by one thread;
-* :mod:`podium.rollout.server`: :class:`RolloutServer`, a disaggregated rollout replica (actor);
-* :mod:`podium.rollout.servermanager`: :class:`RolloutServerManager`, load balancing and
-  weight updates over the replicas;
-* :mod:`podium.rollout.asyncgrpo`: the off-policy trainer of ``examples/grpo_async.py``.
+* The roles: :mod:`podium.rollout.vllm` (:class:`VLLMRollout`, an engine colocated with
+  training), :mod:`podium.rollout.server` (:class:`RolloutServer`, a disaggregated replica,
+  an actor) and :mod:`podium.rollout.servermanager` (:class:`RolloutServerManager`: load
+  balancing, weight updates, replacing replicas that died or missed an update);
+  :mod:`podium.rollout.engine` (:class:`EngineLoop`, a vLLM engine stepped by one thread),
+  :mod:`podium.rollout.config` (:class:`RolloutConfig`) and :mod:`podium.rollout.outputs`
+  (the fields ``generate_sequences`` returns).
+* Weight updates: :mod:`podium.rollout.weights` (the plan, the carrier protocol, the
+  carriers, the one driver, the endpoints a role composes), over the wires
+  :mod:`podium.rollout.broadcast` (the chain; with :mod:`~podium.rollout.broadcastshm` and
+  :mod:`~podium.rollout.broadcastdoor`) and :mod:`podium.rollout.broadcastcollective`;
+  :mod:`podium.rollout.broadcastgroups` (:func:`broadcast_weights` over worker groups) and
+  :mod:`podium.rollout.sync` (:func:`push_weights`, the refs carrier's driver).
+* :mod:`podium.rollout.recipes`: the GRPO trainers of the examples and the tiny offline
+  model; not part of this package's interface.
 
 vLLM is imported only when an engine is built, so this package imports without it.
 """
@@ -26,14 +27,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["VLLMRollout", "RolloutConfig", "WeightSource", "push_weights", "build_tiny_llama", "EngineLoop",
-           "RolloutServer", "RolloutServerManager", "AsyncGRPOTrainer"]
+__all__ = ["VLLMRollout", "RolloutConfig", "WeightSource", "push_weights", "EngineLoop",
+           "RolloutServer", "RolloutServerManager", "broadcast_weights"]
 
 _WHERE = {"VLLMRollout": "podium.rollout.vllm", "RolloutConfig": "podium.rollout.config",
           "WeightSource": "podium.rollout.weights", "push_weights": "podium.rollout.sync",
-          "build_tiny_llama": "podium.rollout.tinymodel", "EngineLoop": "podium.rollout.engine",
-          "RolloutServer": "podium.rollout.server", "RolloutServerManager": "podium.rollout.servermanager",
-          "AsyncGRPOTrainer": "podium.rollout.asyncgrpo"}
+          "EngineLoop": "podium.rollout.engine", "RolloutServer": "podium.rollout.server",
+          "RolloutServerManager": "podium.rollout.servermanager",
+          "broadcast_weights": "podium.rollout.broadcastgroups"}
 
 
 def __getattr__(name: str) -> Any:

@@ -36,19 +36,24 @@ from typing import Any
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
 from podium.rollout.broadcastdoor import Doorman, connect, tls_context
 from podium.rollout.broadcastshm import SENDER, SENDER_LOCK, SegmentWriter, local_domain, map_bucket
+from podium.rollout.weights.plan import (
+    ALIGN,
+    DEFAULT_BUCKET_BYTES,
+    MAX_BUCKET_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_TENSORS,
+    aligned,
+    carried_dtypes,
+    check_bucket_bytes,
+    check_timeout,
+    tensor_views,
+)
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightReceiver", "WeightSender", "build_topology", "tensor_views"]
 
-#: Default bucket: big enough that a manifest per bucket costs nothing, small next to a model.
-DEFAULT_BUCKET_BYTES = 64 << 20
 #: A receiver reads (and forwards) at most this much at once: the chain's pipelining grain.
 BLOCK_BYTES = 4 << 20
 #: Bounds on what a peer may announce.
-MAX_MANIFEST_BYTES = 16 << 20
-MAX_BUCKET_BYTES = 16 << 30
-MAX_TENSORS = 1 << 20
-#: Each tensor starts at a multiple of this in its bucket (any dtype's view is aligned).
-ALIGN = 64
 #: Before it presented the update's token a connection may send a HELLO of at most this many
 #: bytes, within :data:`HELLO_SECONDS`; at most :data:`MAX_UNAUTHENTICATED` such connections
 #: are held at once (past that the oldest is closed). A connection that fails any of this is
@@ -62,19 +67,6 @@ _HEADER = struct.Struct("!4sB3xIQ")
 _MAGIC = b"PDWB"
 _HELLO, _BUCKET, _END = 1, 2, 3
 _ZEROS = bytes(ALIGN)
-
-
-def _dtypes() -> dict[str, Any]:
-    import torch
-
-    kinds = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-             torch.int16, torch.int8, torch.uint8, torch.bool)
-    extra = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
-    return {str(d).removeprefix("torch."): d for d in (*kinds, *extra)}
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // ALIGN) * ALIGN
 
 
 def _recv_exactly(sock: socket.socket, view: memoryview, who: str) -> None:
@@ -118,22 +110,20 @@ def _frame_head(kind: int, manifest: dict, body_len: int = 0) -> bytes:
     return _HEADER.pack(_MAGIC, kind, len(raw), body_len) + raw
 
 
-def _check_timeout(timeout: float) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
-        raise InvalidArgumentError(f"timeout must be seconds in (0, 86400], got {timeout!r}")
-    return float(timeout)
-
-
 class WeightSender:
     """The trainer side: streams ``(name, tensor)`` pairs, in buckets, to the chain's head."""
 
     def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float = 120.0) -> None:
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or \
-                not 1 << 10 <= bucket_bytes <= MAX_BUCKET_BYTES:
-            raise InvalidArgumentError(f"bucket_bytes must be an int in [1 KiB, 16 GiB], got {bucket_bytes!r}")
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = check_bucket_bytes(bucket_bytes)
         #: Seconds any one socket operation may stall before the update fails.
-        self.timeout = _check_timeout(timeout)
+        self.timeout = check_timeout(timeout)
+
+    def prepare(self, receivers: list[dict] | None = None) -> dict:
+        """Nothing to ready: the replicas listen, the sender connects (the carrier protocol's step)."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing held between updates."""
 
     def send(self, weights: Iterable[tuple[str, Any]], head: dict, step: int | None = None) -> dict:
         """Send every pair of ``weights`` to the replica whose metadata is ``head``; returns
@@ -154,12 +144,12 @@ class WeightSender:
             size = 0
             for name, tensor in weights:
                 flat = self._bytes_of(name, tensor)
-                if pending and size + _aligned(flat.numel()) > self.bucket_bytes:
+                if pending and size + aligned(flat.numel()) > self.bucket_bytes:
                     total += self._send_bucket(sock, pending, segments, buckets)
                     buckets += 1
                     pending, size = [], 0
                 pending.append((name, tensor, flat))
-                size += _aligned(flat.numel())
+                size += aligned(flat.numel())
                 tensors += 1
             if pending:
                 total += self._send_bucket(sock, pending, segments, buckets)
@@ -189,7 +179,7 @@ class WeightSender:
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
             raise InvalidArgumentError(f"weights must be (str, torch.Tensor) pairs, got "
                                        f"({type(name).__name__}, {type(tensor).__name__})")
-        if str(tensor.dtype).removeprefix("torch.") not in _dtypes():
+        if str(tensor.dtype).removeprefix("torch.") not in carried_dtypes():
             raise InvalidArgumentError(f"weight {name!r} has dtype {tensor.dtype}, which the broadcast does not carry")
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
@@ -200,7 +190,7 @@ class WeightSender:
         entries, offset = [], 0
         for name, tensor, flat in pending:
             entries.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, flat.numel()])
-            offset = _aligned(offset + flat.numel())
+            offset = aligned(offset + flat.numel())
         if segments is not None:
             segment = segments.write(index, [(entry[3], flat) for (_, _, flat), entry in zip(pending, entries)], offset)
             sock.sendall(_frame_head(_BUCKET, {"tensors": entries, "shm": segment, "size": offset}))
@@ -208,7 +198,7 @@ class WeightSender:
         sock.sendall(_frame_head(_BUCKET, {"tensors": entries}, offset))
         for (_, _, flat), entry in zip(pending, entries):
             sock.sendall(memoryview(flat.numpy()))
-            pad = _aligned(entry[4]) - entry[4]
+            pad = aligned(entry[4]) - entry[4]
             if pad:
                 sock.sendall(_ZEROS[:pad])
         return sum(entry[4] for entry in entries)
@@ -238,7 +228,7 @@ class WeightReceiver:
         self.host = host or os.environ.get("PODIUM_NODE_ADDRESS") or "127.0.0.1"
         #: How errors elsewhere in the chain name this replica.
         self.name = name or f"pid {os.getpid()}"
-        self.timeout = _check_timeout(timeout)
+        self.timeout = check_timeout(timeout)
         self._listener: socket.socket | None = None
         self._token = ""
         self._buffers: list[Any] = []
@@ -335,7 +325,7 @@ class WeightReceiver:
         forward = _Forward(down, downstream, self.timeout)
         forward.send(_frame_head(_HELLO, {"token": (downstream or {}).get("token", ""), "step": hello.get("step"),
                                           "shm_domain": shared if shared_out else ""}))
-        dtypes = _dtypes()
+        dtypes = carried_dtypes()
         items: list[tuple[str, Any]] = []
         mapped, now = self._mapped, {}
         total = index = 0
@@ -401,33 +391,6 @@ class WeightReceiver:
             if got - sent >= BLOCK_BYTES or got == len(view):
                 forward.send(view[sent:got])
                 sent = got
-
-
-def tensor_views(buffer: Any, entries: Any, dtypes: dict, items: list, who: str) -> int:
-    """Append to ``items`` a ``(name, tensor)`` view of ``buffer`` (a uint8 tensor) for each
-    ``[name, dtype, shape, offset, nbytes]`` of a bucket manifest; the bytes they cover.
-    DataLossError for an entry that does not fit the bucket (a peer's manifest is checked,
-    never trusted)."""
-    import math
-
-    if not isinstance(entries, list) or len(items) + len(entries) > MAX_TENSORS:
-        raise DataLossError(f"weight broadcast: {who} sent a bucket manifest without a tensor list")
-    total = 0
-    for entry in entries:
-        try:
-            name, dtype, shape, offset, nbytes = entry
-            kind = dtypes[dtype]
-            count = math.prod(int(s) for s in shape)
-            ok = (isinstance(name, str) and offset % ALIGN == 0 and 0 <= offset
-                  and offset + nbytes <= buffer.numel() and count * kind.itemsize == nbytes)
-        except (TypeError, ValueError, KeyError):
-            ok = False
-        if not ok:
-            raise DataLossError(f"weight broadcast: {who} sent a tensor entry that does not fit its "
-                                f"bucket: {str(entry)[:200]}")
-        items.append((name, buffer[offset:offset + nbytes].view(kind).view(tuple(shape))))
-        total += nbytes
-    return total
 
 
 class _Forward:

@@ -12,7 +12,7 @@ device; on CPUs it is gloo over TCP. The bucket's manifest goes through the stor
 update and record number (a bucket's, or the END record's; only key holders can write
 one, so a rank acts only on records its sender wrote), so nothing is ever unpickled
 and a replica allocates only what the manifest announces within the bounds of
-:mod:`podium.rollout.broadcast`.
+:mod:`podium.rollout.weights.plan`.
 
 The group lives as long as its sender and receivers (NCCL communicators are slow to make):
 one :meth:`prepare` serves every later update with the same replicas. A replica that dies
@@ -29,13 +29,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from podium.errors import DataLossError, InvalidArgumentError, UnavailableError
-from podium.rollout.broadcast import (
+from podium.rollout.weights.plan import (
     DEFAULT_BUCKET_BYTES,
     MAX_BUCKET_BYTES,
     MAX_MANIFEST_BYTES,
-    _aligned,
-    _check_timeout,
-    _dtypes,
+    aligned,
+    carried_dtypes,
+    check_bucket_bytes,
+    check_timeout,
     tensor_views,
 )
 
@@ -80,12 +81,9 @@ class CollectiveSender:
                  backend: str = "nccl", host: str | None = None) -> None:
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
             raise InvalidArgumentError(f"replicas must be an int in [1, 4096], got {replicas!r}")
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or \
-                not 1 << 10 <= bucket_bytes <= MAX_BUCKET_BYTES:
-            raise InvalidArgumentError(f"bucket_bytes must be an int in [1 KiB, 16 GiB], got {bucket_bytes!r}")
         self.replicas = replicas
-        self.bucket_bytes = bucket_bytes
-        self.timeout = _check_timeout(timeout)
+        self.bucket_bytes = check_bucket_bytes(bucket_bytes)
+        self.timeout = check_timeout(timeout)
         self.backend = _backend(backend)
         self.host = host or os.environ.get("PODIUM_NODE_ADDRESS") or "127.0.0.1"
         self._server: Any = None  # a StoreServer, once prepared
@@ -108,6 +106,11 @@ class CollectiveSender:
         return {"host": self.host, "port": self._server.port, "token": self._token,
                 "world_size": self.replicas + 1, "backend": self.backend}
 
+    @property
+    def ready(self) -> bool:
+        """Whether the rendezvous is open (False before :meth:`prepare` and once a failed update closed it)."""
+        return self._store is not None
+
     def send(self, weights: Iterable[tuple[str, Any]], step: int | None = None) -> dict:
         """Broadcast every pair of ``weights`` (joining the group on the first update);
         ``{"tensors", "bytes", "buckets"}``."""
@@ -122,7 +125,7 @@ class CollectiveSender:
         for index in range(self._written.pop(update - 2, 0)):
             self._store.delete_key(f"record/{update - 2}/{index}")
         device = _device(self.backend)
-        dtypes = _dtypes()
+        dtypes = carried_dtypes()
         pending: list[tuple[str, Any]] = []
         size = tensors = total = buckets = 0
         try:
@@ -132,12 +135,12 @@ class CollectiveSender:
                     raise InvalidArgumentError(f"weights must be (str, torch.Tensor) pairs of a carried dtype, "
                                                f"got ({type(name).__name__}, {getattr(tensor, 'dtype', type(tensor))})")
                 nbytes = tensor.numel() * tensor.element_size()
-                if pending and size + _aligned(nbytes) > self.bucket_bytes:
+                if pending and size + aligned(nbytes) > self.bucket_bytes:
                     total += self._bucket(update, buckets, pending, size, device)
                     buckets += 1
                     pending, size = [], 0
                 pending.append((name, tensor))
-                size += _aligned(nbytes)
+                size += aligned(nbytes)
                 tensors += 1
             if pending:
                 total += self._bucket(update, buckets, pending, size, device)
@@ -160,7 +163,7 @@ class CollectiveSender:
             flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             buffer[offset:offset + flat.numel()].copy_(flat)
             entries.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, flat.numel()])
-            offset = _aligned(offset + flat.numel())
+            offset = aligned(offset + flat.numel())
         self._store.set(f"record/{update}/{index}", json.dumps({"tensors": entries, "size": size}))
         _broadcast(self._group, buffer)
         return sum(entry[4] for entry in entries)
@@ -182,7 +185,7 @@ class CollectiveReceiver:
 
     def __init__(self, name: str = "", timeout: float = 120.0) -> None:
         self.name = name or f"pid {os.getpid()}"
-        self.timeout = _check_timeout(timeout)
+        self.timeout = check_timeout(timeout)
         self._group: Any = None
         self._store: Any = None  # a StoreClient, once joined
         self._backend = "gloo"
@@ -208,6 +211,11 @@ class CollectiveReceiver:
         self._backend = backend
         self._updates = 0
 
+    @property
+    def joined(self) -> bool:
+        """Whether this receiver is in a group (False before :meth:`join` and once it broke)."""
+        return self._group is not None
+
     def receive(self, step: int | None = None) -> list[tuple[str, Any]]:
         """The next update's ``(name, tensor)`` pairs (on the group's device), once it is whole."""
         import torch
@@ -216,7 +224,7 @@ class CollectiveReceiver:
             raise InvalidArgumentError("weight broadcast: receive before join")
         update = self._updates = self._updates + 1
         device = _device(self._backend)
-        dtypes = _dtypes()
+        dtypes = carried_dtypes()
         items: list[tuple[str, Any]] = []
         index = total = 0
         try:

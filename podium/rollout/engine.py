@@ -31,7 +31,7 @@ from podium.errors import (
     ResourceExhaustedError,
 )
 from podium.rollout.config import RolloutConfig
-from podium.rollout.vllm import _cleanup_vllm_process_state, build_llm, expected_weight_shapes, load_into_engine
+from podium.rollout.vllm import cleanup_vllm_process_state, build_llm, expected_weight_shapes, load_into_engine
 from podium.rollout.weights import check_weights
 
 __all__ = ["EngineLoop", "MAX_REQUESTS"]
@@ -115,7 +115,7 @@ class EngineLoop:
         if core is not None:
             core.shutdown()
         del llm, core
-        _cleanup_vllm_process_state()
+        cleanup_vllm_process_state()
 
     def _on_engine(self, fn: Any, timeout: float = 120.0) -> Any:
         """Run ``fn()`` on the engine thread (between two steps) and return its result."""

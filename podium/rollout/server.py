@@ -8,7 +8,8 @@ into one vLLM engine. :class:`~podium.rollout.servermanager.RolloutServerManager
 client side (load balancing, the update protocol).
 
 The replica is three parts, composed: the engine (:class:`EngineLoop`), the weight receiver
-(:class:`~podium.rollout.broadcast.WeightReceiver`, one link of the broadcast chain) and an
+(:class:`~podium.rollout.weights.endpoint.WeightEndpoint`: a link of the broadcast chain,
+or a rank of a collective group) and an
 :class:`UpdateGate` (which requests may run while weights change). A weight update is:
 
 1. ``begin_update(policy)``: the gate closes (new requests wait), then requests in flight
@@ -36,11 +37,11 @@ from podium.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
 )
-from podium.rollout.broadcast import WeightReceiver
 from podium.rollout.config import RolloutConfig
 from podium.rollout.engine import EngineLoop
+from podium.rollout.weights.endpoint import WeightEndpoint
 
-__all__ = ["RolloutServer", "UpdateGate", "UPDATE_POLICIES", "MAX_REQUEST_TIMEOUT_S"]
+__all__ = ["RolloutServer", "UpdateGate", "UPDATE_POLICIES", "MAX_REQUEST_TIMEOUT_S", "check_seconds"]
 
 #: What happens to requests in flight when a weight update starts.
 UPDATE_POLICIES = ("abort", "drain")
@@ -51,7 +52,8 @@ MAX_REQUEST_TIMEOUT_S = 3600.0
 CONTROL_THREADS = 3
 
 
-def _check_seconds(value: Any, what: str) -> float:
+def check_seconds(value: Any, what: str) -> float:
+    """``value`` as float seconds if it is in (0, :data:`MAX_REQUEST_TIMEOUT_S`]; InvalidArgumentError naming ``what`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_REQUEST_TIMEOUT_S:
         raise InvalidArgumentError(f"{what} must be seconds in (0, {MAX_REQUEST_TIMEOUT_S:g}], got {value!r}")
     return float(value)
@@ -145,7 +147,7 @@ class RolloutServer:
         self.name = name or f"replica pid {os.getpid()}"
         self.max_requests = max_requests
         self.engine = EngineLoop(self.config, name=self.name, seed=seed)
-        self.receiver = WeightReceiver(name=self.name)
+        self.weights_in = WeightEndpoint(self.name, self.engine.load_weights)
         self.gate = UpdateGate()
         self._held = 0  # requests in generate(), waiting or running: bounded by max_requests
         self._held_lock = threading.Lock()  # _held and _counts: updated from the actor's threads
@@ -159,7 +161,7 @@ class RolloutServer:
         info = self.engine.start(model_path)
         start = time.monotonic()
         if warmup:
-            self.engine.generate("podium-warmup", [0], 1, timeout=_check_seconds(600.0, "timeout"))
+            self.engine.generate("podium-warmup", [0], 1, timeout=check_seconds(600.0, "timeout"))
         return {"replica": self.name, "pid": os.getpid(), **info, "warmup_s": time.monotonic() - start}
 
     def shutdown(self) -> None:
@@ -181,7 +183,7 @@ class RolloutServer:
         from podium.dataproto import DataProto
         from podium.rollout.outputs import build_output
 
-        timeout = _check_seconds(timeout, "timeout")
+        timeout = check_seconds(timeout, "timeout")
         n = self.config.n if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 256:
             raise InvalidArgumentError(f"n must be an int in [1, 256], got {n!r}")
@@ -236,7 +238,7 @@ class RolloutServer:
         ``timeout`` s) the requests in flight; ``{"replica", "aborted": [ids], "drained", "wait_s"}``."""
         if policy not in UPDATE_POLICIES:
             raise InvalidArgumentError(f"policy must be one of {UPDATE_POLICIES}, got {policy!r}")
-        timeout = _check_seconds(timeout, "timeout")
+        timeout = check_seconds(timeout, "timeout")
         start = time.monotonic()
         running = self.gate.close()  # counted now: aborted requests may leave before the drain starts
         aborted: list[str] = []
@@ -250,30 +252,26 @@ class RolloutServer:
         return {"replica": self.name, "aborted": aborted, "drained": running - len(aborted),
                 "wait_s": time.monotonic() - start}
 
-    def broadcast_prepare(self, timeout: float = 120.0) -> dict:
-        """Listen for the next update; the metadata the chain is built from."""
-        self.receiver.timeout = _check_seconds(timeout, "timeout")
-        return self.receiver.prepare()
+    def broadcast_prepare(self, timeout: float = 120.0, carrier: str = "chain") -> dict:
+        """Ready the next update over ``carrier``; the metadata its routes are built from."""
+        return self.weights_in.prepare(carrier, check_seconds(timeout, "timeout"))
 
-    def broadcast_receive(self, downstream: dict | None, step: int | None = None) -> dict:
-        """Receive one update, forward it to ``downstream``, load it into vLLM; what happened."""
+    def broadcast_receive(self, downstream: Any, step: int | None = None, carrier: str = "chain") -> dict:
+        """Receive one update along ``downstream`` (forwarding it, on a chain), load it into
+        vLLM; what happened (:meth:`WeightEndpoint.receive`)."""
         if not self.gate.updating:
             raise FailedPreconditionError(f"replica {self.name}: broadcast_receive outside begin_update/end_update")
-        start = time.monotonic()
-        pairs = self.receiver.receive(downstream, step)
-        received = time.monotonic() - start
-        self.engine.load_weights(pairs)
+        outcome = self.weights_in.receive(downstream, step, carrier)
         with self._held_lock:
             self._counts["updates"] += 1
-        return {"replica": self.name, "tensors": len(pairs), "receive_s": received,
-                "load_s": time.monotonic() - start - received, "downstream_error": self.receiver.downstream_error}
+        return outcome
 
     def end_update(self, version: int | None = None) -> dict:
         """Open the gate; requests run on ``version`` from now on (unchanged when None, e.g.
         after a failed broadcast that left this replica's weights as they were)."""
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
             raise InvalidArgumentError(f"version must be an int >= 0, got {version!r}")
-        self.receiver.finalize()
+        self.weights_in.finalize()
         self.gate.open(version)
         return self.stats()
 
@@ -281,7 +279,7 @@ class RolloutServer:
         """Stop serving (an update did not reach this replica, so it holds an old policy):
         requests in flight, waiting or sent later fail with AbortedError naming ``why``."""
         why = str(why)[:500]
-        self.receiver.finalize()
+        self.weights_in.finalize()
         self.gate.retire(why)
         self.engine.abort(why=f"the replica was retired: {why}")
         return self.stats()

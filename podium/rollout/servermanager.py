@@ -8,7 +8,7 @@ It holds one :class:`~podium.rollout.server.RolloutServer` actor per replica and
   replica; :meth:`generate` blocks, :meth:`submit` returns a future;
 * **runs weight updates** (:meth:`update_weights`): new requests are held back, every replica
   aborts or drains its requests in flight (the ``policy``), the trainer's weights go down the
-  broadcast chain (:mod:`podium.rollout.broadcast`) into every replica's vLLM, then requests
+  broadcast (:mod:`podium.rollout.weights`, the chain by default) into every replica's vLLM, then requests
   flow again, on the new policy version.
 
 An aborted request raises :class:`~podium.errors.AbortedError` whose ``details`` name the
@@ -34,10 +34,10 @@ from podium.errors import (
     UnavailableError,
     WorkerDiedError,
 )
-from podium.rollout.broadcast import DEFAULT_BUCKET_BYTES, build_topology
-from podium.rollout.broadcastgroups import conclude_broadcast
 from podium.rollout.config import RolloutConfig
-from podium.rollout.server import CONTROL_THREADS, UPDATE_POLICIES, RolloutServer, _check_seconds
+from podium.rollout.server import CONTROL_THREADS, UPDATE_POLICIES, RolloutServer, check_seconds
+from podium.rollout.weights.driver import Replicas, Source, drive_update
+from podium.rollout.weights.plan import DEFAULT_BUCKET_BYTES
 
 __all__ = ["RolloutServerManager", "MAX_REPLICAS"]
 
@@ -113,7 +113,7 @@ class RolloutServerManager:
         handles = [actor_cls.remote(config, name=name, max_requests=max_requests, seed=config.seed + i)
                    for i, name in enumerate(names)]
         try:
-            podium.get([h.start.remote() for h in handles], timeout=_check_seconds(timeout, "timeout"))
+            podium.get([h.start.remote() for h in handles], timeout=check_seconds(timeout, "timeout"))
         except BaseException:
             for h in handles:  # no half-started pool left holding processes
                 podium.kill(h)
@@ -172,7 +172,7 @@ class RolloutServerManager:
 
         Raises AbortedError (``details``: ``request_id``, ``replica``) when a weight update
         aborted it, DeadlineExceededError past ``timeout`` seconds."""
-        timeout = _check_seconds(timeout, "timeout")
+        timeout = check_seconds(timeout, "timeout")
         deadline = time.monotonic() + timeout
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         replica = self._acquire(deadline)
@@ -196,10 +196,11 @@ class RolloutServerManager:
     # ------------------------------------------------------------------ weight updates
 
     def update_weights(self, source: Any, version: int, policy: str = "drain", timeout: float = 120.0,
-                       bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
+                       bucket_bytes: int = DEFAULT_BUCKET_BYTES, carrier: str = "chain") -> dict:
         """Move ``source``'s weights (a trainer role with ``broadcast_send``, as
         :class:`~podium.rollout.broadcastgroups.BroadcastSource` has) to every replica as
-        policy ``version``; requests in flight are aborted or drained first (``policy``).
+        policy ``version`` over ``carrier`` (``"chain"``; ``"nccl"`` / ``"gloo"`` with a source that
+        has ``broadcast_open``); requests in flight are aborted or drained first (``policy``).
 
         Goes to the replicas in the rotation; one whose process died is left out (named in
         :attr:`dropped` and the result's ``dropped``). Returns ``{"version", "aborted",
@@ -211,7 +212,7 @@ class RolloutServerManager:
             raise InvalidArgumentError(f"policy must be one of {UPDATE_POLICIES}, got {policy!r}")
         if isinstance(version, bool) or not isinstance(version, int) or version <= self.version:
             raise InvalidArgumentError(f"version must be an int above the current {self.version}, got {version!r}")
-        timeout = _check_seconds(timeout, "timeout")
+        timeout = check_seconds(timeout, "timeout")
         with self._cond:
             if self._updating:
                 raise errors.FailedPreconditionError("a weight update is already running")
@@ -229,7 +230,7 @@ class RolloutServerManager:
             wait_s = time.monotonic() - start
             sent = True
             try:
-                result = self._broadcast(source, version, timeout, bucket_bytes, began, new_version)
+                result = self._broadcast(source, version, timeout, bucket_bytes, began, new_version, carrier)
             finally:
                 for i in began:  # without the new weights a replica would serve an old policy
                     if self.names[i] not in new_version:
@@ -295,33 +296,23 @@ class RolloutServerManager:
         return values
 
     def _broadcast(self, source: Any, version: int, timeout: float, bucket_bytes: int, targets: list[int],
-                   new_version: dict[str, int]) -> dict:
-        """One chain update over the ``targets`` replicas (as broadcast_weights does over a
-        group); the names that took it go into ``new_version``."""
-        start = time.monotonic()
+                   new_version: dict[str, int], carrier: str = "chain") -> dict:
+        """One update over the ``targets`` replicas, by the driver broadcast_weights uses;
+        the names that took it go into ``new_version``."""
         replicas = [self.replicas[i] for i in targets]
-        names = [self.names[i] for i in targets]
-        metadata = self._gather([r.broadcast_prepare.remote(timeout) for r in replicas], timeout + 10)
-        head, downstreams = build_topology(metadata)
-        pending = [r.broadcast_receive.remote(d, version) for r, d in zip(replicas, downstreams)]
-        sent: dict | None = None
-        send_error: BaseException | None = None
-        try:
-            out = source.broadcast_send(head, step=version, bucket_bytes=bucket_bytes, timeout=timeout)
-            sent = out[0] if isinstance(out, (list, tuple)) else out
-        except PodiumError as exc:
-            send_error = exc
-        deadline = timeout * (3 + len(metadata))  # as broadcast_weights: one timeout per replica behind
-        outcomes: list = []
-        for ref in pending:
-            try:
-                outcomes.append(ref.get(timeout=deadline))
-            except PodiumError as exc:
-                outcomes.append(exc)
-        for name, out in zip(names, outcomes):
-            if isinstance(out, dict):  # its own copy completed even if its downstream failed
-                new_version[name] = version
-        return conclude_broadcast(names, outcomes, sent, send_error, version, start)
+        extra = {} if carrier == "chain" else {"carrier": carrier}  # a hand-written source may not take it
+        reach = Replicas(
+            prepare=lambda kind, t: self._gather([r.broadcast_prepare.remote(t, kind) for r in replicas], t + 10),
+            receive=lambda kind, routes, step: [r.broadcast_receive.remote(d, step, kind)
+                                                for r, d in zip(replicas, routes)])
+        sender = Source(send=lambda kind, route, step: source.broadcast_send(route, step=step, bucket_bytes=bucket_bytes,
+                                                                             timeout=timeout, **extra),
+                        prepare=lambda kind, receivers: source.broadcast_open(receivers, carrier=kind,
+                                                                              bucket_bytes=bucket_bytes, timeout=timeout))
+        outcome = drive_update(carrier, reach, sender, version, timeout)
+        for name in outcome.updated():  # its own copy completed even if its downstream failed
+            new_version[self.names[targets[outcome.names.index(name)]]] = version
+        return outcome.conclude()
 
     # ------------------------------------------------------------------ life
 

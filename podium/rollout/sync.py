@@ -2,7 +2,7 @@
 
 When the rollout is NOT colocated with the actor (another process or another node),
 :func:`push_weights` moves the weights in buckets: actor rank 0 (a
-:class:`podium.rollout.weights.WeightSource`) plans buckets of at most ``bucket_bytes``
+:class:`podium.rollout.weights.WeightSource`, the refs carrier's sending end) plans buckets of at most ``bucket_bytes``
 and holds each one (a ``blocking=False`` call); every rollout rank fetches it straight from
 that worker (worker to worker, never through the controller) and stages it; the last
 bucket's call loads them all. At most two buckets are held at a time: the next one is
@@ -15,11 +15,10 @@ import time
 from typing import Any
 
 from podium.errors import InvalidArgumentError
+from podium.rollout.weights.plan import DEFAULT_BUCKET_BYTES
 
 __all__ = ["push_weights"]
 
-#: Default bucket size: big enough to amortise a call, small next to the model.
-DEFAULT_BUCKET_BYTES = 64 << 20
 
 
 def push_weights(actor: Any, rollout: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,

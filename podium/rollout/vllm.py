@@ -32,11 +32,13 @@ from podium.dataproto import DataProto
 from podium.errors import FailedPreconditionError, InvalidArgumentError
 from podium.rollout.config import RolloutConfig, kv_bytes_per_token
 from podium.rollout.outputs import build_output, prompt_token_lists
-from podium.rollout.weights import check_weights, sibling_state_dict
+from podium.rollout.weights.endpoint import WeightEndpoint
+from podium.rollout.weights.plan import check_weights, sibling_state_dict
 from podium.worker.base import Worker
 from podium.worker.decorator import Dispatch, register
 
-__all__ = ["VLLMRollout", "expected_weight_shapes", "check_model_dir", "build_llm", "load_into_engine"]
+__all__ = ["VLLMRollout", "expected_weight_shapes", "check_model_dir", "build_llm", "load_into_engine",
+           "cleanup_vllm_process_state"]
 
 log = logging.getLogger("podium.rollout")
 
@@ -64,7 +66,7 @@ def expected_weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
-def _cleanup_vllm_process_state() -> None:
+def cleanup_vllm_process_state() -> None:
     # vLLM keeps its (world size 1) process groups in module globals; a second engine in the
     # same process needs them gone. Only when vLLM was imported: nothing to undo otherwise.
     import sys
@@ -123,7 +125,7 @@ def build_llm(cfg: RolloutConfig, path: str, seed: int) -> Any:
     except ImportError:
         raise
     except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; say which model
-        _cleanup_vllm_process_state()  # a half-built engine leaves its process groups behind
+        cleanup_vllm_process_state()  # a half-built engine leaves its process groups behind
         raise InvalidArgumentError(f"model directory {path!r} does not load in vLLM: "
                                    f"{type(exc).__name__}: {exc}") from exc
 
@@ -157,7 +159,9 @@ class VLLMRollout(Worker):
         self.config = RolloutConfig.from_value(config)
         self.llm: Any = None
         self._expected: dict[str, tuple[int, ...]] = {}
-        self._staged: list[tuple[str, Any]] = []
+        # Buckets of a refs update are staged by the endpoint, checked against the model table.
+        self.weights_in = WeightEndpoint(f"rank {self.rank}", lambda pairs: self._load(self._engine(), pairs),
+                                         check=lambda pairs, complete: check_weights(pairs, self._expected, complete))
         self._pad_id = 0
         self._said_no_sleep = False
         self._asleep = False
@@ -194,7 +198,7 @@ class VLLMRollout(Worker):
             if core is not None:
                 core.shutdown()
             del llm, core
-        _cleanup_vllm_process_state()
+        cleanup_vllm_process_state()
 
     def _engine(self) -> Any:
         if self.llm is None:
@@ -281,7 +285,7 @@ class VLLMRollout(Worker):
             raise InvalidArgumentError("update_weights takes exactly one of source=, weights=, bucket=")
         fetch_s = 0.0
         if bucket is None:
-            self._staged = []  # a whole-model update drops a half-done bucketed one
+            self.weights_in.refs.finalize()  # a whole-model update drops a half-done bucketed one
         if source is not None:
             if not isinstance(source, str):
                 raise InvalidArgumentError(f"source must be a role name, got {type(source).__name__}")
@@ -298,24 +302,13 @@ class VLLMRollout(Worker):
             # a ref nested elsewhere is fetched here.
             value = bucket.get(timeout=_FETCH_TIMEOUT_S) if isinstance(bucket, ObjectRef) else bucket
             fetch_s = time.monotonic() - start
-            try:
-                if not isinstance(value, Mapping):
-                    raise InvalidArgumentError(f"a weight bucket must hold a dict of name -> tensor, "
-                                               f"got {type(value).__name__}")
-                staged = {name for name, _ in self._staged}
-                twice = sorted(staged.intersection(value))
-                if twice:
-                    raise InvalidArgumentError(f"weights {twice[:5]} came in two buckets of one sync")
-                self._staged.extend(check_weights(value.items(), self._expected, complete=False))
-                if finish:  # the staged buckets together must be the whole model
-                    check_weights(self._staged, self._expected)
-            except BaseException:
-                self._staged = []  # a bad bucket spoils the sync: the next one starts afresh
-                raise
-            if not finish:
-                return {"tensors": len(self._staged), "bytes": 0, "load_s": 0.0, "fetch_s": fetch_s,
+            # A bad bucket spoils the sync (the next one starts afresh); with finish, the staged
+            # buckets together must be the whole model.
+            staged = self.weights_in.stage(value, finish)
+            if staged is None:
+                return {"tensors": self.weights_in.refs.staged, "bytes": 0, "load_s": 0.0, "fetch_s": fetch_s,
                         "staged": True}
-            items, self._staged = self._staged, []
+            items = staged
         start = time.monotonic()
         self._load(llm, items)
         return {"tensors": len(items), "bytes": sum(t.numel() * t.element_size() for _, t in items),

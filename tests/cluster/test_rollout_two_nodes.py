@@ -21,7 +21,7 @@ FORCED = 13
 def test_weights_cross_two_nodes_in_buckets(tmp_path):
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from podium.rollout.sync import push_weights
-    from podium.rollout.tinymodel import build_tiny_llama
+    from podium.rollout.recipes.tinymodel import build_tiny_llama
     from podium.rollout.vllm import VLLMRollout
 
     model_dir = build_tiny_llama(tmp_path / "tiny", seed=4)

@@ -54,7 +54,7 @@ def _settled(pid: int, want_low: bool, bound: int, deadline_s: float = 30.0) -> 
 def test_sleep_releases_and_wake_restores_gpu_memory(tmp_path):
     import podium
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-    from podium.rollout.tinymodel import LLAMA_100M, build_tiny_llama
+    from podium.rollout.recipes.tinymodel import LLAMA_100M, build_tiny_llama
     from podium.rollout.vllm import VLLMRollout
 
     model_dir = build_tiny_llama(tmp_path / "m100", seed=0, **LLAMA_100M)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 
 RANK = """
 import sys, time, torch, torch.distributed as dist
-from podium.rollout.grpo import gloo_group_from_env
+from podium.rollout.recipes.grpo import gloo_group_from_env
 group = gloo_group_from_env()
 t = torch.full((3,), float(int(sys.argv[1]) + 1))
 group.allreduce([t]).wait()

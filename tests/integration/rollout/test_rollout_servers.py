@@ -83,7 +83,7 @@ class SteppedServer(RolloutServer):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from podium.rollout.tinymodel import build_tiny_llama
+    from podium.rollout.recipes.tinymodel import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny"), words=[f"w{i}" for i in range(8)], seed=1)
 

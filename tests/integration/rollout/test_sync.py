@@ -14,7 +14,7 @@ PROMPTS = [[1, 4, 5], [1, 6]]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from podium.rollout.tinymodel import build_tiny_llama
+    from podium.rollout.recipes.tinymodel import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny"), seed=2)
 

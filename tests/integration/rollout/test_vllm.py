@@ -19,7 +19,7 @@ FORCED = 9  # a plain word's id
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from podium.rollout.tinymodel import build_tiny_llama
+    from podium.rollout.recipes.tinymodel import build_tiny_llama
 
     # 12 ids only: </s> comes up often, so responses end at different lengths.
     return build_tiny_llama(tmp_path_factory.mktemp("tiny"), words=[f"w{i}" for i in range(8)], seed=1)
@@ -60,7 +60,7 @@ PROMPTS = [[1, 4, 5, 6], [1, 7], [1, 8, 9, 10, 11], [1, 5, 5]]
 def _hf_log_probs(model_dir, out):
     from transformers import AutoModelForCausalLM
 
-    from podium.rollout.grpo import response_log_probs
+    from podium.rollout.recipes.grpo import response_log_probs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():

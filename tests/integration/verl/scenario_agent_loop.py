@@ -29,7 +29,7 @@ from hydra import compose, initialize_config_dir
 import ray
 import verl.trainer.main_ppo as main_ppo
 import tiny_chat_model
-from podium.rollout.tinymodel import default_words
+from podium.rollout.recipes.tinymodel import default_words
 from verl import DataProto
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.workers.rollout.llm_server import LLMServerManager

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
 import tiny_chat_model
-from podium.rollout.tinymodel import default_words
+from podium.rollout.recipes.tinymodel import default_words
 from verl.trainer.main_ppo_v0 import TaskRunner
 
 work = tempfile.mkdtemp(prefix="verl-main-ppo-")

@@ -4,7 +4,7 @@ one to every prompt): the model both verl trainer scenarios run on."""
 import json
 import os
 
-from podium.rollout.tinymodel import build_tiny_llama
+from podium.rollout.recipes.tinymodel import build_tiny_llama
 
 
 def build(work: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
-from podium.rollout.asyncgrpo import off_policy_loss
+from podium.rollout.recipes.asyncgrpo import off_policy_loss
 from podium.rollout.server import UpdateGate
 
 WAIT_S = 30

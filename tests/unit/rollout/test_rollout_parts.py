@@ -9,7 +9,7 @@ import torch
 from podium.dataproto import DataProto
 from podium.errors import InvalidArgumentError
 from podium.rollout.config import RolloutConfig
-from podium.rollout.grpo import group_advantages, target_token_reward
+from podium.rollout.recipes.grpo import group_advantages, target_token_reward
 from podium.rollout.weights import check_weights, plan_buckets, sibling_state_dict
 
 

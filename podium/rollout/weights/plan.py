@@ -1,14 +1,18 @@
-"""Weights for a rollout engine: where they come from and whether they fit.
+"""The plan of a weight update: what is sent, in which buckets, and the checks every carrier applies.
 
-* :func:`sibling_state_dict` finds the actor role colocated in the same process (a
+* :func:`state_dict_of` is the weights a role offers; :func:`sibling_state_dict` finds the actor role colocated in the same process (a
   ``create_colocated_worker_cls`` bundle) and takes its state dict by reference: no copy
   through the controller or disk.
 * :func:`check_weights` compares names and shapes with the engine's model table and
   raises :class:`InvalidArgumentError` naming the first offenders.
 * :func:`plan_buckets` splits a state dict into buckets of at most ``bucket_bytes`` (a
   tensor bigger than one bucket travels alone), for the cross-process path.
-* :class:`WeightSource` is a mixin for an actor role: two registered methods that serve
-  those buckets to a rollout in another process (see :mod:`podium.rollout.sync`).
+* :data:`DEFAULT_BUCKET_BYTES` is the one bucket size every carrier defaults to;
+  :func:`check_bucket_bytes` and :func:`check_timeout` bound what a caller sets.
+* A bucket's layout (each tensor at a multiple of :data:`ALIGN`, described by a manifest of
+  ``[name, dtype, shape, offset, nbytes]``) is shared by the chain and the collective:
+  :func:`aligned`, :func:`carried_dtypes`, and :func:`tensor_views`, which checks a peer's
+  manifest against its bucket before it makes any view.
 """
 
 from __future__ import annotations
@@ -16,13 +20,80 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from podium.errors import InvalidArgumentError
-from podium.worker.decorator import Dispatch, Execute, register
+from podium.errors import DataLossError, InvalidArgumentError
 
-__all__ = ["sibling_state_dict", "state_dict_of", "check_weights", "plan_buckets", "WeightSource"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "MAX_BUCKET_BYTES", "MAX_MANIFEST_BYTES", "MAX_TENSORS", "ALIGN",
+           "sibling_state_dict", "state_dict_of", "check_weights", "plan_buckets", "check_bucket_bytes",
+           "check_timeout", "aligned", "carried_dtypes", "tensor_views"]
 
+#: The default bucket of every carrier: big enough that a manifest (or a call) per bucket
+#: costs nothing, small next to a model.
+DEFAULT_BUCKET_BYTES = 64 << 20
+#: Bounds on what a peer may announce, and on what a caller may ask for.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_BUCKET_BYTES = 16 << 30
+MAX_TENSORS = 1 << 20
+#: Each tensor starts at a multiple of this in its bucket (any dtype's view is aligned).
+ALIGN = 64
 #: At most this many offending names in an error message.
 _SHOWN = 5
+
+
+def check_bucket_bytes(bucket_bytes: Any) -> int:
+    """``bucket_bytes`` if it is an int in [1 KiB, 16 GiB]; InvalidArgumentError otherwise."""
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or \
+            not 1 << 10 <= bucket_bytes <= MAX_BUCKET_BYTES:
+        raise InvalidArgumentError(f"bucket_bytes must be an int in [1 KiB, 16 GiB], got {bucket_bytes!r}")
+    return bucket_bytes
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as float seconds if it is in (0, 86400]; InvalidArgumentError otherwise."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+        raise InvalidArgumentError(f"timeout must be seconds in (0, 86400], got {timeout!r}")
+    return float(timeout)
+
+
+def aligned(offset: int) -> int:
+    """``offset`` rounded up to the next multiple of :data:`ALIGN`."""
+    return -(-offset // ALIGN) * ALIGN
+
+
+def carried_dtypes() -> dict[str, Any]:
+    """The dtypes a carrier moves, by their name without ``torch.``."""
+    import torch
+
+    kinds = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+             torch.int16, torch.int8, torch.uint8, torch.bool)
+    extra = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+    return {str(d).removeprefix("torch."): d for d in (*kinds, *extra)}
+
+
+def tensor_views(buffer: Any, entries: Any, dtypes: dict, items: list, who: str) -> int:
+    """Append to ``items`` a ``(name, tensor)`` view of ``buffer`` (a uint8 tensor) for each
+    ``[name, dtype, shape, offset, nbytes]`` of a bucket manifest; the bytes they cover.
+    DataLossError for an entry that does not fit the bucket (a peer's manifest is checked,
+    never trusted)."""
+    import math
+
+    if not isinstance(entries, list) or len(items) + len(entries) > MAX_TENSORS:
+        raise DataLossError(f"weight broadcast: {who} sent a bucket manifest without a tensor list")
+    total = 0
+    for entry in entries:
+        try:
+            name, dtype, shape, offset, nbytes = entry
+            kind = dtypes[dtype]
+            count = math.prod(int(s) for s in shape)
+            ok = (isinstance(name, str) and offset % ALIGN == 0 and 0 <= offset
+                  and offset + nbytes <= buffer.numel() and count * kind.itemsize == nbytes)
+        except (TypeError, ValueError, KeyError):
+            ok = False
+        if not ok:
+            raise DataLossError(f"weight broadcast: {who} sent a tensor entry that does not fit its "
+                                f"bucket: {str(entry)[:200]}")
+        items.append((name, buffer[offset:offset + nbytes].view(kind).view(tuple(shape))))
+        total += nbytes
+    return total
 
 
 def state_dict_of(role: Any) -> Mapping[str, Any]:
@@ -98,31 +169,3 @@ def plan_buckets(state_dict: Mapping[str, Any], bucket_bytes: int) -> list[list[
         buckets[-1].append(name)
         size += nbytes
     return buckets
-
-
-class WeightSource:
-    """Mixin for an actor role whose weights a rollout in ANOTHER process takes.
-
-    ``rollout_weight_plan(bucket_bytes)`` fixes a plan and returns the number of buckets;
-    ``rollout_weight_bucket(i)`` returns bucket ``i`` as ``{name: tensor}``. The second is
-    registered ``blocking=False``, so each bucket stays in this worker
-    and the rollout fetches it from here directly (:func:`podium.rollout.sync.push_weights`).
-    """
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def rollout_weight_plan(self, bucket_bytes: int) -> int:
-        """Plan buckets of at most ``bucket_bytes`` over the current weights; their count."""
-        state = state_dict_of(self)
-        self._rollout_plan = plan_buckets(state, bucket_bytes)
-        return len(self._rollout_plan)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO, blocking=False)
-    def rollout_weight_bucket(self, index: int) -> dict:
-        """Bucket ``index`` of the last plan: ``{name: detached tensor}``."""
-        plan = getattr(self, "_rollout_plan", None)
-        if plan is None:
-            raise InvalidArgumentError("rollout_weight_bucket before rollout_weight_plan")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(plan):
-            raise InvalidArgumentError(f"bucket index {index!r} is not in [0, {len(plan)})")
-        state = state_dict_of(self)
-        return {name: state[name].detach() for name in plan[index]}

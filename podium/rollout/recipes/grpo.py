@@ -23,12 +23,12 @@ from typing import Any
 
 from podium.dataproto import DataProto
 from podium.errors import InvalidArgumentError
-from podium.rollout.weights import WeightSource
+from podium.rollout.weights.roles import WeightSource
 from podium.worker.base import Worker
 from podium.worker.decorator import Dispatch, register
 
 __all__ = ["GRPOActor", "GRPOReference", "target_token_reward", "group_advantages", "response_log_probs",
-           "gloo_group_from_env"]
+           "gloo_group_from_env", "load_model"]
 
 #: How long ranks wait for each other when the gloo group forms.
 _RENDEZVOUS_S = 120
@@ -84,7 +84,8 @@ def group_advantages(rewards: Any, n: int, eps: float = 1e-6) -> Any:
     return ((groups - groups.mean(dim=1, keepdim=True)) / (std + eps)).view(-1)
 
 
-def _load_model(model_path: str) -> Any:
+def load_model(model_path: str) -> Any:
+    """The Hugging Face causal LM saved at ``model_path``, in float32."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -111,7 +112,7 @@ class GRPOActor(Worker, WeightSource):
         """Load the model and optimizer, join the gloo group; returns the parameter count."""
         import torch
 
-        self.model = _load_model(self.model_path)
+        self.model = load_model(self.model_path)
         self.model.train()
         self.optim = torch.optim.Adam(self.model.parameters(), lr=self.lr)
         self.group = gloo_group_from_env() if self.world_size > 1 else None
@@ -165,7 +166,7 @@ class GRPOReference(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the frozen model."""
-        self.model = _load_model(self.model_path).eval()
+        self.model = load_model(self.model_path).eval()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:

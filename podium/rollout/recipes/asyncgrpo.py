@@ -11,8 +11,8 @@ between the proximal policy and the *behaviour* policy that generated it (the en
 
 :class:`AsyncGRPOTrainer` is a one-job trainer role: a ``transformers`` model and Adam,
 :meth:`~AsyncGRPOTrainer.update_policy` on a batch, and :meth:`~AsyncGRPOTrainer.broadcast_send`
-which hands its weights to a :class:`~podium.rollout.broadcast.WeightSender` (composition:
-the sender is an object it owns, not a mixin).
+which hands its weights to a :class:`~podium.rollout.weights.endpoint.WeightOutlet`
+(composition: the outlet is an object it owns, not a mixin).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any
 
 from podium.dataproto import DataProto
 from podium.errors import InvalidArgumentError
-from podium.rollout.broadcast import DEFAULT_BUCKET_BYTES, WeightSender
-from podium.rollout.grpo import _load_model, response_log_probs
+from podium.rollout.recipes.grpo import load_model, response_log_probs
+from podium.rollout.weights.endpoint import WeightOutlet
+from podium.rollout.weights.plan import DEFAULT_BUCKET_BYTES
 from podium.worker.base import Worker
 from podium.worker.decorator import Dispatch, Execute, register
 
@@ -80,13 +81,14 @@ class AsyncGRPOTrainer(Worker):
         self.temperature = temperature
         self.model: Any = None
         self.version = 0
+        self.outlet = WeightOutlet(lambda: self.model.state_dict().items())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> int:
         """Load the model and optimizer; returns the parameter count."""
         import torch
 
-        self.model = _load_model(self.model_path)
+        self.model = load_model(self.model_path)
         self.model.train()
         self.optim = torch.optim.Adam(self.model.parameters(), lr=self.lr)
         return sum(p.numel() for p in self.model.parameters())
@@ -113,10 +115,18 @@ class AsyncGRPOTrainer(Worker):
                 "staleness_mean": float(staleness.mean()), **metrics}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def broadcast_send(self, head: dict, step: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                       timeout: float = 120.0) -> dict:
+    def broadcast_send(self, head: Any, step: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                       timeout: float = 120.0, carrier: str = "chain") -> dict:
         """Send the model's weights to the replica ``head`` (the chain's first); ``{"tensors",
         "bytes", "buckets"}``."""
         if self.model is None:
             raise InvalidArgumentError("broadcast_send before init_model")
-        return WeightSender(bucket_bytes, timeout).send(self.model.state_dict().items(), head, step)
+        return self.outlet.send(head, step, carrier, bucket_bytes, timeout)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def broadcast_open(self, receivers: list[dict], carrier: str = "nccl", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                       timeout: float = 120.0) -> dict:
+        """Ready an update over a collective ``carrier`` for ``receivers``; the sender's metadata."""
+        if self.model is None:
+            raise InvalidArgumentError("broadcast_open before init_model")
+        return self.outlet.prepare(receivers, carrier, bucket_bytes, timeout)
