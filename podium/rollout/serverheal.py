@@ -5,7 +5,8 @@ A thread probes the replicas in the rotation (their ``stats``, within ``probe_ti
 every ``interval`` seconds. A replica whose process died, or that did not answer, leaves
 the rotation (requests to it fail with a typed error, as before) and is replaced:
 
-1. its process is killed, so the old replica is never live beside its replacement;
+1. its process is killed, in the background: out of the rotation since it was dropped, it
+   gets no request or update again, so it never serves beside its replacement;
 2. a warm standby takes its place (one built at launch, engine already started), or a new
    replica is started (its load time: the process, the engine, the warm-up);
 3. the newcomer loads the current weights through the weight broadcast (the source of the
@@ -130,10 +131,9 @@ class ReplicaHealer:
         manager = self.manager
         name = manager.names[i]
         why, left_at = manager.dropped_since(name)
-        try:  # fence: the old process must never serve beside its replacement
-            podium.kill(manager.replicas[i])
-        except PodiumError:
-            pass
+        # Fenced: out of the rotation since it was dropped, no request or update reaches it
+        # again; its process is killed while the replacement comes (a stopped one takes seconds).
+        self._pool.submit(_kill_quietly, manager.replicas[i])
         start = time.monotonic()
         with self._lock:
             handle = self.standbys.pop(0) if self.standbys else None
@@ -153,3 +153,12 @@ class ReplicaHealer:
         self.replacements.append(entry)
         self.failures.pop(name, None)
         return entry
+
+
+def _kill_quietly(handle: Any) -> None:
+    import podium
+
+    try:
+        podium.kill(handle)
+    except PodiumError:  # already gone
+        pass

@@ -122,3 +122,36 @@ def test_a_killed_replica_is_replaced_with_the_current_weights_and_takes_the_nex
             assert set(r.batch["policy_version"].tolist()) == {2} and not (r.batch["responses"] == FORCED).all()
     finally:
         mgr.shutdown()
+
+
+def test_an_unresponsive_replica_is_fenced_and_replaced(holder, model_dir):
+    from podium.rollout.servermanager import RolloutServerManager
+
+    mgr = RolloutServerManager.launch(_config(model_dir), replicas=2, max_requests=2, name_prefix="stop",
+                                      standby=1, health_interval=0.5, probe_timeout=2.0)
+    try:
+        holder.set_state(forcing_state_dict(model_dir, FORCED))
+        mgr.update_weights(holder, version=1, timeout=60)
+        stopped = mgr.stats()[1]["pid"]
+        os.kill(stopped, signal.SIGSTOP)  # alive, but answers nothing
+        killed = time.monotonic()
+        entry = _back(mgr, 1, 1, killed)
+        assert entry["from"] == "standby" and "did not answer" in entry["why"] and entry["version"] == 1
+
+        def gone() -> bool:  # fenced: the stopped process was killed, never to serve again
+            try:
+                os.kill(stopped, 0)
+            except ProcessLookupError:
+                return True
+            try:
+                with open(f"/proc/{stopped}/stat") as f:  # a zombie not yet reaped is dead too
+                    return f.read().split(") ", 1)[1].startswith("Z")
+            except FileNotFoundError:  # reaped between the two looks
+                return True
+
+        _poll("the stopped replica's process killed", gone)
+        assert mgr.stats()[1]["pid"] != stopped and mgr.serving() == mgr.names
+        r = _direct(mgr, 1)
+        assert set(r.batch["policy_version"].tolist()) == {1} and (r.batch["responses"] == FORCED).all()
+    finally:
+        mgr.shutdown()
