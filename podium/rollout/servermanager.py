@@ -463,8 +463,8 @@ class RolloutServerManager:
             for ref in [r.shutdown.remote() for r in everyone]:
                 try:
                     ref.get(timeout=60)
-                except WorkerDiedError:  # a replica that died earlier: nothing left to stop
-                    pass
+                except (WorkerDiedError, DeadlineExceededError):
+                    pass  # died earlier, or too busy to stop cleanly (unresponsive): killed below
         finally:
             for r in everyone:
                 podium.kill(r)

@@ -155,3 +155,17 @@ def test_a_replica_killed_mid_update_is_named_and_the_others_stay_whole(groups, 
     # Rank 0 has the new model; rank 2, downstream of the dead one, kept the old one whole.
     assert replicas.workers[0].call("matches", 9.0)
     assert replicas.workers[2].call("matches", 0.0)
+
+
+def test_the_collective_carrier_runs_through_the_same_driver(groups):
+    # carrier="gloo" (what "nccl" falls back to without GPUs): the trainer opens the group's
+    # rendezvous (broadcast_open), every replica joins it once and keeps it for the next update.
+    trainer, replicas = groups
+    for step, fill in enumerate((7.0, 2.0)):
+        trainer.set_fill(fill)
+        result = broadcast_weights(trainer, replicas, step=step, bucket_bytes=64 << 10, timeout=30, carrier="gloo")
+        assert result["tensors"] == len(SHAPES) and result["replicas"] == 3
+        assert replicas.matches(fill) == [True, True, True]
+    trainer.set_fill(-1.0)  # the chain again, beside the group
+    broadcast_weights(trainer, replicas, step=2, bucket_bytes=64 << 10, timeout=30)
+    assert replicas.matches(-1.0) == [True, True, True]
