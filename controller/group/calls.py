@@ -89,6 +89,9 @@ class GroupCaller:
         self._queued: list | None = None
         #: Bytes of the arguments :attr:`_queued` keeps (bounded: limits.MAX_QUEUED_BYTES).
         self._queued_bytes = 0
+        #: Run (on the caller's thread) before each call: a group with
+        #: ``on_rank_death="replace"`` replaces its dead ranks there.
+        self.before_call: Callable[[], None] | None = None
 
     def routed(self, route: Route | None = None) -> "GroupCaller":
         """A caller over the same runtime and members with its own closed flag and
@@ -109,6 +112,8 @@ class GroupCaller:
         """Call ``method_name`` on ``ranks`` concurrently: values when blocking, else PendingRefs."""
         if self.closed:
             raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
+        if self.before_call is not None:
+            self.before_call()
         trace = self.last_trace = next_trace_id()
         started = now_ns() if RING.on else 0
         try:
@@ -368,6 +373,8 @@ class GroupCaller:
             return
         if isinstance(exc, RemoteError) and exc.rank < 0:
             exc.rank = worker.rank
+        if isinstance(exc, (WorkerDiedError, UnresponsiveError)) and not self.closed:
+            self._members.dead.add(worker.rank)
         sink.set_exception(exc)
 
     async def _deadline_error(self, gather: GroupGather, ranks: list[int], method: str,
@@ -390,7 +397,14 @@ class GroupCaller:
         return err
 
     async def convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
-        """Turn a broken stream into WorkerDiedError with the scheduler's exit record."""
+        """Turn a broken stream into WorkerDiedError with the scheduler's exit record (and
+        note the rank dead in the members)."""
+        out = await self._convert(worker, exc, what)
+        if isinstance(out, (WorkerDiedError, UnresponsiveError)) and not self.closed:
+            self._members.dead.add(worker.rank)
+        return out
+
+    async def _convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
         if isinstance(exc, WorkerDiedError) or not isinstance(exc, UnavailableError) or self.closed:
             if isinstance(exc, RemoteError) and exc.rank < 0:
                 exc.rank = worker.rank
