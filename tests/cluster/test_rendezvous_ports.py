@@ -1,13 +1,10 @@
-"""MASTER_PORT cannot be stolen (issue 51): a port thief holds every port of the kernel's
-ephemeral range it can on rank 0's node, and takes each one that comes free, while a group
-starts and forms its gloo group. Before, the agent reserved MASTER_PORT in that range and
-released it just before the worker started: the thief (any outgoing connection on a busy
-host) took it, rank 0 got EADDRINUSE and the other ranks waited 30 minutes for its store."""
+"""MASTER_PORT cannot be stolen (issue 51): port thieves hold every port of the kernel's
+ephemeral range while a group starts and forms its gloo group (tests.support.portthief says
+how). Before, the agent reserved MASTER_PORT in that range and released it just before the
+worker started; any outgoing connection on a busy host could take it in between: rank 0 got
+EADDRINUSE and the other ranks waited 30 minutes for its store."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
@@ -15,7 +12,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.worker import Dispatch, Worker, register
 from podium.worker.agent.ports import ephemeral_range
 from tests.support.clusters import controller_cluster
-from tests.support.waiting import REPO
+from tests.support import portthief
 
 torch = pytest.importorskip("torch")
 
@@ -36,21 +33,15 @@ class Gloo(Worker):
 
 
 def test_a_port_thief_cannot_take_master_port(tmp_path):
+    low, high = ephemeral_range()
     with controller_cluster("two_nodes", tmp_path, gpus_per_node=2):
-        pool = ResourcePool([2, 2], use_gpu=False)
-        wg = WorkerGroup(pool, ClassWithInitArgs(Gloo))
+        thieves = portthief.start(low, high)
         try:
-            low, high = ephemeral_range()
-            assert not low <= int(wg.master_port) <= high
-            proc = subprocess.Popen([sys.executable, "-m", "tests.support.portthief", wg.master_address],
-                                    cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            wg = WorkerGroup(ResourcePool([2, 2], use_gpu=False), ClassWithInitArgs(Gloo))
             try:
-                line = proc.stdout.readline()
-                assert line.startswith("bound ") and int(line.split()[1]) > 0, line
-                # Every free ephemeral port of the node is the thief's now, and stays so.
                 assert wg.allreduce() == [10.0] * 4
+                assert not low <= int(wg.master_port) <= high
             finally:
-                proc.stdin.close()
-                proc.wait(timeout=30)
+                wg.shutdown()
         finally:
-            wg.shutdown()
+            portthief.stop(thieves)
