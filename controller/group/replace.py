@@ -178,6 +178,28 @@ class RankReplacer:
                 raise await self._calls.convert(w, result, f"rendezvous version {self.version}")
 
 
+def spare_pool(rt: Session, pool: Any, count: int, bin_pack: bool, name_prefix: str,
+               detached: bool) -> tuple[Any, str]:
+    """The pool of ``count`` standby bundles like ``pool``'s and its strategy (the group's:
+    STRICT_PACK, or PACK for ``bin_pack=False``), checked against the cluster's free
+    capacity now: InfeasibleError with each node's reason when it does not fit."""
+    from podium.controller.pool import PACK, STRICT_PACK, ResourcePool
+    from podium.controller.session.capacity import snapshot_of
+    from podium.errors import InfeasibleError
+    from podium.resources import BundleSpec, Strategy
+    from podium.scheduler.core import Placement, PlacementRequest, place
+    spare = ResourcePool([count], use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
+                         name_prefix=f"{name_prefix}standby_", detached=detached)
+    strategy = STRICT_PACK if bin_pack else PACK
+    request = PlacementRequest(bundles=(BundleSpec.from_resources(spare.bundle()),) * count,
+                               strategy=Strategy.STRICT_PACK if bin_pack else Strategy.PACK)
+    result = place(request, snapshot_of(rt.run(rt.cluster_state())))
+    if not isinstance(result, Placement):
+        raise InfeasibleError(f"standby={count}: {count} x {spare.bundle()} ({strategy}) do not fit beside the "
+                              f"group's own bundles: {result.message}", node_reasons=dict(result.node_reasons))
+    return spare, strategy
+
+
 def _with_rank(info: Any, rank: int, world_size: int) -> Any:
     """A copy of a WorkerInfo that names ``rank`` of ``world_size`` (the handle's rank)."""
     from podium.v1 import common_pb2

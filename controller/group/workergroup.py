@@ -88,6 +88,8 @@ class WorkerGroup:
         self._collect_info: dict[str, list[bool]] = {}
         self._owns_workers = False
         self._standby_count = standby
+        #: The standbys' pool and strategy, checked to fit before the group starts.
+        self._spare: tuple[ResourcePool, str] | None = None
         self._pg_ids: list[str] = []
         self._life: life.Lifetime | None = None
         self.fused_worker_used = bool(getattr(ray_cls_with_init, "fused_worker_used", False))
@@ -118,6 +120,9 @@ class WorkerGroup:
                                  detached: bool, worker_env: dict[str, str] | None) -> None:
         specs, self._pg_ids = build.pool_specs(pool, cia, self.name_prefix, bin_pack=bin_pack, detached=detached,
                                                worker_env=worker_env, device_name=self.device_name)
+        if self._standby_count:  # no spare capacity: InfeasibleError now, before any worker starts
+            self._spare = replace.spare_pool(self._rt, pool, self._standby_count, bin_pack, self.name_prefix,
+                                             detached)
         self._rt.acquire_pgs(self._gid, self._pg_ids)
         self._owns_workers = True
         self._rt.track_group(self)
@@ -128,19 +133,17 @@ class WorkerGroup:
                                              self.name_prefix),
                          timeout=self._rt.placement_timeout + 60, what=f"starting WorkerGroup {self.name_prefix!r}")
             if self._standby_count:
-                self._start_standbys(pool, bin_pack, specs, worker_env)
+                self._start_standbys(specs, worker_env)
         except BaseException:
             self.shutdown()
             raise
 
-    def _start_standbys(self, pool: ResourcePool, bin_pack: bool, specs: list, worker_env: dict | None) -> None:
-        """A placement group of ``standby`` bundles like the pool's (its strategy: infeasible at
-        once, with the reason, without spare capacity), and a constructed worker on each."""
-        from podium.controller.pool import PACK, STRICT_PACK
-        spare = ResourcePool([self._standby_count], use_gpu=pool.use_gpu,
-                             max_colocate_count=pool.max_colocate_count, name_prefix=f"{self.name_prefix}standby_",
-                             detached=self.detached)
-        pgs = spare.get_placement_groups(strategy=STRICT_PACK if bin_pack else PACK, device_name=self.device_name)
+    def _start_standbys(self, specs: list, worker_env: dict | None) -> None:
+        """A placement group of ``standby`` bundles like the pool's, with the group's strategy,
+        and a constructed worker on each."""
+        assert self._spare is not None
+        spare, strategy = self._spare
+        pgs = spare.get_placement_groups(strategy=strategy, device_name=self.device_name)
         ids = [pg.id for pg in pgs]
         self._rt.acquire_pgs(self._gid, ids)
         self._pg_ids = sorted({*self._pg_ids, *ids})

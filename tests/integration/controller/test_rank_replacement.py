@@ -128,6 +128,9 @@ def disturbed(wg, how):
         wg.step(s)
     victim_pid = wg.workers[VICTIM].pid
     standby = wg.standby_workers[0]
+    rt = get_runtime()
+    listed = rt.run(rt.scheduler.get_workers(group=f"{wg.name_prefix}.standby"))
+    assert [w.id for w in listed] == [standby.worker_id]  # what `podium status` and the dashboard list
     port = wg.master_port
 
     def strike():
@@ -190,6 +193,15 @@ def test_replace_rank_without_a_standby_starts_a_fresh_worker(cluster):
             wg.replace_rank(2)
     finally:
         wg.shutdown()
+
+
+def test_standbys_without_spare_capacity_are_infeasible_at_once(cluster):
+    with pytest.raises(errors.InfeasibleError, match="standby=64") as err:
+        WorkerGroup(ResourcePool([1], use_gpu=False), ClassWithInitArgs(Trainer), name_prefix="spare",
+                    standby=64)
+    assert err.value.node_reasons  # each node's reason
+    rt = get_runtime()
+    assert rt.run(rt.scheduler.get_workers(group="spare")) == []  # refused before any worker started
 
 
 def test_bad_policies_are_refused(cluster):
