@@ -30,8 +30,8 @@ from podium import limits
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
-from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, ResourceExhaustedError, UnavailableError,
-                           UnresponsiveError, WorkerDiedError)
+from podium.errors import (DeadlineExceededError, FailedPreconditionError, PodiumError, RemoteError,
+                           ResourceExhaustedError, UnavailableError, UnresponsiveError, WorkerDiedError)
 from podium.worker.factory import by_value
 
 
@@ -42,6 +42,9 @@ __all__ = ["GroupCaller", "Route", "direct_route"]
 
 log = logging.getLogger("podium.controller")
 
+#: The exceptions of a failed torch.distributed rendezvous: the other ranks wait in it (for
+#: torch's 30-minute default), so the group is broken (GroupMembers.broken).
+_RENDEZVOUS_ERRORS = frozenset({"torch.distributed.DistNetworkError", "torch.distributed.DistStoreError"})
 #: How long to poll the scheduler for a dead worker's exit record.
 _DEATH_LOOKUP_SECONDS = 5.0
 #: After one rank's deadline, how long the others (same deadline) get to answer or expire.
@@ -114,6 +117,10 @@ class GroupCaller:
             raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
         if self.before_call is not None:
             self.before_call()
+        if self._members.broken is not None:
+            raise FailedPreconditionError(
+                f"WorkerGroup {self.label!r} is broken: {self._members.broken}; replace its ranks "
+                "(wg.replace_rank, or on_rank_death='replace') or start a new group")
         trace = self.last_trace = next_trace_id()
         started = now_ns() if RING.on else 0
         try:
@@ -375,6 +382,7 @@ class GroupCaller:
             exc.rank = worker.rank
         if isinstance(exc, (WorkerDiedError, UnresponsiveError)) and not self.closed:
             self._members.dead.add(worker.rank)
+        self._rendezvous_failed(worker, exc)
         sink.set_exception(exc)
 
     async def _deadline_error(self, gather: GroupGather, ranks: list[int], method: str,
@@ -402,7 +410,24 @@ class GroupCaller:
         out = await self._convert(worker, exc, what)
         if isinstance(out, (WorkerDiedError, UnresponsiveError)) and not self.closed:
             self._members.dead.add(worker.rank)
+        self._rendezvous_failed(worker, out)
         return out
+
+    def _rendezvous_failed(self, worker: WorkerHandle, exc: BaseException) -> None:
+        """A rank's rendezvous failed: the group is broken, and the calls the other ranks
+        have in flight (waiting in that rendezvous) fail now with the reason. The failed rank
+        counts as dead too: torch's state in it is half made (a failed init_process_group
+        leaves its group counter advanced, so its next rendezvous uses keys no peer writes)."""
+        if self.closed or not isinstance(exc, RemoteError) or exc.remote_type not in _RENDEZVOUS_ERRORS:
+            return
+        reason = f"rank {worker.rank}'s rendezvous failed ({exc.remote_type}: {exc.message.splitlines()[0]})"
+        self._members.broken = reason
+        self._members.dead.add(worker.rank)
+        for other in self._members.workers:
+            if other is not worker and other.client is not None and other.client.pending:
+                other.client.fail_pending(FailedPreconditionError(
+                    f"WorkerGroup {self.label!r}: {reason}; rank {other.rank} waited in the same rendezvous",
+                    rank=other.rank))
 
     async def _convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
         if isinstance(exc, WorkerDiedError) or not isinstance(exc, UnavailableError) or self.closed:

@@ -116,35 +116,42 @@ class RankReplacer:
 
     # ---- replacement ----------------------------------------------------------------------
 
-    async def replace(self, rank: int) -> WorkerHandle:
-        """Replace rank ``rank`` (fence, handover, rendezvous): the new rank's handle."""
+    async def replace(self, ranks: list[int]) -> list[WorkerHandle]:
+        """Replace ``ranks`` (fence, handover each; then one rendezvous): the new handles."""
         members = self._members
-        if not 0 <= rank < members.world_size:
-            raise InvalidArgumentError(f"replace_rank({rank}): the group has ranks 0..{members.world_size - 1}")
+        for rank in ranks:
+            if not 0 <= rank < members.world_size:
+                raise InvalidArgumentError(f"replace_rank({rank}): the group has ranks 0..{members.world_size - 1}")
         t0 = time.perf_counter()
-        old = members.workers[rank]
-        await self._remove([old])  # fenced: killed and reaped before anyone takes its place
-        members.dead.discard(rank)
+        # Fenced: killed and reaped before anyone takes their place.
+        await self._remove([members.workers[rank] for rank in ranks])
+        members.dead.difference_update(ranks)
         t1 = time.perf_counter()
-        if self.standbys:
-            new = self.standbys.pop(0)
-            source = "standby"
-        else:
-            new = await self._fresh_worker(old)
-            source = "fresh worker"
-        handle = WorkerHandle(_with_rank(new.info, rank, members.world_size), new.client)
-        if handle.client is not None:
-            handle.client.rank = rank
-        members.workers[rank] = handle
-        members.names[rank] = handle.name
+        sources = []
+        handles = []
+        for rank in ranks:
+            old = members.workers[rank]
+            if self.standbys:
+                new = self.standbys.pop(0)
+                sources.append("standby")
+            else:
+                new = await self._fresh_worker(old)
+                sources.append("fresh worker")
+            handle = WorkerHandle(_with_rank(new.info, rank, members.world_size), new.client)
+            if handle.client is not None:
+                handle.client.rank = rank
+            members.workers[rank] = handle
+            members.names[rank] = handle.name
+            handles.append(handle)
         t2 = time.perf_counter()
         await self.rendezvous()
+        members.broken = None  # every rank took the new rendezvous
         t3 = time.perf_counter()
-        self.replaced += 1
-        self.last_timings = {"fence": t1 - t0, "handover": t2 - t1, "rendezvous": t3 - t2, "source": source}
-        log.warning("WorkerGroup %r: rank %d replaced by %s %s (rendezvous version %d)",
-                    self._prefix, rank, source, handle.name, self.version)
-        return handle
+        self.replaced += len(ranks)
+        self.last_timings = {"fence": t1 - t0, "handover": t2 - t1, "rendezvous": t3 - t2}
+        log.warning("WorkerGroup %r: ranks %s replaced by %s (rendezvous version %d)", self._prefix, ranks,
+                    ", ".join(f"{s} {h.name}" for s, h in zip(sources, handles)), self.version)
+        return handles
 
     async def _fresh_worker(self, old: WorkerHandle) -> WorkerHandle:
         """A new worker of the group's class on the old one's (now free) bundle."""
@@ -165,7 +172,7 @@ class RankReplacer:
         members = self._members
         self.version += 1
         first = members.workers[0]
-        addr = members.master_addr or first.node_address
+        addr = first.node_address  # rank 0's node: it may be a new process on another node
         port = await first.client.call("__ray_call__", (rdzv.open_port, addr), {}, timeout=self._rt.call_timeout)
         members.master_addr, members.master_port = addr, str(port)
         name = f"{self._prefix}.v{self.version}"

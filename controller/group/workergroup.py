@@ -285,14 +285,18 @@ class WorkerGroup:
         dispatch and collect, and every rank adopts a new rendezvous version (new
         MASTER_PORT, group name with the version) through its ``@on_rendezvous`` hooks
         (:mod:`podium.worker.rendezvous`). Returns the new rank's handle."""
+        return self._replace([rank])[0]
+
+    def _replace(self, ranks: list[int]) -> list[WorkerHandle]:
         replacer = self._replacer
         if replacer is None or self._calls.closed:
             raise replace.not_replaceable(self.name_prefix)
-        handle = self._rt.run(replacer.replace(rank), timeout=self._rt.placement_timeout + 120,
-                              what=f"replacing rank {rank} of {self.name_prefix!r}")
-        if self._life is not None:
-            life.rearm(self._life, self._rt, self._lifetime_workers(), self._gid, self._pg_ids)
-        return handle
+        try:
+            return self._rt.run(replacer.replace(ranks), timeout=self._rt.placement_timeout + 120,
+                                what=f"replacing ranks {ranks} of {self.name_prefix!r}")
+        finally:
+            if self._life is not None:
+                life.rearm(self._life, self._rt, self._lifetime_workers(), self._gid, self._pg_ids)
 
     def _replace_dead(self) -> None:
         """``on_rank_death="replace"``: the ranks a call found dead or unresponsive, or whose
@@ -300,8 +304,8 @@ class WorkerGroup:
         members = self._members
         dead = set(members.dead)
         dead.update(i for i, w in enumerate(members.workers) if w.client is not None and w.client.broken is not None)
-        for rank in sorted(dead):
-            self.replace_rank(rank)
+        if dead:
+            self._replace(sorted(dead))
 
     def _lifetime_workers(self) -> list[WorkerHandle]:
         return [*self._members.workers, *(self._replacer.standbys if self._replacer is not None else [])]

@@ -195,6 +195,47 @@ def test_replace_rank_without_a_standby_starts_a_fresh_worker(cluster):
         wg.shutdown()
 
 
+class Squatted(Trainer):
+    """Rank 0's rendezvous fails: something else listens on MASTER_PORT (EADDRINUSE); the
+    other ranks wait in it with torch's default 30-minute timeout."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def form_squatted(self):
+        import socket
+
+        import torch.distributed as dist
+        if self.rank == 0:
+            self._squatter = socket.socket()
+            self._squatter.bind(("", int(os.environ["MASTER_PORT"])))
+            self._squatter.listen(1)
+        dist.init_process_group("gloo")
+        return self.rank
+
+
+@pytest.mark.parametrize("policy", ["raise", "replace"])
+def test_a_failed_rendezvous_breaks_the_group_at_once(cluster, policy):
+    wg = WorkerGroup(ResourcePool([3], use_gpu=False), ClassWithInitArgs(Squatted), on_rank_death=policy)
+    try:
+        with pytest.raises(errors.RemoteError, match="EADDRINUSE") as err:
+            wg.form_squatted()
+        assert err.value.rank == 0 and err.value.remote_type == "torch.distributed.DistNetworkError"
+        if policy == "raise":
+            # The next call fails at once with the reason, not behind ranks stuck for 30 minutes.
+            with pytest.raises(errors.FailedPreconditionError, match="rank 0's rendezvous failed"):
+                wg.identity()
+            return
+        # Every rank of the failed rendezvous (rank 0, and ranks 1 and 2 that waited in it) is
+        # replaced by a fresh worker, and they take the new rendezvous.
+        pids = [w.pid for w in wg.workers]
+        ids = wg.identity()
+        assert [i[0] for i in ids] == [0, 1, 2] and wg.rendezvous_version == 1
+        assert not {i[3] for i in ids} & set(pids) and not any(alive(p) for p in pids)
+        wg.reset()
+        assert wg.step(0) == [0, 0, 0]
+    finally:
+        wg.shutdown()
+
+
 def test_standbys_without_spare_capacity_are_infeasible_at_once(cluster):
     with pytest.raises(errors.InfeasibleError, match="standby=64") as err:
         WorkerGroup(ResourcePool([1], use_gpu=False), ClassWithInitArgs(Trainer), name_prefix="spare",
