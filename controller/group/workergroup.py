@@ -48,7 +48,8 @@ class WorkerGroup:
     ``standby=k`` keeps ``k`` warm standbys (constructed, outside the rank table, on a
     placement group of their own with the group's strategy); ``on_rank_death="replace"``
     replaces a rank a call found dead or unresponsive before the next call
-    (:meth:`replace_rank`, :mod:`podium.controller.group.replace`).
+    (:meth:`replace_rank`, :mod:`podium.controller.group.replace`). Both default to the
+    pool's (``ResourcePool(standby=..., on_rank_death=...)``).
     """
 
     fused_worker_execute_fn_name = views.FUSED_EXECUTE
@@ -58,12 +59,16 @@ class WorkerGroup:
                  name_prefix: str | None = None, detached: bool = False,
                  worker_names: list[str] | None = None, worker_handles: list[WorkerHandle] | None = None,
                  worker_env: dict[str, str] | None = None, gpu_memory_cap: Any = None,
-                 standby: int = 0, on_rank_death: str = "raise", **kwargs: Any) -> None:
+                 standby: int | None = None, on_rank_death: str | None = None, **kwargs: Any) -> None:
         if kwargs.get("master_addr") is not None or kwargs.get("master_port") is not None:
             raise InvalidArgumentError(
                 "master_addr/master_port cannot be chosen: the scheduler reserves MASTER_PORT on "
                 "rank 0's node (verl ignores these arguments silently)")
         check_user_env(worker_env)
+        if standby is None:  # the pool's (PODIUM_STANDBY under podium run --native-verl)
+            standby = getattr(resource_pool, "standby", 0) if resource_pool is not None else 0
+        if on_rank_death is None:
+            on_rank_death = getattr(resource_pool, "on_rank_death", "raise") if resource_pool is not None else "raise"
         replace.check_policy(standby, on_rank_death)
         if (standby or on_rank_death != "raise") and resource_pool is None:
             raise InvalidArgumentError("standby and on_rank_death need a resource pool (a group that starts "

@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import socket
+from collections.abc import Mapping
 
 from podium import errors
 
@@ -46,14 +47,13 @@ def ephemeral_range(path: str = _EPHEMERAL_FILE) -> tuple[int, int]:
         return 32768, 60999
 
 
-def rendezvous_range(env: dict[str, str] | None = None,
+def rendezvous_range(env: Mapping[str, str] | None = None,
                      ephemeral: tuple[int, int] | None = None) -> tuple[int, int]:
     """The range rendezvous ports come from: ``$PODIUM_RENDEZVOUS_PORTS`` (checked: inside
     1024-65535 and outside the ephemeral range), else the part of :data:`DEFAULT_RANGE`
     below the ephemeral range (or above it when none is left below)."""
-    env = os.environ if env is None else env
+    given = (os.environ if env is None else env).get(RANGE_ENV, "").strip()
     eph_low, eph_high = ephemeral or ephemeral_range()
-    given = env.get(RANGE_ENV, "").strip()
     if given:
         try:
             low, high = (int(v) for v in given.split("-"))
@@ -76,7 +76,7 @@ def rendezvous_range(env: dict[str, str] | None = None,
         f"and narrow {_EPHEMERAL_FILE}")
 
 
-def bind_rendezvous_port(host: str, env: dict[str, str] | None = None) -> socket.socket:
+def bind_rendezvous_port(host: str, env: Mapping[str, str] | None = None) -> socket.socket:
     """A listening socket on a free port of :func:`rendezvous_range` on ``host``
     (UnavailableError naming the range when none of the ports tried is free)."""
     low, high = rendezvous_range(env)
