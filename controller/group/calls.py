@@ -60,6 +60,15 @@ def direct_route(method_name: str, args: tuple) -> tuple[str, tuple]:
     return method_name, args
 
 
+#: What a collective raises in a rank whose peer process went away (gloo, NCCL).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+
+
+def _peer_lost(exc: RemoteError) -> bool:
+    """Whether a rank's error says a peer of its collective went away."""
+    return any(marker in exc.message for marker in _PEER_LOST)
+
+
 def _keep_until_done(owned: Any, _ref: Any) -> None:
     """A done-callback whose only job is to hold ``owned`` (put values) until the call ends."""
 
@@ -318,6 +327,15 @@ class GroupCaller:
         await gather.first_failure_or_all()
         failed = gather.failed()
         first = gather.ranks[failed[0]].error if failed else None
+        if isinstance(first, RemoteError) and _peer_lost(first):
+            # A rank's collective saw its peer go: the peer's death is the call's error (the
+            # dead rank's stream breaks within moments; the other ranks' errors follow from it).
+            await gather.all_settled(_DEADLINE_GRACE_SECONDS)
+            failed = gather.failed()
+            died = [i for i in failed if isinstance(gather.ranks[i].error, UnavailableError)]
+            if died:
+                failed = died
+                first = gather.ranks[died[0]].error
         # (UnresponsiveError, the liveness watch's, already names every silent rank.)
         if isinstance(first, DeadlineExceededError) and not isinstance(first, UnresponsiveError):
             raise await self._deadline_error(gather, [c[0] for c in prepared], prepared[0][1],

@@ -284,6 +284,11 @@ class WorkerGroup:
         """0 at the start, +1 per replaced rank (the MASTER_PORT changes with it)."""
         return self._replacer.version if self._replacer is not None else 0
 
+    @property
+    def last_replacement(self) -> dict[str, float]:
+        """Seconds of the last replacement's steps: ``fence``, ``handover``, ``rendezvous``."""
+        return dict(self._replacer.last_timings) if self._replacer is not None else {}
+
     def replace_rank(self, rank: int) -> WorkerHandle:
         """Replace rank ``rank``: its process is fenced (killed and reaped, never live twice),
         a standby (or a fresh worker when none is left) takes its RANK and its place in
