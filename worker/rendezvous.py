@@ -7,6 +7,12 @@ every rank, old and new, gets the new rendezvous: Podium writes ``RANK``, ``WORL
 rank), then calls each method of the hosted class marked ``@on_rendezvous`` with the
 :class:`Rendezvous`, on every rank at once, so user code re-forms its ``torch.distributed``
 group there (``destroy_process_group()``, then ``init_process_group(...)``).
+
+The hook runs on each rank's execution thread, after the call in hand. A survivor still
+blocked in a collective with the dead rank (gloo has no abort) delays it until that
+collective fails, so: give ``init_process_group`` a ``timeout``, and have a rank whose
+collective raised call ``destroy_process_group()`` before it re-raises: that closes its
+connections, so the ranks waiting on it fail at once too.
 """
 
 from __future__ import annotations

@@ -131,6 +131,10 @@ class RankReplacer:
         handles = []
         for rank in ranks:
             old = members.workers[rank]
+            gone = [w for w in self.standbys if w.client is None or w.client.broken is not None]
+            if gone:  # a standby that died meanwhile is no standby
+                self.standbys = [w for w in self.standbys if w not in gone]
+                await self._remove(gone)
             if self.standbys:
                 new = self.standbys.pop(0)
                 sources.append("standby")

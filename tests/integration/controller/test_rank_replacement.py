@@ -87,8 +87,12 @@ class Trainer(Worker):
             # mid-step: the test kills or stops the stalled rank after 1 s, so its death is
             # the call's first failure (the others notice it in all_reduce at 2 s)
             time.sleep(600 if self.rank == stall_rank else 2.0)
-        for p in self.model.parameters():
-            dist.all_reduce(p.grad)  # a dead peer fails this before any parameter moves
+        try:
+            for p in self.model.parameters():
+                dist.all_reduce(p.grad)  # a dead peer fails this before any parameter moves
+        except Exception:
+            dist.destroy_process_group()  # the ranks waiting on this one fail now too
+            raise
         with torch.no_grad():
             for p in self.model.parameters():
                 p -= 0.01 * p.grad / dist.get_world_size()
