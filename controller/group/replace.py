@@ -81,7 +81,7 @@ class RankReplacer:
 
     async def _start(self, infos: list) -> list[WorkerHandle]:
         """Wait for created workers, connect and construct the group's class in each."""
-        from podium.worker.client import prepare
+        from podium.worker.caller.client import prepare
         from podium.worker.factory import by_value
         rt = self._rt
         infos = await rt.scheduler.wait_workers([i.id for i in infos], timeout=rt.placement_timeout)
