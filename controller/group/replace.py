@@ -142,8 +142,8 @@ class RankReplacer:
                 new = await self._fresh_worker(old)
                 sources.append("fresh worker")
             handle = WorkerHandle(_with_rank(new.info, rank, members.world_size), new.client)
-            if handle.client is not None:
-                handle.client.rank = rank
+            if handle.client is not None:  # its errors name its new rank
+                handle.client.channel.rank = rank
             members.workers[rank] = handle
             members.names[rank] = handle.name
             handles.append(handle)
