@@ -23,6 +23,7 @@ Where Podium deliberately differs from verl:
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import string
 from typing import Any
@@ -60,13 +61,17 @@ class ResourcePool:
     fraction, an int or "20GiB" is a byte limit (see :mod:`podium.worker.host.gpucap`).
     Placement groups are created lazily by the first WorkerGroup (or an explicit
     :meth:`get_placement_groups`) and released when the runtime shuts down or the last
-    WorkerGroup using them shuts down.
+    WorkerGroup using them shuts down. ``standby`` and ``on_rank_death`` are the defaults of
+    the WorkerGroups on this pool (see :class:`~podium.controller.WorkerGroup`); unset, they
+    come from ``PODIUM_STANDBY`` and ``PODIUM_ON_RANK_DEATH`` (how a verl trainer under
+    ``podium run --native-verl`` asks for them without a code change), else 0 and "raise".
     """
 
     def __init__(self, process_on_nodes: list[int] | None = None, use_gpu: bool = True,
                  max_colocate_count: int = 10, n_gpus_per_node: int = 8,
                  name_prefix: str | None = None, detached: bool = False,
-                 accelerator_type: str | None = None, gpu_memory_cap: Any = None) -> None:
+                 accelerator_type: str | None = None, gpu_memory_cap: Any = None,
+                 standby: int | None = None, on_rank_death: str | None = None) -> None:
         if process_on_nodes is None:
             process_on_nodes = []
         for n in process_on_nodes:
@@ -88,6 +93,10 @@ class ResourcePool:
             raise InvalidArgumentError("gpu_memory_cap needs use_gpu=True (a CPU pool has no GPU memory)")
         #: The GPU memory cap every worker of this pool gets (None: off).
         self.gpu_memory_cap = gpu_memory_cap
+        #: Warm standbys of each WorkerGroup on this pool (checked by the group).
+        self.standby: Any = standby if standby is not None else _env_int("PODIUM_STANDBY")
+        #: What a WorkerGroup on this pool does when a rank dies ("raise" or "replace").
+        self.on_rank_death = on_rank_death or os.environ.get("PODIUM_ON_RANK_DEATH", "raise")
         #: The placement groups (podium.v1 PlacementGroup messages, node-address order)
         #: once created, else None.
         self.pgs: list[Any] | None = None
@@ -279,6 +288,15 @@ def merge_resource_pool(rp1: ResourcePool, rp2: ResourcePool) -> ResourcePool:
     merged.pgs = list(rp1.get_placement_groups()) + list(rp2.get_placement_groups())
     merged.strategy = rp1.strategy
     return merged
+
+
+def _env_int(name: str) -> int:
+    """An int environment variable (0 when unset; InvalidArgumentError naming it when bad)."""
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={value!r}: expected an int") from None
 
 
 @dataclasses.dataclass

@@ -13,12 +13,15 @@ Importing this package stays light (no torch, no grpc): the node agent imports
 
 from podium.worker.base import Worker, WorkerHelper
 from podium.worker.decorator import Dispatch, DynamicEnum, Execute, register
+from podium.worker.rendezvous import Rendezvous, on_rendezvous
 
 __all__ = [
     "Dispatch",
     "DynamicEnum",
     "Execute",
+    "Rendezvous",
     "Worker",
     "WorkerHelper",
+    "on_rendezvous",
     "register",
 ]

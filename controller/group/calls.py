@@ -30,8 +30,8 @@ from podium import limits
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
-from podium.errors import (DeadlineExceededError, PodiumError, RemoteError, ResourceExhaustedError, UnavailableError,
-                           UnresponsiveError, WorkerDiedError)
+from podium.errors import (DeadlineExceededError, FailedPreconditionError, PodiumError, RemoteError,
+                           ResourceExhaustedError, UnavailableError, UnresponsiveError, WorkerDiedError)
 from podium.worker.factory import by_value
 
 
@@ -42,6 +42,9 @@ __all__ = ["GroupCaller", "Route", "direct_route"]
 
 log = logging.getLogger("podium.controller")
 
+#: The exceptions of a failed torch.distributed rendezvous: the other ranks wait in it (for
+#: torch's 30-minute default), so the group is broken (GroupMembers.broken).
+_RENDEZVOUS_ERRORS = frozenset({"torch.distributed.DistNetworkError", "torch.distributed.DistStoreError"})
 #: How long to poll the scheduler for a dead worker's exit record.
 _DEATH_LOOKUP_SECONDS = 5.0
 #: After one rank's deadline, how long the others (same deadline) get to answer or expire.
@@ -55,6 +58,15 @@ Route = Callable[[str, tuple], "tuple[str, tuple]"]
 def direct_route(method_name: str, args: tuple) -> tuple[str, tuple]:
     """The worker runs the method of that name with the arguments as given."""
     return method_name, args
+
+
+#: What a collective raises in a rank whose peer process went away (gloo, NCCL).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+
+
+def _peer_lost(exc: RemoteError) -> bool:
+    """Whether a rank's error says a peer of its collective went away."""
+    return any(marker in exc.message for marker in _PEER_LOST)
 
 
 def _keep_until_done(owned: Any, _ref: Any) -> None:
@@ -89,6 +101,9 @@ class GroupCaller:
         self._queued: list | None = None
         #: Bytes of the arguments :attr:`_queued` keeps (bounded: limits.MAX_QUEUED_BYTES).
         self._queued_bytes = 0
+        #: Run (on the caller's thread) before each call: a group with
+        #: ``on_rank_death="replace"`` replaces its dead ranks there.
+        self.before_call: Callable[[], None] | None = None
 
     def routed(self, route: Route | None = None) -> "GroupCaller":
         """A caller over the same runtime and members with its own closed flag and
@@ -109,6 +124,12 @@ class GroupCaller:
         """Call ``method_name`` on ``ranks`` concurrently: values when blocking, else PendingRefs."""
         if self.closed:
             raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
+        if self.before_call is not None:
+            self.before_call()
+        if self._members.broken is not None:
+            raise FailedPreconditionError(
+                f"WorkerGroup {self.label!r} is broken: {self._members.broken}; replace its ranks "
+                "(wg.replace_rank, or on_rank_death='replace') or start a new group")
         trace = self.last_trace = next_trace_id()
         started = now_ns() if RING.on else 0
         try:
@@ -306,6 +327,15 @@ class GroupCaller:
         await gather.first_failure_or_all()
         failed = gather.failed()
         first = gather.ranks[failed[0]].error if failed else None
+        if isinstance(first, RemoteError) and _peer_lost(first):
+            # A rank's collective saw its peer go: the peer's death is the call's error (the
+            # dead rank's stream breaks within moments; the other ranks' errors follow from it).
+            await gather.all_settled(_DEADLINE_GRACE_SECONDS)
+            failed = gather.failed()
+            died = [i for i in failed if isinstance(gather.ranks[i].error, UnavailableError)]
+            if died:
+                failed = died
+                first = gather.ranks[died[0]].error
         # (UnresponsiveError, the liveness watch's, already names every silent rank.)
         if isinstance(first, DeadlineExceededError) and not isinstance(first, UnresponsiveError):
             raise await self._deadline_error(gather, [c[0] for c in prepared], prepared[0][1],
@@ -368,6 +398,9 @@ class GroupCaller:
             return
         if isinstance(exc, RemoteError) and exc.rank < 0:
             exc.rank = worker.rank
+        if isinstance(exc, (WorkerDiedError, UnresponsiveError)) and not self.closed:
+            self._members.dead.add(worker.rank)
+        self._rendezvous_failed(worker, exc)
         sink.set_exception(exc)
 
     async def _deadline_error(self, gather: GroupGather, ranks: list[int], method: str,
@@ -390,7 +423,31 @@ class GroupCaller:
         return err
 
     async def convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
-        """Turn a broken stream into WorkerDiedError with the scheduler's exit record."""
+        """Turn a broken stream into WorkerDiedError with the scheduler's exit record (and
+        note the rank dead in the members)."""
+        out = await self._convert(worker, exc, what)
+        if isinstance(out, (WorkerDiedError, UnresponsiveError)) and not self.closed:
+            self._members.dead.add(worker.rank)
+        self._rendezvous_failed(worker, out)
+        return out
+
+    def _rendezvous_failed(self, worker: WorkerHandle, exc: BaseException) -> None:
+        """A rank's rendezvous failed: the group is broken, and the calls the other ranks
+        have in flight (waiting in that rendezvous) fail now with the reason. The failed rank
+        counts as dead too: torch's state in it is half made (a failed init_process_group
+        leaves its group counter advanced, so its next rendezvous uses keys no peer writes)."""
+        if self.closed or not isinstance(exc, RemoteError) or exc.remote_type not in _RENDEZVOUS_ERRORS:
+            return
+        reason = f"rank {worker.rank}'s rendezvous failed ({exc.remote_type}: {exc.message.splitlines()[0]})"
+        self._members.broken = reason
+        self._members.dead.add(worker.rank)
+        for other in self._members.workers:
+            if other is not worker and other.client is not None and other.client.pending:
+                other.client.fail_pending(FailedPreconditionError(
+                    f"WorkerGroup {self.label!r}: {reason}; rank {other.rank} waited in the same rendezvous",
+                    rank=other.rank))
+
+    async def _convert(self, worker: WorkerHandle, exc: BaseException, what: str) -> BaseException:
         if isinstance(exc, WorkerDiedError) or not isinstance(exc, UnavailableError) or self.closed:
             if isinstance(exc, RemoteError) and exc.rank < 0:
                 exc.rank = worker.rank

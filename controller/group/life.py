@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from podium.controller.session.contract import Session
 
-__all__ = ["Lifetime", "arm", "remove_later"]
+__all__ = ["Lifetime", "arm", "rearm", "remove_later"]
 
 log = logging.getLogger("podium.controller")
 
@@ -76,7 +76,14 @@ def arm(rt: Session, workers: Sequence[Any], user: int, pg_ids: Sequence[str],
         owned_pg_ids: Sequence[str] = ()) -> Lifetime:
     """A token for ``workers`` (WorkerHandles of ``rt``'s group ``user``, which uses the
     placement groups ``pg_ids``): once it is garbage, they are removed."""
-    token = Lifetime()
+    return rearm(Lifetime(), rt, workers, user, pg_ids, owned_pg_ids)
+
+
+def rearm(token: Lifetime, rt: Session, workers: Sequence[Any], user: int, pg_ids: Sequence[str],
+          owned_pg_ids: Sequence[str] = ()) -> Lifetime:
+    """Point ``token`` (and so the group and every view sharing it) at ``workers`` now: a
+    group whose ranks or standbys changed (``replace_rank``)."""
+    token.disarm()
     token.finalizer = weakref.finalize(
         token, remove_later, rt, [w.worker_id for w in workers],
         [w.client for w in workers if w.client is not None], user, list(pg_ids), list(owned_pg_ids))

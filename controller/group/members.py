@@ -21,7 +21,7 @@ class GroupMembers:
     them) without making them callable.
     """
 
-    __slots__ = ("workers", "names", "world_size", "master_addr", "master_port")
+    __slots__ = ("workers", "names", "world_size", "master_addr", "master_port", "dead", "broken")
 
     def __init__(self) -> None:
         #: WorkerHandles in rank order.
@@ -34,6 +34,12 @@ class GroupMembers:
         self.master_addr: str | None = None
         #: MASTER_PORT the workers see, or None.
         self.master_port: str | None = None
+        #: Ranks a call found dead or unresponsive (a group that replaces ranks does so
+        #: before its next call).
+        self.dead: set[int] = set()
+        #: Why the group is broken (a rank's rendezvous failed while the others waited in
+        #: it), or None: its calls fail at once until its ranks are replaced.
+        self.broken: str | None = None
 
     def reserve(self, workers: Sequence[WorkerHandle]) -> None:
         """Record created workers that are not connected yet (for teardown only)."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from podium.controller.dispatch import modes as _dispatch
 from podium.controller.session.futures import PendingRef
 from podium.controller.session.gets import get as _get
-from podium.controller.group import build, life, views
+from podium.controller.group import build, life, replace, views
 from podium.controller.group.binding import bind_worker_methods, func_generator, runs_on
 from podium.controller.group.calls import GroupCaller
 from podium.controller.group.handle import WorkerHandle
@@ -45,6 +45,11 @@ class WorkerGroup:
     ``gpu_memory_cap`` (default: the pool's, off unless set) caps each worker's GPU memory
     (see :class:`~podium.controller.pool.ResourcePool` and :mod:`podium.worker.host.gpucap`).
     ``resource_pool=None`` attaches to existing (detached) workers by ``worker_names``.
+    ``standby=k`` keeps ``k`` warm standbys (constructed, outside the rank table, on a
+    placement group of their own with the group's strategy); ``on_rank_death="replace"``
+    replaces a rank a call found dead or unresponsive before the next call
+    (:meth:`replace_rank`, :mod:`podium.controller.group.replace`). Both default to the
+    pool's (``ResourcePool(standby=..., on_rank_death=...)``).
     """
 
     fused_worker_execute_fn_name = views.FUSED_EXECUTE
@@ -54,12 +59,20 @@ class WorkerGroup:
                  name_prefix: str | None = None, detached: bool = False,
                  worker_names: list[str] | None = None, worker_handles: list[WorkerHandle] | None = None,
                  worker_env: dict[str, str] | None = None, gpu_memory_cap: Any = None,
-                 **kwargs: Any) -> None:
+                 standby: int | None = None, on_rank_death: str | None = None, **kwargs: Any) -> None:
         if kwargs.get("master_addr") is not None or kwargs.get("master_port") is not None:
             raise InvalidArgumentError(
                 "master_addr/master_port cannot be chosen: the scheduler reserves MASTER_PORT on "
                 "rank 0's node (verl ignores these arguments silently)")
         check_user_env(worker_env)
+        if standby is None:  # the pool's (PODIUM_STANDBY under podium run --native-verl)
+            standby = getattr(resource_pool, "standby", 0) if resource_pool is not None else 0
+        if on_rank_death is None:
+            on_rank_death = getattr(resource_pool, "on_rank_death", "raise") if resource_pool is not None else "raise"
+        replace.check_policy(standby, on_rank_death)
+        if (standby or on_rank_death != "raise") and resource_pool is None:
+            raise InvalidArgumentError("standby and on_rank_death need a resource pool (a group that starts "
+                                       "its workers); an attached group cannot replace them")
         worker_env = group_env(worker_env, resource_pool, gpu_memory_cap)
         self._rt = get_runtime()
         self._gid = next(_group_ids)
@@ -79,11 +92,17 @@ class WorkerGroup:
         self._dispatch_info: dict[str, list[int]] = {}
         self._collect_info: dict[str, list[bool]] = {}
         self._owns_workers = False
+        self._standby_count = standby
+        #: The standbys' pool and strategy, checked to fit before the group starts.
+        self._spare: tuple[ResourcePool, str] | None = None
         self._pg_ids: list[str] = []
         self._life: life.Lifetime | None = None
         self.fused_worker_used = bool(getattr(ray_cls_with_init, "fused_worker_used", False))
         self.sub_cls_name = ""
         self.method_names: list[str] = []
+        #: Standbys and rank replacement (None for attached groups and views' own state).
+        self._replacer: replace.RankReplacer | None = None
+        self.on_rank_death = on_rank_death
 
         if resource_pool is None:
             self._init_with_detached_workers(worker_names, worker_handles)
@@ -96,7 +115,9 @@ class WorkerGroup:
             self.method_names = self._bind_worker_method(ray_cls_with_init.cls, func_generator)
         if self._owns_workers and not detached:
             # Ray's lifetime: the workers go once this group and all its views are garbage.
-            self._life = life.arm(self._rt, self._members.workers, self._gid, self._pg_ids)
+            self._life = life.arm(self._rt, self._lifetime_workers(), self._gid, self._pg_ids)
+        if on_rank_death == "replace":
+            self._calls.before_call = self._replace_dead
 
     # ---- building -----------------------------------------------------------------------
 
@@ -104,16 +125,37 @@ class WorkerGroup:
                                  detached: bool, worker_env: dict[str, str] | None) -> None:
         specs, self._pg_ids = build.pool_specs(pool, cia, self.name_prefix, bin_pack=bin_pack, detached=detached,
                                                worker_env=worker_env, device_name=self.device_name)
+        if self._standby_count:  # no spare capacity: InfeasibleError now, before any worker starts
+            self._spare = replace.spare_pool(self._rt, pool, self._standby_count, bin_pack, self.name_prefix,
+                                             detached)
         self._rt.acquire_pgs(self._gid, self._pg_ids)
         self._owns_workers = True
         self._rt.track_group(self)
+        self._replacer = replace.RankReplacer(self._rt, self._members, self._calls, cia, self.name_prefix,
+                                              "" if detached else self._rt.session_id)
         try:
             self._rt.run(build.start_workers(self._rt, self._members, self._calls, specs, cia, detached,
                                              self.name_prefix),
                          timeout=self._rt.placement_timeout + 60, what=f"starting WorkerGroup {self.name_prefix!r}")
+            if self._standby_count:
+                self._start_standbys(specs, worker_env)
         except BaseException:
             self.shutdown()
             raise
+
+    def _start_standbys(self, specs: list, worker_env: dict | None) -> None:
+        """A placement group of ``standby`` bundles like the pool's, with the group's strategy,
+        and a constructed worker on each."""
+        assert self._spare is not None
+        spare, strategy = self._spare
+        pgs = spare.get_placement_groups(strategy=strategy, device_name=self.device_name)
+        ids = [pg.id for pg in pgs]
+        self._rt.acquire_pgs(self._gid, ids)
+        self._pg_ids = sorted({*self._pg_ids, *ids})
+        replacer = self._replacer
+        assert replacer is not None
+        self._rt.run(replacer.start_standbys(pgs[0], self._standby_count, specs[0].num_gpus, dict(worker_env or {})),
+                     timeout=self._rt.placement_timeout + 60, what=f"starting {self._standby_count} standbys")
 
     def _init_with_detached_workers(self, worker_names: list[str] | None,
                                     worker_handles: list[WorkerHandle] | None) -> None:
@@ -230,6 +272,54 @@ class WorkerGroup:
         """Values of refs/futures (same as :func:`podium.controller.get`)."""
         return _get(refs, timeout)
 
+    # ---- standbys and replacement --------------------------------------------------------
+
+    @property
+    def standby_workers(self) -> list[WorkerHandle]:
+        """The warm standbys left (constructed, outside the rank table)."""
+        return list(self._replacer.standbys) if self._replacer is not None else []
+
+    @property
+    def rendezvous_version(self) -> int:
+        """0 at the start, +1 per replaced rank (the MASTER_PORT changes with it)."""
+        return self._replacer.version if self._replacer is not None else 0
+
+    @property
+    def last_replacement(self) -> dict[str, float]:
+        """Seconds of the last replacement's steps: ``fence``, ``handover``, ``rendezvous``."""
+        return dict(self._replacer.last_timings) if self._replacer is not None else {}
+
+    def replace_rank(self, rank: int) -> WorkerHandle:
+        """Replace rank ``rank``: its process is fenced (killed and reaped, never live twice),
+        a standby (or a fresh worker when none is left) takes its RANK and its place in
+        dispatch and collect, and every rank adopts a new rendezvous version (new
+        MASTER_PORT, group name with the version) through its ``@on_rendezvous`` hooks
+        (:mod:`podium.worker.rendezvous`). Returns the new rank's handle."""
+        return self._replace([rank])[0]
+
+    def _replace(self, ranks: list[int]) -> list[WorkerHandle]:
+        replacer = self._replacer
+        if replacer is None or self._calls.closed:
+            raise replace.not_replaceable(self.name_prefix)
+        try:
+            return self._rt.run(replacer.replace(ranks), timeout=self._rt.placement_timeout + 120,
+                                what=f"replacing ranks {ranks} of {self.name_prefix!r}")
+        finally:
+            if self._life is not None:
+                life.rearm(self._life, self._rt, self._lifetime_workers(), self._gid, self._pg_ids)
+
+    def _replace_dead(self) -> None:
+        """``on_rank_death="replace"``: the ranks a call found dead or unresponsive, or whose
+        connection broke, replaced before the next call."""
+        members = self._members
+        dead = set(members.dead)
+        dead.update(i for i, w in enumerate(members.workers) if w.client is not None and w.client.broken is not None)
+        if dead:
+            self._replace(sorted(dead))
+
+    def _lifetime_workers(self) -> list[WorkerHandle]:
+        return [*self._members.workers, *(self._replacer.standbys if self._replacer is not None else [])]
+
     # ---- lifetime -----------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -243,7 +333,7 @@ class WorkerGroup:
         if owns and self._life is not None:
             self._life.disarm()
         rt = self._rt
-        workers = self._members.workers
+        workers = self._lifetime_workers() if owns else self._members.workers
         disconnect = owns or self._is_init_with_detached_workers
         pg_ids = self._pg_ids
 

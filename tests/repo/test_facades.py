@@ -37,7 +37,8 @@ FACADES = {
         "make_nd_compute_dataproto_dispatch_fn", "merge_resource_pool", "register_dispatch_mode",
         "split_resource_pool", "update_dispatch_mode",
     ],
-    "podium.worker": ["Dispatch", "DynamicEnum", "Execute", "Worker", "WorkerHelper", "register"],
+    "podium.worker": ["Dispatch", "DynamicEnum", "Execute", "Rendezvous", "Worker", "WorkerHelper", "on_rendezvous",
+                      "register"],
 }
 
 

@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from podium import errors, rpc
+from podium.worker.agent.ports import ephemeral_range
 from podium.v1 import common_pb2, node_pb2
 from podium.worker.agent.service import AgentConfig, run_agent
 from podium.worker.agent.gpus import FakeProvider, ProcessUsage, fake_uuid
@@ -355,6 +356,9 @@ def test_reserve_port_holds_until_spawn_or_expiry(tmp_path):
         async with node(tmp_path) as (recorder, agent, stub):
             held = (await stub.ReservePort(node_pb2.ReservePortRequest(), timeout=WAIT)).port
             assert held > 0 and not can_bind(held)
+            # outside the kernel's ephemeral range: no outgoing connection can take it (#51)
+            low, high = ephemeral_range()
+            assert not low <= held <= high and agent.ports.range[0] <= held <= agent.ports.range[1]
             await spawn_running(stub, recorder, worker("w-master", MASTER_PORT=str(held)),
                                 reserved_port=held)
             assert can_bind(held) and agent.ports.held() == []

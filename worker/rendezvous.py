@@ -1,0 +1,97 @@
+"""A group's rendezvous seen from a worker: :class:`Rendezvous` (version, rank, world size,
+MASTER_ADDR/MASTER_PORT, the versioned group name) and the hook that learns each new one.
+
+When a WorkerGroup replaces a rank (``wg.replace_rank(i)``, or ``on_rank_death="replace"``),
+every rank, old and new, gets the new rendezvous: Podium writes ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` into ``os.environ`` (and a :class:`~podium.worker.Worker`'s
+rank), then calls each method of the hosted class marked ``@on_rendezvous`` with the
+:class:`Rendezvous`, on every rank at once, so user code re-forms its ``torch.distributed``
+group there (``destroy_process_group()``, then ``init_process_group(...)``).
+
+The hook runs on each rank's execution thread, after the call in hand. A survivor still
+blocked in a collective with the dead rank (gloo has no abort) delays it until that
+collective fails, so: give ``init_process_group`` a ``timeout``, and have a rank whose
+collective raised call ``destroy_process_group()`` before it re-raises: that closes its
+connections, so the ranks waiting on it fail at once too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Callable, TypeVar
+
+__all__ = ["Rendezvous", "on_rendezvous", "open_port", "adopt"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The attribute ``@on_rendezvous`` sets on a method.
+MARK = "__podium_on_rendezvous__"
+
+#: The port rank 0 bound for the next rendezvous (held until :func:`adopt` releases it).
+_held: socket.socket | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    """One version of a group's rendezvous, as one rank sees it."""
+
+    #: 0 at the group's start, +1 per replacement.
+    version: int
+    #: This worker's rank.
+    rank: int
+    #: Ranks in the group.
+    world_size: int
+    #: MASTER_ADDR of this version (rank 0's node).
+    master_addr: str
+    #: MASTER_PORT of this version (new with each version).
+    master_port: int
+    #: A name for this version's collective group: the group's name and the version.
+    group_name: str
+
+    @property
+    def init_method(self) -> str:
+        """``tcp://MASTER_ADDR:MASTER_PORT`` for ``init_process_group(init_method=...)``."""
+        host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
+        return f"tcp://{host}:{self.master_port}"
+
+
+def on_rendezvous(fn: F) -> F:
+    """Mark a method of a hosted class: called with each new :class:`Rendezvous` of its group."""
+    setattr(fn, MARK, True)
+    return fn
+
+
+def open_port(_obj: Any, host: str) -> int:
+    """Run in rank 0 (``__ray_call__``): bind a rendezvous port on ``host`` (outside the
+    ephemeral range, podium.worker.agent.ports) and hold it until :func:`adopt`."""
+    global _held
+    from podium.worker.agent.ports import bind_rendezvous_port
+    if _held is not None:
+        _held.close()
+    _held = bind_rendezvous_port(host)
+    return _held.getsockname()[1]
+
+
+def adopt(obj: Any, rdzv: Rendezvous) -> int:
+    """Run in every rank (``__ray_call__``): take ``rdzv`` (env, a Worker's rank), release
+    the held port, then call the hosted object's ``@on_rendezvous`` methods. Returns how
+    many hooks ran."""
+    global _held
+    os.environ.update(RANK=str(rdzv.rank), WORLD_SIZE=str(rdzv.world_size),
+                      MASTER_ADDR=rdzv.master_addr, MASTER_PORT=str(rdzv.master_port))
+    for attr, value in (("_rank", rdzv.rank), ("_world_size", rdzv.world_size),
+                        ("_master_addr", rdzv.master_addr), ("_master_port", str(rdzv.master_port))):
+        if hasattr(obj, attr):
+            setattr(obj, attr, value)
+    if _held is not None:  # rank 0: torch binds it next, in the hook
+        _held.close()
+        _held = None
+    ran = 0
+    for name in dir(type(obj)):
+        method = getattr(type(obj), name, None)
+        if callable(method) and getattr(method, MARK, False):
+            getattr(obj, name)(rdzv)
+            ran += 1
+    return ran
