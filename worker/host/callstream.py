@@ -92,6 +92,7 @@ class CallStream:
                     if decoded is True:
                         continue
                 await self.on_frame(frame, decoded)
+                decoded = None  # the call's arguments die with the call, not at the next frame
             # The client half-closed: let the calls in flight answer.
             self.host.exec_thread.hold_prompt(True)
             held = True

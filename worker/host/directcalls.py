@@ -298,9 +298,11 @@ class DirectReader:
                 # (No argument lies in a shared segment here: the thread takes no shm or staged
                 # call, so no reply by reference into one depends on the arguments being gone.)
                 result = self._invoke(fn, value[0], value[1], header, conn)
+                value = None  # the arguments die with the call, not at the next one
                 if result.pending is not None:
                     result = result.settle()
             except BaseException as exc:  # noqa: BLE001 - the call's error reply
+                value = None
                 book.thread_running = 0
                 self._answer_on_loop(frame, started, False, exc)
             else:

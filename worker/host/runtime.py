@@ -297,6 +297,7 @@ class HostRuntime:
                 raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
             if started:
                 RING.add("run", header.method, started, now_ns(), header.trace_id)
+            value = args = kwargs = decoded = payload = None  # the arguments die before the reply
             outcome = self.invoker.package(result, header, active.stream.conn)
         active.bytes_out = outcome.nbytes
         await active.stream.send_outcome(active.call_id, outcome)
