@@ -24,23 +24,25 @@ import contextlib
 import contextvars
 import dataclasses
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from podium import codec
+from podium.borrows import BORROWS
 from podium.errors import (ArgumentMismatchError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                            ObjectLostError, OutOfRangeError, OwnerDiedError, UnavailableError)
 
-__all__ = ["ObjectRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver", "on_loop", "exporting",
-           "keep_if_exported",
+__all__ = ["ObjectRef", "BorrowedRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver", "on_loop",
+           "exporting", "keep_if_exported",
            "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value", "lost_error"]
 
 
 #: Set while a worker encodes what leaves it for good (a result, a held value).
 _exporting: contextvars.ContextVar[bool] = contextvars.ContextVar("podium_exporting", default=False)
-#: Refs this process owns that left it inside a result: kept until the process ends. Nothing
-#: tells the owner when the receiver is done with them, and the value must outlive the local
-#: ref that made it (a method that returns ``[ray.put(x)]``); the hold budget bounds them.
+#: Refs this process owns or borrows that left it inside a result: kept until the process
+#: ends. A result may be fetched (and so borrowed) long after the method returned, or never,
+#: so nothing tells when its receivers are done; the hold budget bounds what this keeps.
 _exported: list[Any] = []
 
 
@@ -55,8 +57,8 @@ def exporting():
 
 
 def keep_if_exported(ref: Any) -> None:
-    """Called as a ref this process owns is pickled: inside a result, keep it (and so its
-    value) alive until the process ends."""
+    """Called as a ref this process owns or borrows is pickled: inside a result, keep it (and
+    so its value) alive until the process ends."""
     if _exporting.get():
         _exported.append(ref)
 
@@ -92,7 +94,7 @@ class ObjectRef:
     inline: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __reduce__(self):
-        return (ObjectRef, (self.object_id, self.worker_id, self.owner_address, self.owner_rank,
+        return (_received, (self.object_id, self.worker_id, self.owner_address, self.owner_rank,
                             self.size_bytes, self.rows))
 
     async def aget(self, timeout: float | None = None) -> Any:
@@ -107,6 +109,31 @@ class ObjectRef:
     def get(self, timeout: float | None = None) -> Any:
         """Fetch the whole value from its owner (blocking; not on the resolver's loop)."""
         return get_resolver().run_sync(get_resolver().fetch(self), timeout)
+
+
+class BorrowedRef(ObjectRef):
+    """An ObjectRef whose value another process owns, received here: while a copy of it lives,
+    its owner counts this process as a borrower and keeps the value (:mod:`podium.borrows`).
+    Pickled into a worker's result it is kept, with its borrow, until this process ends
+    (:func:`keep_if_exported`)."""
+
+    def __reduce__(self):
+        keep_if_exported(self)
+        return super().__reduce__()
+
+
+def _received(object_id: str, worker_id: str, owner_address: str, owner_rank: int, size_bytes: int,
+              rows: int) -> ObjectRef:
+    """A ref unpickled here: borrowed when another process owns its value and this one has a
+    resolver that counts borrows, else a plain ObjectRef."""
+    resolver = _resolver
+    owns = getattr(resolver, "owns", None)
+    if owns is None or owns(owner_address):
+        return ObjectRef(object_id, worker_id, owner_address, owner_rank, size_bytes, rows)
+    ref = BorrowedRef(object_id, worker_id, owner_address, owner_rank, size_bytes, rows)
+    BORROWS.add(owner_address, object_id, resolver)
+    weakref.finalize(ref, BORROWS.drop, owner_address, object_id, resolver).atexit = False
+    return ref
 
 
 def inline_value(ref: ObjectRef, rows: tuple[int, int] | None = None) -> Any:
@@ -299,6 +326,10 @@ class Resolver(Protocol):
 
     def run_sync(self, coro, timeout: float | None) -> Any:
         """Run ``coro`` to completion from a thread that is not the resolver's loop."""
+
+    # A resolver that also has ``loop``, ``owns(address) -> bool`` (a value this process
+    # holds) and ``async send_borrows(owner, borrow, unborrow)`` counts the refs this process
+    # receives as borrows at their owners (podium.borrows).
 
 
 _resolver: Resolver | None = None

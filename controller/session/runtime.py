@@ -34,6 +34,7 @@ from podium.controller.session.deathwatch import DeathWatch
 from podium.controller.session.embedded import (DEFAULT_FAKE_GPUS, STARTUP_TIMEOUT, _start_embedded,  # noqa: F401
                                         _stop_process)
 from podium.controller.session.objects import ObjectServer
+from podium.controller.session.resolver import Resolver
 from podium.controller.session.releaser import Releaser
 from podium.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 
@@ -91,51 +92,6 @@ class _LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout=10)
-
-
-class _Resolver:
-    """Fetches refs for the controller process (``podium.refs.set_resolver``)."""
-
-    def __init__(self, runtime: "Runtime", beside: Any = None) -> None:
-        self._runtime = runtime
-        #: The resolver this one replaced (a worker host's, when a worker's code opened a
-        #: session): a fetch awaited on that resolver's loop is its to make.
-        self.beside = beside
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The runtime's loop, which owns the fetch clients."""
-        return self._runtime.loop
-
-    async def fetch(self, ref, rows=None):
-        from podium.refs import inline_value, lost_error, on_loop
-        running = asyncio.get_running_loop()
-        if running is not self._runtime.loop:
-            beside = self.beside
-            if beside is not None and getattr(beside, "loop", None) is running:
-                return await beside.fetch(ref, rows)
-            return await on_loop(self._runtime.loop, self.fetch(ref, rows))
-        if ref.inline is not None:  # a small result that came with its ref: no RPC
-            self._runtime.stats["fetches"] += 1
-            self._runtime.stats["fetched_bytes"] += len(ref.inline)
-            return inline_value(ref, rows)
-        objects = self._runtime.objects
-        if objects.store is not None and ref.owner_address == objects.address:
-            try:  # put() here: no RPC to ourselves
-                return objects.local_value(ref, rows)
-            except Exception as exc:  # noqa: BLE001 - released: said as ObjectLostError
-                raise lost_error(ref, exc) from None
-        client = await self._runtime.fetch_client(ref.owner_address)
-        try:
-            value = await client.fetch(ref, rows)
-        except Exception as exc:  # noqa: BLE001 - an owner gone or a released value: ObjectLostError
-            raise lost_error(ref, exc) from None
-        self._runtime.stats["fetches"] += 1
-        self._runtime.stats["fetched_bytes"] += client.last_fetch_bytes
-        return value
-
-    def run_sync(self, coro, timeout):
-        return self._runtime.run(coro, timeout=timeout, what="fetch")
 
 
 class Runtime:
@@ -447,7 +403,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             previous = get_resolver()
         except FailedPreconditionError:  # no worker host in this process
             previous = None
-        set_resolver(_Resolver(runtime, beside=previous))
+        set_resolver(Resolver(runtime, beside=previous))
         _runtime = runtime
         _register_atexit()
         runtime.gc_frozen = gcfreeze.freeze()
@@ -481,7 +437,7 @@ def shutdown() -> None:
         STAGE.close()  # no staged segment's file outlives the groups
         with contextlib.suppress(Exception):
             resolver = get_resolver()
-            if isinstance(resolver, _Resolver):
+            if isinstance(resolver, Resolver):
                 set_resolver(resolver.beside)
 
 

@@ -660,16 +660,38 @@ class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OBJECT_IDS_FIELD_NUMBER: _builtins.int
+    BORROW_FIELD_NUMBER: _builtins.int
+    UNBORROW_FIELD_NUMBER: _builtins.int
+    BORROWER_FIELD_NUMBER: _builtins.int
+    borrower: _builtins.str
+    """The borrower: the address its process answers Describe on ("" for none). The owner
+    watches it while it holds borrows, and gives them back for it when it is gone.
+    """
     @_builtins.property
-    def object_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def object_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Held values their owner no longer names: dropped unless another process borrowed them."""
+
+    @_builtins.property
+    def borrow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Held values another process received a ref to and keeps (Ray's borrowers): each id
+        counts one borrow, and a borrowed value outlives its owner's release.
+        """
+
+    @_builtins.property
+    def unborrow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Borrows given back (the borrower's last copy of the ref is gone)."""
+
     def __init__(
         self,
         *,
         object_ids: _abc.Iterable[_builtins.str] | None = ...,
+        borrow: _abc.Iterable[_builtins.str] | None = ...,
+        unborrow: _abc.Iterable[_builtins.str] | None = ...,
+        borrower: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_ids", b"object_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrow", b"borrow", "borrower", b"borrower", "object_ids", b"object_ids", "unborrow", b"unborrow"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -38,7 +38,7 @@ from tests.support.waiting import REPO
 CORE = ["podium.errors", "podium.resources", "podium.codec", "podium.dataproto", "podium.auth",
         "podium.process", "podium.v1", "podium.memcap", "podium.cudawire", "podium.memorypool", "podium.rowcat",
         "podium.spans", "podium.limits", "podium.private", "podium.tracering", "podium.runtimeenv", "podium.zippackage"]
-WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.agentlogs", "podium.httplimits",
+WIRE = ["podium.rpc", "podium.transport", "podium.refs", "podium.borrows", "podium.agentlogs", "podium.httplimits",
         "podium.workerstacks"]
 #: ``ray`` is the stand-in (podium/compat/raypath/ray), a root of its own on PYTHONPATH under
 #: ``podium run``: part of the compat layer, so what imports it is seen like any other import.

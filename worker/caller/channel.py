@@ -164,12 +164,15 @@ class WorkerChannel:
         self.last_fetch_bytes = assembler.total_size
         return codec.decode(assembler.result())
 
-    async def release(self, object_ids, *, timeout: float | None = 30.0) -> int:
-        """Drop held results in the worker; returns how many were held."""
+    async def release(self, object_ids, *, borrow=(), unborrow=(), borrower: str = "",
+                      timeout: float | None = 30.0) -> int:
+        """Drop held results in the worker (count ``borrow``s and give back ``unborrow``s of
+        ids by ``borrower`` first, podium.borrows); returns how many were held."""
         stub = self.stub()
         ids = [r.object_id if isinstance(r, ObjectRef) else r for r in object_ids]
         try:
-            reply = await stub.Release(worker_pb2.ReleaseRequest(object_ids=ids),
+            reply = await stub.Release(worker_pb2.ReleaseRequest(object_ids=ids, borrow=borrow, unborrow=unborrow,
+                                                                 borrower=borrower),
                                              timeout=timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc, "Release") from None

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from podium import errors
+from podium.borrows import BORROWS
 from podium.tracering import RING, mono_to_ns, now_ns
 from podium.transport import chunks
 from podium.transport.connection import CallConnection
@@ -169,7 +170,7 @@ class CallCompletion:
         """The thread's send: a fast-path call's small reply, from the execution thread
         (True if it went; one wake-up of the loop fewer per call). :meth:`end_fast` counts it
         later, on the loop."""
-        if not ok:
+        if not ok or BORROWS.events or BORROWS.sending:  # (borrows go out first: :meth:`send`)
             return False
         if RING.on:  # before the reply leaves: a caller that reads the timeline next finds it
             header = active.header
@@ -212,7 +213,8 @@ class CallCompletion:
             elif not ok:
                 stats["call_errors"] += 1
                 self._conn.write_nowait(writer.error_frame(call_id, result))
-            elif not writer.reply_nowait(call_id, result):  # the loop's write or bulk; else chunks
+            # The loop's write or bulk; else chunks, or borrows to settle first (awaited).
+            elif BORROWS.events or BORROWS.sending or not writer.reply_nowait(call_id, result):
                 writer.reply_later(active, result)
         except errors.PodiumError:
             pass  # the connection is closed: nobody to tell
@@ -222,7 +224,10 @@ class CallCompletion:
 
     async def send(self, call_id: int, outcome: Outcome) -> None:
         """The general path's reply (awaited): the loop's write or a bulk frame on the raw
-        socket, else one frame or chunks on the stream."""
+        socket, else one frame or chunks on the stream. The borrows the call made or gave
+        back reach their owners first (podium.borrows)."""
+        if BORROWS.events or BORROWS.sending:
+            await BORROWS.settle()
         conn, writer = self._conn, self._writer
         if conn.writes_nowait and writer.reply_nowait(call_id, outcome):
             if conn.must_drain:

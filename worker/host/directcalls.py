@@ -41,6 +41,7 @@ from time import monotonic
 from typing import Any, Protocol
 
 from podium import errors
+from podium.borrows import BORROWS
 from podium.tracering import RING
 from podium.transport.frames import BULK_FLAG, CANCEL, FRAME_LENGTH, is_whole_call
 from podium.v1 import worker_pb2
@@ -307,7 +308,9 @@ class DirectReader:
                 self._answer_on_loop(frame, started, False, exc)
             else:
                 book.thread_running = 0
-                data = reply_frame(frame.call_id, result, conn) if result.lent is None else None
+                # A borrow not yet known to its owner goes out before the reply: the loop's.
+                lent_or_borrows = result.lent is not None or BORROWS.events or BORROWS.sending
+                data = None if lent_or_borrows else reply_frame(frame.call_id, result, conn)
                 if data is None:
                     self._answer_on_loop(frame, started, True, result)
                 else:

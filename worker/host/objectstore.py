@@ -58,6 +58,15 @@ class ObjectStore:
         """Whether the value ``object_id`` is held here."""
         return object_id in self._runtime.held
 
+    @property
+    def held_count(self) -> int:
+        """How many values are held here now."""
+        return len(self._runtime.held)
+
+    def kept_for_borrowers(self, object_id: str) -> bool:
+        """Whether ``object_id`` is held only for other processes that borrowed its ref."""
+        return self._runtime.held.kept_for_borrowers(object_id)
+
     def hold(self, value: Any) -> worker_pb2.ObjectRefInfo:
         """Hold a snapshot of ``value`` and return its ref's description."""
         return self._runtime.hold_value(value)
@@ -88,6 +97,9 @@ class ObjectStore:
                 await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                                     "the controller's object server serves Fetch and Release only")
 
+        from podium.worker.host.borrowerwatch import BorrowerWatch
+
+        self._runtime.borrower_watch = BorrowerWatch(self._runtime.held, self._spec.token, self._spec.tls)
         server, health = rpc.make_server(self._spec.token)
         worker_pb2_grpc.add_WorkerServicer_to_server(ObjectServicer(self._runtime), server)
         host = self._spec.host

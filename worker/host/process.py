@@ -32,6 +32,7 @@ from podium.worker.host import gpucap
 from podium.worker.host.callstream import CallStream
 from podium.worker.host.config import HostConfig
 from podium.worker.host.runtime import HostRuntime
+from podium.worker.host.borrowerwatch import BorrowerWatch
 from podium.worker.host.servicer import WorkerServicer
 
 __all__ = ["HostResolver", "RunningHost", "start_host", "current_host", "main"]
@@ -54,6 +55,28 @@ class HostResolver:
         """The host's loop, which owns the peer clients."""
         return self._loop
 
+    def owns(self, address: str) -> bool:
+        """Whether ``address`` is this worker's own (its values are held here)."""
+        return address == self._host.address
+
+    async def send_borrows(self, owner: str, borrow: list[str], unborrow: list[str]) -> None:
+        """Count borrows of ``owner``'s values, and give borrows back (podium.borrows)."""
+        await self._client(owner).channel.release([], borrow=borrow, unborrow=unborrow, borrower=self.borrower)
+
+    @property
+    def borrower(self) -> str:
+        """This process as a borrower: the host's address, which its owners watch."""
+        return self._host.address
+
+    def _client(self, address: str, rank: int = -1, worker_id: str = "") -> Any:
+        client = self._clients.get(address)
+        if client is None:
+            from podium.worker.caller.client import WorkerClient
+
+            client = WorkerClient(address, self._token, rank=rank, worker_id=worker_id, tls=self._tls)
+            self._clients[address] = client
+        return client
+
     async def fetch(self, ref: refs.ObjectRef, rows: tuple[int, int] | None = None) -> Any:
         """The value of ``ref`` (or rows of it); a copy, so callers may mutate it. Awaited on
         another loop (a thread of the user's own), it runs on the host's."""
@@ -63,13 +86,7 @@ class HostResolver:
         if ref.owner_address == host.address:
             _, encoded = host.fetch_value(ref.object_id, rows)
             return codec.decode(bytearray(b"".join(encoded.to_segments())))
-        client = self._clients.get(ref.owner_address)
-        if client is None:
-            from podium.worker.caller.client import WorkerClient
-
-            client = WorkerClient(ref.owner_address, self._token, rank=ref.owner_rank,
-                                  worker_id=ref.worker_id, tls=self._tls)
-            self._clients[ref.owner_address] = client
+        client = self._client(ref.owner_address, ref.owner_rank, ref.worker_id)
         try:
             value = await client.fetch(ref, rows)
         except Exception as exc:  # noqa: BLE001 - an owner gone or a released value: ObjectLostError
@@ -193,6 +210,7 @@ async def start_host(address: str = "127.0.0.1", token: str | None = None,
             max_bulk=runtime.config.max_payload_bytes,
             ssl_context=tls.ssl_context(server=True) if tls is not None else None)
     resolver = HostResolver(runtime, token, tls)
+    runtime.borrower_watch = BorrowerWatch(runtime.held, token, tls)
     refs.set_resolver(resolver)
     _current = runtime
     return RunningHost(server=server, runtime=runtime, resolver=resolver, port=bound, host=address,

@@ -46,6 +46,9 @@ class HostRuntime:
     def __init__(self, config: HostConfig) -> None:
         self.config = config
         self.held = HeldStore(config.hold_budget_bytes)
+        #: Watches the processes that borrow held values (a BorrowerWatch, set by whoever
+        #: serves this runtime; None: borrowers are not watched).
+        self.borrower_watch: Any = None
         #: Port of the raw call socket (podium.transport.callsocket) on the same address; 0: none.
         self.call_port = 0
         #: Its open connections (closed when the host stops).

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from podium import rpc
+from podium import errors, rpc
+from podium.limits import MAX_REPEATED, check_count
 from podium.tracering import RING, now_ns
 from podium.v1 import worker_pb2, worker_pb2_grpc
 from podium.worker.host.callstream import CallStream
@@ -17,6 +18,9 @@ from podium.worker.host.runtime import HostRuntime
 from podium.worker.host.threadstacks import thread_stacks
 
 __all__ = ["WorkerServicer"]
+
+#: The longest borrower address a Release may name ("host:port", or "[v6]:port").
+_MAX_BORROWER_CHARS = 512
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -42,8 +46,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     @rpc.handle_errors
     async def Release(self, request, context):
-        """Drop held results."""
-        return worker_pb2.ReleaseResponse(released=self.runtime.held.release(request.object_ids))
+        """Count borrows and give them back, then drop held results (see HeldStore)."""
+        held = self.runtime.held
+        for ids, what in ((request.borrow, "borrow"), (request.unborrow, "unborrow")):
+            check_count(len(ids), MAX_REPEATED, f"release: {what} ids")
+        borrower = request.borrower
+        if len(borrower) > _MAX_BORROWER_CHARS:
+            raise errors.InvalidArgumentError(
+                f"release: a borrower address of {len(borrower)} characters (the most: {_MAX_BORROWER_CHARS})")
+        if request.borrow:
+            held.borrow(request.borrow, borrower)
+            watch = self.runtime.borrower_watch
+            if watch is not None:
+                watch.ensure()
+        held.unborrow(request.unborrow, borrower)
+        return worker_pb2.ReleaseResponse(released=held.release(request.object_ids))
 
     @rpc.handle_errors
     async def Shutdown(self, request, context):

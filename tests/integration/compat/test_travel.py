@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 EXPECTED = {
     "write": "[True, True]",
     "read through dataclass": "5",
-    "nested kinds": "['ObjectRef', 'True']",
+    "nested kinds": "['True']",
     "nested total": "8",
     "nested to a task": "8",
     "refs from a result": "[10, 5]",
@@ -93,3 +93,15 @@ def test_an_actor_whose_handle_was_dropped_answers_the_calls_made_through_it():
 
 def test_a_get_without_deadline_ends_when_its_worker_dies():
     assert _long_get("dies")["dies"] == "WorkerDiedError True"
+
+
+def test_a_ref_keeps_its_value_alive_in_whichever_process_holds_it():
+    lines = _podium_run(["--num-cpus", "8"], "borrow_program.py")
+    assert lines["kept for its borrower"] == "True"  # the driver dropped its ref; an actor keeps it
+    assert lines["borrower reads"] == "{'weights': 42}"
+    assert lines["passed on"] == "True"  # A handed it to B and dropped its own copy
+    assert lines["second borrower reads"] == "{'weights': 42} True"
+    assert lines["freed with its last borrow"] == "True True"  # no leak: back to the baseline
+    assert lines["kept for the doomed borrower"] == "True"
+    assert lines["freed when its borrower died"] == "True True"
+    assert lines["borrowed from a worker"] == "[0, 1, 2]"

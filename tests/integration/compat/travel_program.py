@@ -50,7 +50,7 @@ class User:
         return ray.get(holder.handle.get.remote("a"))
 
     def kinds(self, box):
-        return sorted({type(r).__name__ for r in box["refs"]} | {str(isinstance(r, ray.ObjectRef)) for r in box["refs"]})
+        return sorted({str(isinstance(r, ray.ObjectRef)) for r in box["refs"]})
 
     def total(self, box):
         return sum(ray.get(box["refs"]))

@@ -57,3 +57,35 @@ def test_default_budget_is_a_quarter_of_ram():
 
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert default_budget({}) == ram // 4
+
+
+def test_a_dead_borrowers_borrows_are_given_back_for_it():
+    store = HeldStore(budget_bytes=1000)
+    shared = store.put("v", None, 10, -1)
+    alone = store.put("w", None, 10, -1)
+    store.borrow([shared.object_id, alone.object_id], "10.0.0.1:1")
+    store.borrow([shared.object_id], "10.0.0.2:1")
+    assert store.borrow_count(shared.object_id) == 2 and sorted(store.borrowers()) == ["10.0.0.1:1", "10.0.0.2:1"]
+    assert store.release([shared.object_id, alone.object_id]) == 2
+    assert store.kept_for_borrowers(shared.object_id) and store.kept_for_borrowers(alone.object_id)
+    assert store.borrower_gone("10.0.0.1:1") == 1  # its lone borrow went: that value too
+    assert alone.object_id not in store and shared.object_id in store
+    assert store.borrowers() == ["10.0.0.2:1"]
+    assert store.unborrow([shared.object_id], "10.0.0.1:1") == 0  # a late return of the dead one's: ignored
+    assert shared.object_id in store
+    assert store.unborrow([shared.object_id], "10.0.0.2:1") == 1
+    assert len(store) == 0 and store.used_bytes == 0 and store.borrowers() == []
+
+
+def test_one_value_has_a_bounded_number_of_borrowers(monkeypatch):
+    from podium.errors import ResourceExhaustedError
+    from podium.worker.host import heldstore
+
+    monkeypatch.setattr(heldstore, "MAX_BORROWERS", 2)
+    store = HeldStore(budget_bytes=1000)
+    held = store.put("v", None, 10, -1)
+    store.borrow([held.object_id], "a")
+    store.borrow([held.object_id], "b")
+    store.borrow([held.object_id], "b")  # a borrower already counted adds no entry
+    with pytest.raises(ResourceExhaustedError, match="borrowers"):
+        store.borrow([held.object_id], "c")
