@@ -45,12 +45,14 @@ class Borrows:
     """The borrows of one process, by (owner address, object id)."""
 
     def __init__(self) -> None:
-        self._events: collections.deque = collections.deque()
+        #: Borrows made and given back, not yet counted (any thread appends).
+        self.events: collections.deque = collections.deque()
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = threading.RLock()  # (a done callback may run at once, inside _send)
         self._armed = False
-        #: The last message to each owner still in flight (the next one waits for it).
-        self._sending: dict[str, concurrent.futures.Future] = {}
+        #: The last message to each owner still in flight (the next one waits for it). A hot
+        #: path reads ``BORROWS.events or BORROWS.sending`` for :attr:`busy`: no call.
+        self.sending: dict[str, concurrent.futures.Future] = {}
         #: Borrows sent and given back (tests and stats read them).
         self.sent = {"borrow": 0, "unborrow": 0}
 
@@ -58,17 +60,17 @@ class Borrows:
     def busy(self) -> bool:
         """Whether a borrow or its return is not yet known to its owner (a reply waits: see
         :meth:`settle`)."""
-        return bool(self._events) or bool(self._sending)
+        return bool(self.events) or bool(self.sending)
 
     def add(self, owner: str, object_id: str, resolver: Any) -> None:
         """A borrowed ref was made, to be counted through ``resolver`` (a ``podium.refs``
         resolver with ``loop``, ``owns`` and ``send_borrows``); any thread."""
-        self._events.append((owner, object_id, 1, resolver))
+        self.events.append((owner, object_id, 1, resolver))
         self._arm(resolver)
 
     def drop(self, owner: str, object_id: str, resolver: Any) -> None:
         """A borrowed ref is gone (any thread, a finalizer)."""
-        self._events.append((owner, object_id, -1, resolver))
+        self.events.append((owner, object_id, -1, resolver))
         self._arm(resolver)
 
     def _arm(self, resolver: Any) -> None:
@@ -87,7 +89,7 @@ class Borrows:
         resolvers: dict[str, Any] = {}
         with self._lock:
             counts = self._counts
-            events = self._events
+            events = self.events
             while events:
                 owner, object_id, delta, resolver = events.popleft()
                 resolvers[owner] = resolver
@@ -117,14 +119,14 @@ class Borrows:
     def _send(self, resolver: Any, owner: str, borrow: list[str], unborrow: list[str]) -> concurrent.futures.Future:
         # One owner's messages go one after another: a borrow given back must not reach
         # the owner before the borrow itself. (Under self._lock.)
-        before = self._sending.get(owner)
+        before = self.sending.get(owner)
         future = asyncio.run_coroutine_threadsafe(_send(before, resolver, owner, borrow, unborrow), resolver.loop)
-        self._sending[owner] = future
+        self.sending[owner] = future
 
         def done(_: Any) -> None:
             with self._lock:
-                if self._sending.get(owner) is future:
-                    del self._sending[owner]
+                if self.sending.get(owner) is future:
+                    del self.sending[owner]
         future.add_done_callback(done)
         return future
 
@@ -134,7 +136,7 @@ class Borrows:
         leaves while :attr:`busy`."""
         self.flush()
         with self._lock:
-            waiting = list(self._sending.values())
+            waiting = list(self.sending.values())
         if waiting:
             await asyncio.wait([asyncio.wrap_future(f) for f in waiting])
 
