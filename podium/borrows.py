@@ -113,7 +113,8 @@ class Borrows:
                     part = (borrow[start:start + MAX_REPEATED], unborrow[start:start + MAX_REPEATED])
                     self.sent["borrow"] += len(part[0])
                     self.sent["unborrow"] += len(part[1])
-                    sent.append(self._send(resolvers[owner], owner, *part))
+                    with contextlib.suppress(RuntimeError):  # its loop is closed: the process is ending
+                        sent.append(self._send(resolvers[owner], owner, *part))
         return sent
 
     def _send(self, resolver: Any, owner: str, borrow: list[str], unborrow: list[str]) -> concurrent.futures.Future:

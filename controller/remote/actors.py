@@ -39,6 +39,7 @@ from podium.controller.remote.actoroptions import DEFAULT_NAMESPACE, Options, pa
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
+from podium.controller.session.argrefs import refs_inside
 from podium.controller.session.runtime import get_runtime
 from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
                            NotFoundError, SlotFullError)
@@ -356,14 +357,18 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     group = _attached_group(rt, info, owns=True, detached=opts.detached)
     if not opts.detached:  # Ray's lifetime: gone with the last handle
         group._life = _life.arm(rt, group.workers, group._gid, group._pg_ids, [own_pg] if own_pg else [])
-    # The constructor runs while .remote() returns; the group's calls wait for it (gate).
-    group._calls.gate = asyncio.run_coroutine_threadsafe(_construct_or_stop(rt, group, payload, own_pg), rt.loop)
+    # The constructor runs while .remote() returns; the group's calls wait for it (gate). The
+    # refs its arguments carry live until it ran: the actor has counted its borrows by then.
+    keep = refs_inside((*args, *kwargs.values()))
+    group._calls.gate = asyncio.run_coroutine_threadsafe(_construct_or_stop(rt, group, payload, own_pg, keep),
+                                                         rt.loop)
     return ActorHandle(group, _class_name(cls), opts.name, opts.namespace)
 
 
-async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str) -> None:
+async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str, keep: Any = None) -> None:
     """Build the actor; when its constructor fails, remove its worker (and own placement
-    group) and raise the error, which every call made to it then fails with."""
+    group) and raise the error, which every call made to it then fails with. (``keep``: the
+    refs the constructor's arguments carry, alive until it ran.)"""
     try:
         await _construct(group, payload)
     except BaseException:

@@ -34,6 +34,15 @@ class Keeper:
         return True
 
 
+@ray.remote
+class Holder:
+    def __init__(self, box):
+        self.box = box
+
+    def read(self):
+        return ray.get(self.box["ref"])
+
+
 def store():
     from podium.controller.session.runtime import get_runtime
     return get_runtime().objects.store
@@ -77,6 +86,11 @@ def main():
     ray.kill(c)
     print("freed when its borrower died:", until(lambda: not store().holds(object_id)),
           store().held_count == baseline)
+
+    # A ref in an actor's constructor arguments, dropped here while the actor is still starting.
+    holder = Holder.remote({"ref": ray.put("given to a constructor")})
+    gc.collect()
+    print("kept by a constructor:", ray.get(holder.read.remote()))
 
     theirs = ray.get(a.make.remote())[0]
     ray.get(a.drop_mine.remote())

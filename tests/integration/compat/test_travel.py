@@ -104,4 +104,5 @@ def test_a_ref_keeps_its_value_alive_in_whichever_process_holds_it():
     assert lines["freed with its last borrow"] == "True True"  # no leak: back to the baseline
     assert lines["kept for the doomed borrower"] == "True"
     assert lines["freed when its borrower died"] == "True True"
+    assert lines["kept by a constructor"] == "given to a constructor"
     assert lines["borrowed from a worker"] == "[0, 1, 2]"

@@ -278,7 +278,7 @@ def test_future_passed_to_another_worker_is_fetched_worker_to_worker(trio, token
         assert (await producers[0].fetch(refs[0])).batch["x"].tolist() == [0, 1, 2, 3]
 
         # A released ref fails the consumer's call with NotFoundError.
-        await producers[1].release([refs[1]])
+        await producers[1].channel.release([refs[1]])
         with pytest.raises(errors.NotFoundError):
             await consumer.call("consume", (future,))
         # The owner of an argument died: the consumer answers ObjectLostError naming it (not
