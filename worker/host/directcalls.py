@@ -299,7 +299,7 @@ class DirectReader:
                 # (No argument lies in a shared segment here: the thread takes no shm or staged
                 # call, so no reply by reference into one depends on the arguments being gone.)
                 result = self._invoke(fn, value[0], value[1], header, conn)
-                value = None  # the arguments die with the call, not at the next one
+                del value  # the arguments die with the call, not at the next one
                 if result.pending is not None:
                     result = result.settle()
             except BaseException as exc:  # noqa: BLE001 - the call's error reply
@@ -309,8 +309,8 @@ class DirectReader:
             else:
                 book.thread_running = 0
                 # A borrow not yet known to its owner goes out before the reply: the loop's.
-                lent_or_borrows = result.lent is not None or BORROWS.events or BORROWS.sending
-                data = None if lent_or_borrows else reply_frame(frame.call_id, result, conn)
+                data = reply_frame(frame.call_id, result, conn) \
+                    if result.lent is None and not (BORROWS.events or BORROWS.sending) else None
                 if data is None:
                     self._answer_on_loop(frame, started, True, result)
                 else:
