@@ -123,7 +123,8 @@ class GroupCaller:
     def run(self, ranks: list[int], method_name: str, per_rank: list[tuple[tuple, dict]], blocking: bool) -> list:
         """Call ``method_name`` on ``ranks`` concurrently: values when blocking, else PendingRefs."""
         if self.closed:
-            raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
+            # A WorkerDiedError, as Ray's ActorDiedError for a call on a killed actor.
+            raise WorkerDiedError(f"WorkerGroup {self.label!r} is shut down")
         if self.before_call is not None:
             self.before_call()
         if self._members.broken is not None:

@@ -23,6 +23,8 @@ from typing import Any
 
 from podium import errors as _errors
 from podium import runtimeenv as _runtimeenv
+from podium.compat import rayexceptions as _rayexceptions
+from podium.compat.raycontext import RuntimeContext, get_runtime_context
 from podium.controller.remote import actoroptions as _options
 from podium.controller.remote import placement as _placement
 from podium.controller.session import runtime as _runtime
@@ -37,7 +39,7 @@ from podium.refs import ObjectRef as _HeldRef
 
 __all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
            "cancel", "method", "get_runtime_context", "cluster_resources", "available_resources", "nodes",
-           "get_gpu_ids", "timeline", "ObjectRef", "util", "exceptions"]
+           "get_gpu_ids", "timeline", "ObjectRef", "util", "exceptions", "RuntimeContext"]
 
 #: Keyword arguments of ``ray.init`` that only tune Ray's own services: accepted, no effect.
 _INIT_IGNORED = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level", "logging_format",
@@ -172,53 +174,6 @@ def cancel(object_ref: Any, *, force: bool = False, recursive: bool = True) -> N
     object_ref.set_exception(_errors.CancelledError(f"{object_ref.method} was cancelled by ray.cancel"))
 
 
-class RuntimeContext:
-    """``ray.get_runtime_context()``: ids of this job and node."""
-
-    def get_job_id(self) -> str:
-        """This controller's session id (Podium's job)."""
-        return _runtime.get_runtime().session_id if _runtime.is_initialized() else ""
-
-    def get_node_id(self) -> str:
-        """The id of the node this process runs on (the first node when it runs on none)."""
-        here = os.environ.get("PODIUM_NODE_ADDRESS")
-        if here and not _runtime.is_initialized():
-            return here  # in a worker (no controller runtime): its node's address names the node
-        rt = _runtime.get_runtime()
-        state = rt.run(rt.cluster_state(), timeout=60, what="get_node_id")
-        from podium.controller.session.objects import controller_host
-        here = here or controller_host(rt.address, embedded=rt.embedded)
-        alive = [n for n in state.nodes if n.state == 1]
-        for node in alive:
-            if node.info.address == here:
-                return node.info.node_id
-        return alive[0].info.node_id if alive else ""
-
-    @property
-    def job_id(self) -> str:
-        """Same as :meth:`get_job_id`."""
-        return self.get_job_id()
-
-    @property
-    def node_id(self) -> str:
-        """Same as :meth:`get_node_id`."""
-        return self.get_node_id()
-
-    @property
-    def namespace(self) -> str:
-        """The default namespace of named actors."""
-        return _namespace or _options.DEFAULT_NAMESPACE
-
-    def get_accelerator_ids(self) -> dict[str, list[str]]:
-        """``{"GPU": [...]}`` this process sees."""
-        return {"GPU": [str(i) for i in get_gpu_ids()]}
-
-
-def get_runtime_context() -> RuntimeContext:
-    """``ray.get_runtime_context``."""
-    return RuntimeContext()
-
-
 def timeline(filename: str | None = None) -> list[dict] | None:
     """``ray.timeline``: the session's Chrome trace events (written to ``filename`` as JSON
     when given); see :mod:`podium.controller.observe.timeline`."""
@@ -304,12 +259,8 @@ util.PlacementGroupSchedulingStrategy = _options.PlacementGroupSchedulingStrateg
 util.NodeAffinitySchedulingStrategy = _options.NodeAffinitySchedulingStrategy
 del util.placement_group_table
 
-#: ``ray.exceptions``: Ray's names for Podium's errors.
-exceptions = types.SimpleNamespace(
-    RayError=_errors.PodiumError, RayTaskError=_errors.RemoteError, RayActorError=_errors.WorkerDiedError,
-    ActorDiedError=_errors.WorkerDiedError, GetTimeoutError=_errors.DeadlineExceededError,
-    ObjectLostError=_errors.ObjectLostError, OwnerDiedError=_errors.OwnerDiedError,
-    TaskCancelledError=_errors.CancelledError, WorkerCrashedError=_errors.WorkerDiedError)
+#: ``ray.exceptions``: every class of Ray's module, Podium's own where Podium raises it.
+exceptions = types.SimpleNamespace(**{name: getattr(_rayexceptions, name) for name in _rayexceptions.NAMES})
 
 #: Ray names Podium does not provide, with what to use instead.
 _ALTERNATIVES = {
