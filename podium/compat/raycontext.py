@@ -18,7 +18,8 @@ from typing import Any
 from podium.controller.remote import actoroptions as _options
 from podium.controller.session import runtime as _runtime
 
-__all__ = ["RuntimeContext", "get_runtime_context", "Worker", "GcsClient", "Node", "global_worker",
+__all__ = ["set_namespace", "namespace_given", "set_job_env_vars", "job_env_vars", "node_ip_address", "in_worker", "scheduler_address",
+           "RuntimeContext", "get_runtime_context", "Worker", "GcsClient", "Node", "global_worker",
            "SCRIPT_MODE", "WORKER_MODE", "SPILL_WORKER_MODE", "RESTORE_WORKER_MODE", "LOCAL_MODE"]
 
 #: Ray 2.60's process modes (``ray._private.worker``): the driver, and a worker.
@@ -28,6 +29,51 @@ SPILL_WORKER_MODE = 2
 RESTORE_WORKER_MODE = 3
 #: Ray's local mode (removed in Ray 2.45, where its value was 2); a Podium process is never in it.
 LOCAL_MODE = 2
+
+#: The namespace ``ray.init(namespace=...)`` gave (None: the default namespace).
+_namespace: str | None = None
+
+
+def set_namespace(namespace: str | None) -> None:
+    """Record ``ray.init``'s ``namespace`` (the default of named actors from now on)."""
+    global _namespace
+    _namespace = namespace
+
+
+#: ``ray.init(runtime_env={"env_vars": ...})``: set in every worker the stand-in's ``remote``
+#: starts, on any cluster (Ray's job-level runtime_env), under the actor's or task's own.
+_job_env_vars: dict[str, str] = {}
+
+
+def set_job_env_vars(env_vars: dict[str, str]) -> None:
+    """Record ``ray.init``'s ``runtime_env["env_vars"]`` for the workers started from now on."""
+    _job_env_vars.clear()
+    _job_env_vars.update(env_vars)
+
+
+def job_env_vars() -> dict[str, str]:
+    """The ``env_vars`` of ``ray.init``'s ``runtime_env`` (a copy)."""
+    return dict(_job_env_vars)
+
+
+def namespace_given() -> str | None:
+    """The namespace ``ray.init`` gave, or None."""
+    return _namespace
+
+
+def node_ip_address() -> str:
+    """The address of the node this process runs on (a worker's node; in the controller, the
+    address workers reach it on): ``ray.util.get_node_ip_address``."""
+    here = os.environ.get("PODIUM_NODE_ADDRESS")
+    if here:
+        return here
+    from podium.controller.session.objects import controller_host
+
+    if _runtime.is_initialized():
+        rt = _runtime.get_runtime()
+        return controller_host(rt.address, embedded=rt.embedded)
+    return controller_host(os.environ.get("PODIUM_ADDRESS") or "127.0.0.1:1", embedded=False)
+
 
 #: The actor class that runs ``@ray.remote`` functions in Podium's task pools: a worker
 #: hosting it is a task worker, not an actor (Ray's ``get_actor_id`` is None in a task).
@@ -174,8 +220,7 @@ class RuntimeContext:
     @property
     def namespace(self) -> str:
         """The default namespace of named actors."""
-        from podium.compat import ray as compat
-        return compat._namespace or _options.DEFAULT_NAMESPACE
+        return _namespace or _options.DEFAULT_NAMESPACE
 
 
 def get_runtime_context() -> RuntimeContext:
@@ -198,8 +243,7 @@ class Node:
     @property
     def node_ip_address(self) -> str:
         """This node's address (``ray.util.get_node_ip_address``)."""
-        from podium.compat.standin import get_node_ip_address
-        return get_node_ip_address()
+        return node_ip_address()
 
     @property
     def address(self) -> str:
