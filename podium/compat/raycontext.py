@@ -218,6 +218,11 @@ class RuntimeContext:
         return scheduler_address()
 
     @property
+    def worker(self) -> Worker:
+        """``global_worker`` (ROLL reads ``get_runtime_context().worker.mode``)."""
+        return global_worker
+
+    @property
     def namespace(self) -> str:
         """The default namespace of named actors."""
         return _namespace or _options.DEFAULT_NAMESPACE

@@ -20,6 +20,7 @@ assert address and ":" in address, address
 context = ray.get_runtime_context()
 assert context.gcs_address == address and context.get_actor_id() is None and context.namespace == "default"
 assert context.get_job_id() and context.get_node_id()
+assert context.worker.mode != WORKER_MODE  # ROLL's is_driver()
 
 
 @ray.remote(num_cpus=1)
@@ -53,6 +54,34 @@ assert seen["resources"] == {"CPU": 1.0} and seen["task_id"] and seen["ip"], see
 assert seen["node"] in {n["NodeID"] for n in ray.nodes()}, seen
 actor_in_task, gcs_in_task = ray.get(task_view.remote())
 assert actor_in_task is None and gcs_in_task == address, (actor_in_task, gcs_in_task)
+
+# Ray Direct Transport's options: accepted, the tensors take Podium's data path.
+import torch  # noqa: E402
+
+
+@ray.remote(num_cpus=1, enable_tensor_transport=True)
+class Producer:
+    """An actor whose method asks for NIXL transport of its tensor result."""
+
+    @ray.method(tensor_transport="nixl")
+    def make(self, n: int) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32)
+
+    def total(self, tensor: torch.Tensor) -> float:
+        return float(tensor.sum())
+
+
+producer = Producer.remote()
+made = producer.make.remote(5)
+assert torch.equal(ray.get(made), torch.arange(5, dtype=torch.float32))
+held = ray.put(torch.ones(4), _tensor_transport="nixl")
+assert ray.get(producer.total.remote(held)) == 4.0 and ray.get(producer.total.remote(made)) == 10.0
+try:
+    ray.put(torch.ones(1), _owner=producer)
+except NotImplementedError as exc:
+    assert "_owner" in str(exc), exc
+else:
+    raise AssertionError("ray.put(_owner=...) was accepted")
 
 # Podium's death is Ray's: except ray.exceptions.ActorDiedError catches it.
 ray.kill(probe)

@@ -155,22 +155,27 @@ def test_every_refused_option_is_refused_with_its_alternative(api, key, answer, 
 
 def test_refused_options_at_rays_default_ask_for_nothing_and_are_accepted():
     for api, key, answer, call in REFUSALS:
-        if api in ("ray.init", "placement_group"):
+        if api in ("ray.init", "ray.put", "placement_group"):
             continue  # accepted there means a cluster starts: checked below without one
         for default in answer.defaults:
             call({key: default})
-    for key, answer in rayoptions.INIT.items():
-        if answer.verdict == REFUSED:
-            for default in answer.defaults:
-                rayoptions.check("ray.init", rayoptions.INIT, {key: default})
+    for api, table in (("ray.init", rayoptions.INIT), ("ray.put", rayoptions.PUT)):
+        for key, answer in table.items():
+            if answer.verdict == REFUSED:
+                for default in answer.defaults:
+                    rayoptions.check(api, table, {key: default})
+    for key in placement._REFUSED:
+        placement._check_kwargs({key: None})
 
 
 def test_every_honoured_or_no_effect_option_is_accepted():
     for api, key, answer, call in _refusal_checks():
         if answer.verdict == REFUSED:
             continue
-        if api == "ray.init":
-            rayoptions.check("ray.init", rayoptions.INIT, {key: answer.probe})  # init itself starts a cluster
+        if api in ("ray.init", "ray.put"):
+            # The calls themselves start a cluster; the check they make first is the table's.
+            table = rayoptions.INIT if api == "ray.init" else rayoptions.PUT
+            rayoptions.check(api, table, {key: answer.probe})
         elif api == "placement_group":
             if key in inspect.signature(placement.placement_group).parameters:
                 continue  # a named parameter of Podium's placement_group
