@@ -4,7 +4,7 @@ refused, naming the Podium alternative; or accepted with no effect, because it c
 Podium (the reason is given). Nothing is accepted and silently ignored.
 
 ``docs/ray-options.md`` is rendered from these tables (:func:`markdown`), and
-``tests/unit/podium/test_ray_options.py`` checks them against Ray 2.60's keywords and against
+``tests/unit/compat/test_ray_options.py`` checks them against Ray 2.60's keywords and against
 what the stand-in accepts and refuses. The stand-in reads :data:`INIT`, :data:`METHOD` and
 :data:`PUT` itself; actor and task options are enforced by
 :mod:`podium.controller.remote.actoroptions`, whose refusal texts the ``refused`` notes repeat.
