@@ -260,7 +260,8 @@ util.NodeAffinitySchedulingStrategy = _options.NodeAffinitySchedulingStrategy
 del util.placement_group_table
 
 #: ``ray.exceptions``: every class of Ray's module, Podium's own where Podium raises it.
-exceptions = types.SimpleNamespace(**{name: getattr(_rayexceptions, name) for name in _rayexceptions.NAMES})
+exceptions = types.SimpleNamespace(**{name: getattr(_rayexceptions, name)
+                                      for name in (*_rayexceptions.NAMES, *_rayexceptions.OLDER_NAMES)})
 
 #: Ray names Podium does not provide, with what to use instead.
 _ALTERNATIVES = {

@@ -144,9 +144,7 @@ NAMES = (
     "WorkerCrashedError", "RayActorError", "ActorDiedError", "ActorUnavailableError", "RaySystemError",
     "AuthenticationError", "UserCodeException", "ObjectStoreFullError", "OutOfDiskError", "OutOfMemoryError",
     "NodeDiedError", "ObjectLostError", "ObjectFetchTimedOutError", "RpcError", "ReferenceCountingAssertionError",
-    "ObjectFreedError", "OwnerDiedError", "ObjectReconstructionFailedError",
-    "ObjectReconstructionFailedMaxAttemptsExceededError", "ObjectReconstructionFailedLineageEvictedError",
-    "GetTimeoutError", "PlasmaObjectNotAvailable", "AsyncioActorExit", "RuntimeEnvSetupError",
+    "ObjectFreedError", "OwnerDiedError", "ObjectReconstructionFailedError", "GetTimeoutError", "PlasmaObjectNotAvailable", "AsyncioActorExit", "RuntimeEnvSetupError",
     "TaskPlacementGroupRemoved", "ActorPlacementGroupRemoved", "PendingCallsLimitExceeded",
     "TaskUnschedulableError", "ActorUnschedulableError", "ObjectRefStreamEndOfStreamError",
     "StreamingGeneratorReplayInconsistentError", "OufOfBandObjectRefSerializationException", "RayChannelError",
@@ -154,4 +152,7 @@ NAMES = (
     "ActorAlreadyExistsError", "ActorHandleNotFoundError",
 )
 
-__all__ = [*NAMES, "NAMES", "RAY_EXCEPTION_TYPES", "RAY_VERSION"]
+#: Classes earlier Ray releases had (programs written for them still name them).
+OLDER_NAMES = ("ObjectReconstructionFailedMaxAttemptsExceededError", "ObjectReconstructionFailedLineageEvictedError")
+
+__all__ = [*NAMES, *OLDER_NAMES, "NAMES", "OLDER_NAMES", "RAY_EXCEPTION_TYPES", "RAY_VERSION"]

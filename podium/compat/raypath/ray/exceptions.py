@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from podium.compat.rayexceptions import *  # noqa: F403 - the module is the list of Ray's names
 from podium.compat.rayexceptions import NAMES as _NAMES
+from podium.compat.rayexceptions import OLDER_NAMES as _OLDER_NAMES
 from podium.compat.standin import missing
 
-__all__ = [*_NAMES, "RAY_EXCEPTION_TYPES"]
+__all__ = [*_NAMES, *_OLDER_NAMES, "RAY_EXCEPTION_TYPES"]
 
 
 def __getattr__(name: str):
