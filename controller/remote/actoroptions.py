@@ -18,7 +18,7 @@ from podium.resources import SYSTEM_ENV_KEYS
 from podium.runtimeenv import RuntimeFields, parse_runtime_env, spec_kwargs
 from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
-__all__ = ["Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
+__all__ = ["check_call_options", "Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
            "parse_options", "runtime_spec_fields", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
 
 #: Largest num_cpus / num_gpus one actor or task may ask for.
@@ -192,6 +192,37 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
         else:
             raise InvalidArgumentError(f"unknown {'actor' if actor else 'task'} option {key!r}")
     return opts
+
+
+#: Ray's per-call options (``handle.method.options(...)``) Podium does not provide, with the
+#: values that ask for nothing (Ray's defaults) and the alternative.
+_CALL_REFUSED = {
+    "num_returns": ((None, 1), "return one value (a tuple) and index it after get()"),
+    "max_task_retries": ((None, 0), "call the method again after WorkerDiedError"),
+    "retry_exceptions": ((None, False), "catch the RemoteError and call again"),
+    "_generator_backpressure_num_objects": ((None,), "return a list from one call (streaming generators "
+                                                     "are not provided)"),
+    "_num_objects_per_yield": ((None,), "return a list from one call (streaming generators are not provided)"),
+    "_labels": ((None,), "NodeAffinitySchedulingStrategy or a placement group"),
+}
+#: Per-call options with no effect on Podium (a call's name is a dashboard label; tensors take
+#: Podium's data path; Podium's timeline records every call).
+_CALL_NO_EFFECT = {"name", "tensor_transport", "enable_task_events"}
+#: Per-call options ``ActorMethod.options`` honours itself before this check.
+_CALL_HONOURED = {"concurrency_group"}
+
+
+def check_call_options(given: dict[str, Any]) -> None:
+    """Check Ray's per-call options of an actor method: refused ones (unless at Ray's default)
+    raise UnimplementedError naming the alternative, unknown ones InvalidArgumentError."""
+    for key, value in given.items():
+        if key in _CALL_NO_EFFECT or key in _CALL_HONOURED:
+            continue
+        if key not in _CALL_REFUSED:
+            raise InvalidArgumentError(f"unknown actor method option {key!r}")
+        defaults, alternative = _CALL_REFUSED[key]
+        if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
+            raise UnimplementedError(f"ray option {key}={value!r} is not supported by Podium: {alternative}")
 
 
 def _index(value: Any) -> int:

@@ -1,5 +1,5 @@
 """Every option and keyword of Ray 2.60's ``ray.init``, ``ray.remote``/``.options`` (actor and
-task), ``placement_group``, ``ray.method`` and ``ray.put``, with Podium's answer: honoured;
+task), ``placement_group``, ``ray.method``, an actor method's ``.options`` and ``ray.put``, with Podium's answer: honoured;
 refused, naming the Podium alternative; or accepted with no effect, because it cannot matter on
 Podium (the reason is given). Nothing is accepted and silently ignored.
 
@@ -18,7 +18,7 @@ from typing import Any
 from podium.errors import InvalidArgumentError, UnimplementedError
 
 __all__ = ["Answer", "HONOURED", "REFUSED", "NO_EFFECT", "RAY_VERSION", "INIT", "ACTOR", "TASK",
-           "PLACEMENT_GROUP", "METHOD", "PUT", "TABLES", "check", "markdown"]
+           "PLACEMENT_GROUP", "METHOD", "METHOD_CALL", "PUT", "TABLES", "check", "markdown"]
 
 #: The Ray release these tables answer.
 RAY_VERSION = "2.60.0"
@@ -193,6 +193,22 @@ METHOD: dict[str, Answer] = {
                               probe="nixl"),
 }
 
+#: ``handle.method.options(...)``: one call's options.
+METHOD_CALL: dict[str, Answer] = {
+    "name": _moot("a call's name is only a label in Ray's dashboard", probe="c"),
+    "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
+    "max_task_retries": _no("call the method again after WorkerDiedError", probe=2, defaults=(None, 0)),
+    "retry_exceptions": _no("catch the RemoteError and call again", defaults=(None, False)),
+    "concurrency_group": _ok("this call runs in that group of its actor's concurrency_groups", probe="io"),
+    "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
+    "_num_objects_per_yield": _no(_STREAMING, probe=2),
+    "enable_task_events": _moot("Ray's task events feed its dashboard; Podium's timeline records every call",
+                                probe=False),
+    "tensor_transport": _moot("tensors travel through Podium's data path (see the RDT note below)",
+                              probe="nccl"),
+    "_labels": _no("NodeAffinitySchedulingStrategy or a placement group", probe={"x": "y"}),
+}
+
 #: ``ray.put``.
 PUT: dict[str, Answer] = {
     "_owner": _no("put the value in the process that should own it (a ref lives as long as its owner)",
@@ -208,6 +224,7 @@ TABLES: dict[str, dict[str, Answer]] = {
     "ray.remote / .options (task)": TASK,
     "ray.util.placement_group": PLACEMENT_GROUP,
     "ray.method": METHOD,
+    "handle.method.options": METHOD_CALL,
     "ray.put": PUT,
 }
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from podium.controller.remote import actoroptions, placement
+from podium.controller.remote.actors import ActorMethod
 from podium.errors import InvalidArgumentError, UnimplementedError
 
 from podium.compat import ray as compat
@@ -56,6 +57,10 @@ RAY_METHOD = {"num_returns", "concurrency_group", "max_task_retries", "retry_exc
               "_generator_backpressure_num_objects", "_num_objects_per_yield", "enable_task_events",
               "tensor_transport"}
 RAY_PUT = {"_owner", "_tensor_transport"}
+# ray/actor.py's ActorMethod._remote keywords (what handle.method.options(...) passes on).
+RAY_METHOD_CALL = {"name", "num_returns", "max_task_retries", "retry_exceptions", "concurrency_group",
+                   "_generator_backpressure_num_objects", "_num_objects_per_yield", "enable_task_events",
+                   "tensor_transport", "_labels"}
 
 RAY_KEYWORDS = {
     "ray.init": (RAY_INIT, rayoptions.INIT),
@@ -64,6 +69,7 @@ RAY_KEYWORDS = {
     "placement_group": (RAY_PLACEMENT_GROUP, rayoptions.PLACEMENT_GROUP),
     "ray.method": (RAY_METHOD, rayoptions.METHOD),
     "ray.put": (RAY_PUT, rayoptions.PUT),
+    "handle.method.options": (RAY_METHOD_CALL, rayoptions.METHOD_CALL),
 }
 
 
@@ -112,6 +118,8 @@ def test_every_option_the_stand_in_accepts_is_in_the_table():
     accepted = (_compared_strings(actoroptions.parse_options) | set(actoroptions._UNSUPPORTED)
                 | set(actoroptions._IGNORED))
     assert not accepted - set(rayoptions.ACTOR) - set(rayoptions.TASK), "options without an answer"
+    per_call = set(actoroptions._CALL_REFUSED) | actoroptions._CALL_NO_EFFECT | actoroptions._CALL_HONOURED
+    assert per_call == set(rayoptions.METHOD_CALL)
     # placement_group: its parameters and the keywords it lets through **kwargs.
     params = set(inspect.signature(placement.placement_group).parameters) - {"kwargs"}
     tree = ast.parse(textwrap.dedent(inspect.getsource(placement._check_kwargs)))
@@ -123,7 +131,8 @@ def test_every_option_the_stand_in_accepts_is_in_the_table():
     assert not init_params - set(rayoptions.INIT)
     for call in (lambda: compat.init(no_such_keyword=1), lambda: compat.method(no_such_keyword=1),
                  lambda: compat.put(1, no_such_keyword=1), lambda: standin.remote(no_such_keyword=1)(Plain),
-                 lambda: placement.placement_group([{"CPU": 1}], no_such_keyword=1)):
+                 lambda: placement.placement_group([{"CPU": 1}], no_such_keyword=1),
+                 lambda: ActorMethod(None, "ping").options(no_such_keyword=1)):
         with pytest.raises(InvalidArgumentError, match="no_such_keyword"):
             call()
 
@@ -139,6 +148,8 @@ def _refusal_checks():
         yield "ray.method", key, answer, lambda kw: compat.method(**kw)(Plain.ping)
     for key, answer in rayoptions.PUT.items():
         yield "ray.put", key, answer, lambda kw: compat.put(1, **kw)
+    for key, answer in rayoptions.METHOD_CALL.items():
+        yield "handle.method.options", key, answer, lambda kw: ActorMethod(None, "ping").options(**kw)
     for key, answer in rayoptions.PLACEMENT_GROUP.items():
         yield "placement_group", key, answer, lambda kw: placement.placement_group([{"CPU": 1}], **kw)
 
