@@ -30,7 +30,7 @@ from podium import limits
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
-from podium.errors import (DeadlineExceededError, FailedPreconditionError, PodiumError, RemoteError,
+from podium.errors import (DeadlineExceededError, FailedPreconditionError, RemoteError,
                            ResourceExhaustedError, UnavailableError, UnresponsiveError, WorkerDiedError)
 from podium.worker.factory import by_value
 
