@@ -30,7 +30,7 @@ from podium import limits
 from podium.tracering import RING, next_trace_id, now_ns
 from podium.transport.shmpool import REF_MIN_BYTES
 from podium.transport.shmstage import STAGE
-from podium.errors import (DeadlineExceededError, FailedPreconditionError, PodiumError, RemoteError,
+from podium.errors import (DeadlineExceededError, FailedPreconditionError, RemoteError,
                            ResourceExhaustedError, UnavailableError, UnresponsiveError, WorkerDiedError)
 from podium.worker.factory import by_value
 
@@ -123,7 +123,8 @@ class GroupCaller:
     def run(self, ranks: list[int], method_name: str, per_rank: list[tuple[tuple, dict]], blocking: bool) -> list:
         """Call ``method_name`` on ``ranks`` concurrently: values when blocking, else PendingRefs."""
         if self.closed:
-            raise PodiumError(f"WorkerGroup {self.label!r} is shut down")
+            # A WorkerDiedError, as Ray's ActorDiedError for a call on a killed actor.
+            raise WorkerDiedError(f"WorkerGroup {self.label!r} is shut down")
         if self.before_call is not None:
             self.before_call()
         if self._members.broken is not None:

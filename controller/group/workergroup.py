@@ -20,6 +20,7 @@ from podium.controller.group import build, life, replace, views
 from podium.controller.group.binding import bind_worker_methods, func_generator, runs_on
 from podium.controller.group.calls import GroupCaller
 from podium.controller.group.handle import WorkerHandle
+from podium.controller.group.keywords import check_keywords
 from podium.controller.group.members import GroupMembers
 from podium.controller.pool import ResourcePool
 from podium.controller.session.runtime import get_runtime
@@ -60,6 +61,7 @@ class WorkerGroup:
                  worker_names: list[str] | None = None, worker_handles: list[WorkerHandle] | None = None,
                  worker_env: dict[str, str] | None = None, gpu_memory_cap: Any = None,
                  standby: int | None = None, on_rank_death: str | None = None, **kwargs: Any) -> None:
+        check_keywords(kwargs)  # verl's RayWorkerGroup keywords only (controller/group/keywords.py)
         if kwargs.get("master_addr") is not None or kwargs.get("master_port") is not None:
             raise InvalidArgumentError(
                 "master_addr/master_port cannot be chosen: the scheduler reserves MASTER_PORT on "

@@ -18,7 +18,7 @@ from podium.resources import SYSTEM_ENV_KEYS
 from podium.runtimeenv import RuntimeFields, parse_runtime_env, spec_kwargs
 from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
-__all__ = ["Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
+__all__ = ["check_call_options", "Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
            "parse_options", "runtime_spec_fields", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
 
 #: Largest num_cpus / num_gpus one actor or task may ask for.
@@ -39,8 +39,27 @@ _UNSUPPORTED = {
     "resources": "num_cpus/num_gpus, or a placement group bundle",
     "memory": "num_cpus/num_gpus (Podium schedules CPUs and GPUs only)",
     "accelerator_type": "a placement group on the nodes that have it",
+    "placement_group_capture_child_tasks": "pass the placement group to each child's scheduling_strategy",
+    "label_selector": "NodeAffinitySchedulingStrategy or a placement group",
+    "_labels": "NodeAffinitySchedulingStrategy or a placement group",
+    "fallback_strategy": "a NodeAffinitySchedulingStrategy with soft=True",
+    "max_calls": "an actor that you kill after N calls (task workers are pooled)",
+    "max_pending_calls": "bound the calls in flight in the caller",
+    "allow_out_of_order_execution": "max_concurrency > 1, or async methods",
+    "_generator_backpressure_num_objects": "return a list from one call (streaming generators are not provided)",
+    "_num_objects_per_yield": "return a list from one call (streaming generators are not provided)",
+    "_actor_generator_backpressure_num_objects": "return a list from one call (streaming generators are not "
+                                                 "provided)",
 }
-_IGNORED = {"placement_group_capture_child_tasks", "_metadata", "enable_task_events"}
+#: Accepted with no effect, each for a reason in docs/ray-options.md (podium.compat.rayoptions):
+#: tensors travel through Podium's data path whatever ``enable_tensor_transport`` says, and
+#: Podium has no object store for ``object_store_memory`` to size.
+_IGNORED = {"_metadata", "enable_task_events", "enable_tensor_transport", "object_store_memory"}
+#: Ray's default values of options in _UNSUPPORTED, besides None: they ask for nothing.
+_DEFAULT_VALUES = {"placement_group_capture_child_tasks": (False,), "label_selector": ({},), "_labels": ({},),
+                   "max_calls": (0,), "max_pending_calls": (-1,), "allow_out_of_order_execution": (False,),
+                   "retry_exceptions": (False,), "fallback_strategy": (), "_generator_backpressure_num_objects": (),
+                   "_num_objects_per_yield": (), "_actor_generator_backpressure_num_objects": ()}
 #: Options of _UNSUPPORTED whose None (and, for ``resources``, ``{}``) asks for nothing beyond
 #: CPUs and GPUs: accepted (SkyRL and verl pass ``resources=None`` / ``{}`` through).
 _NONE_IS_DEFAULT = {"resources", "memory", "accelerator_type"}
@@ -126,6 +145,9 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
                 continue  # Ray's defaults: nothing to do
             if key in _NONE_IS_DEFAULT and (value is None or (key == "resources" and value == {})):
                 continue  # no custom resources, memory or accelerator asked for: Ray's default
+            if key in _DEFAULT_VALUES and (value is None or any(type(value) is type(d) and value == d
+                                                                for d in _DEFAULT_VALUES[key])):
+                continue
             raise UnimplementedError(f"ray option {key}={value!r} is not supported by Podium: {_UNSUPPORTED[key]}")
         if key in _IGNORED:
             continue
@@ -172,6 +194,37 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
     return opts
 
 
+#: Ray's per-call options (``handle.method.options(...)``) Podium does not provide, with the
+#: values that ask for nothing (Ray's defaults) and the alternative.
+_CALL_REFUSED = {
+    "num_returns": ((None, 1), "return one value (a tuple) and index it after get()"),
+    "max_task_retries": ((None, 0), "call the method again after WorkerDiedError"),
+    "retry_exceptions": ((None, False), "catch the RemoteError and call again"),
+    "_generator_backpressure_num_objects": ((None,), "return a list from one call (streaming generators "
+                                                     "are not provided)"),
+    "_num_objects_per_yield": ((None,), "return a list from one call (streaming generators are not provided)"),
+    "_labels": ((None,), "NodeAffinitySchedulingStrategy or a placement group"),
+}
+#: Per-call options with no effect on Podium (a call's name is a dashboard label; tensors take
+#: Podium's data path; Podium's timeline records every call).
+_CALL_NO_EFFECT = {"name", "tensor_transport", "enable_task_events"}
+#: Per-call options ``ActorMethod.options`` honours itself before this check.
+_CALL_HONOURED = {"concurrency_group"}
+
+
+def check_call_options(given: dict[str, Any]) -> None:
+    """Check Ray's per-call options of an actor method: refused ones (unless at Ray's default)
+    raise UnimplementedError naming the alternative, unknown ones InvalidArgumentError."""
+    for key, value in given.items():
+        if key in _CALL_NO_EFFECT or key in _CALL_HONOURED:
+            continue
+        if key not in _CALL_REFUSED:
+            raise InvalidArgumentError(f"unknown actor method option {key!r}")
+        defaults, alternative = _CALL_REFUSED[key]
+        if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
+            raise UnimplementedError(f"ray option {key}={value!r} is not supported by Podium: {alternative}")
+
+
 def _index(value: Any) -> int:
     # Any integer type, as Ray: verl computes bundle indices with numpy (split_resource_pool).
     try:
@@ -187,6 +240,9 @@ def _strategy(opts: Options, value: Any) -> None:
     if value is None or value in ("DEFAULT", "SPREAD"):
         return  # the scheduler's own placement
     if isinstance(value, PlacementGroupSchedulingStrategy):
+        if value.placement_group_capture_child_tasks:
+            raise UnimplementedError("ray option placement_group_capture_child_tasks=True is not supported by "
+                                     f"Podium: {_UNSUPPORTED['placement_group_capture_child_tasks']}")
         opts.placement_group = value.placement_group
         opts.bundle_index = _index(value.placement_group_bundle_index)
     elif isinstance(value, NodeAffinitySchedulingStrategy):

@@ -35,7 +35,8 @@ import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from podium.controller.remote.actoroptions import DEFAULT_NAMESPACE, Options, parse_options, runtime_spec_fields
+from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, check_call_options, parse_options,
+                                                   runtime_spec_fields)
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
@@ -81,9 +82,10 @@ class ActorMethod:
 
     def options(self, **options: Any) -> "ActorMethod":
         """Ray's per-call options: ``concurrency_group`` (this call runs in that group of the
-        actor's), else only the defaults are accepted (NotImplementedError names others)."""
+        actor's); the others as :func:`~podium.controller.remote.actoroptions.check_call_options`
+        answers them (refused ones raise NotImplementedError naming the alternative)."""
         group = options.pop("concurrency_group", None)
-        parse_options({k: v for k, v in options.items() if k != "name"}, actor=True)
+        check_call_options(options)
         if group is None:
             return self
         return _MethodInGroup(self._handle, self._name, _check_group_name(group))

@@ -15,7 +15,7 @@ import secrets
 from typing import Any
 
 from podium.controller.session.runtime import get_runtime
-from podium.errors import InvalidArgumentError, NotFoundError
+from podium.errors import InvalidArgumentError, NotFoundError, UnimplementedError
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
            "MAX_BUNDLES"]
@@ -115,6 +115,25 @@ def _check_bundles(bundles: Any) -> list[dict[str, float]]:
     return out
 
 
+#: Ray's placement_group keywords Podium does not provide (None asks for nothing), and what to use.
+_REFUSED = {
+    "bundle_label_selector": "`podium node` per kind of machine and a placement group per kind",
+    "_soft_target_node_id": "NodeAffinitySchedulingStrategy(soft=True) for the group's workers",
+    "topology_strategy": "STRICT_PACK (one node) or a NodeAffinitySchedulingStrategy",
+}
+
+
+def _check_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse Ray's keywords Podium does not provide (unless None) and unknown ones."""
+    for key, value in kwargs.items():
+        if key in _REFUSED and value not in (None, [], ()):
+            raise UnimplementedError(f"placement_group({key}={value!r}) is not supported by Podium: {_REFUSED[key]}")
+    # _max_cpu_fraction_per_node: removed from Ray; it limited what Ray's daemons could not use.
+    unknown = sorted(set(kwargs) - {"_max_cpu_fraction_per_node", *_REFUSED})
+    if unknown:
+        raise InvalidArgumentError(f"unknown placement_group arguments {unknown}")
+
+
 def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", name: str = "",
                     lifetime: str | None = None, **kwargs: Any) -> PlacementGroup:
     """Reserve ``bundles`` with ``strategy`` (Ray's four); returns before they are placed."""
@@ -122,9 +141,7 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
         raise InvalidArgumentError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
     if lifetime not in (None, "detached"):
         raise InvalidArgumentError(f"lifetime must be None or 'detached', got {lifetime!r}")
-    unknown = sorted(set(kwargs) - {"_max_cpu_fraction_per_node", "bundle_label_selector"})
-    if unknown:
-        raise InvalidArgumentError(f"unknown placement_group arguments {unknown}")
+    _check_kwargs(kwargs)
     checked = _check_bundles(bundles)
     rt = get_runtime()
     detached = lifetime == "detached"

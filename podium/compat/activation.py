@@ -22,21 +22,29 @@ import sys
 
 from podium.compat.nativeverl import NATIVE_ENV, install
 
-__all__ = ["RAYPATH", "activate", "activated_env"]
+__all__ = ["RAYBIN", "RAYPATH", "activate", "activated_env"]
 
 #: The folder that holds the stand-in package ``ray``; first on the path, ``import ray`` finds it.
 RAYPATH = str(pathlib.Path(__file__).resolve().parent / "raypath")
+#: The folder of the ``ray`` command (:mod:`podium.compat.raycli`); first on ``PATH`` under ``podium run``.
+RAYBIN = str(pathlib.Path(__file__).resolve().parent / "raybin")
 
 
 def activated_env(env: dict[str, str], *, address: str | None = None, num_cpus: float | None = None,
                   num_gpus: int | None = None, native_verl: bool = False) -> dict[str, str]:
     """A copy of ``env`` in which ``import ray`` is Podium's stand-in; ``address`` becomes
-    ``PODIUM_ADDRESS``, ``num_cpus``/``num_gpus`` size the embedded cluster the first
+    ``PODIUM_ADDRESS``; the ``ray`` command (:mod:`podium.compat.raycli`) is first on ``PATH``;
+    ``num_cpus``/``num_gpus`` size the embedded cluster the first
     ``ray.init()`` starts (``PODIUM_RAY_NUM_CPUS``/``PODIUM_RAY_NUM_GPUS``); ``native_verl``
     makes ``verl.single_controller.ray`` Podium's own SDK (:mod:`podium.compat.nativeverl`)."""
     out = dict(env)
     parts = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != RAYPATH]
     out["PYTHONPATH"] = os.pathsep.join([RAYPATH, *parts])
+    # `ray start/status/stop` (ROLL's launcher shells out to them) run Podium's ray command
+    # in this interpreter.
+    path = [p for p in out.get("PATH", os.defpath).split(os.pathsep) if p and p != RAYBIN]
+    out["PATH"] = os.pathsep.join([RAYBIN, *path])
+    out["PODIUM_PYTHON"] = sys.executable
     if address:
         out["PODIUM_ADDRESS"] = address
     if num_cpus is not None:

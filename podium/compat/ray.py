@@ -23,6 +23,10 @@ from typing import Any
 
 from podium import errors as _errors
 from podium import runtimeenv as _runtimeenv
+from podium.compat import rayexceptions as _rayexceptions
+from podium.compat import rayoptions as _rayoptions
+from podium.compat import raycontext as _raycontext
+from podium.compat.raycontext import RuntimeContext, get_runtime_context
 from podium.controller.remote import actoroptions as _options
 from podium.controller.remote import placement as _placement
 from podium.controller.session import runtime as _runtime
@@ -37,14 +41,7 @@ from podium.refs import ObjectRef as _HeldRef
 
 __all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
            "cancel", "method", "get_runtime_context", "cluster_resources", "available_resources", "nodes",
-           "get_gpu_ids", "timeline", "ObjectRef", "util", "exceptions"]
-
-#: Keyword arguments of ``ray.init`` that only tune Ray's own services: accepted, no effect.
-_INIT_IGNORED = {"include_dashboard", "dashboard_host", "dashboard_port", "logging_level", "logging_format",
-                 "configure_logging", "log_to_driver", "_temp_dir", "_system_config", "object_store_memory",
-                 "local_mode", "_node_ip_address", "resources", "runtime_env", "namespace", "job_config"}
-
-_namespace: str | None = None
+           "get_gpu_ids", "timeline", "ObjectRef", "util", "exceptions", "RuntimeContext"]
 
 
 class _ObjectRefType(type):
@@ -73,21 +70,22 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
          ignore_reinit_error: bool = False, **kwargs: Any) -> Any:
     """``ray.init``: join the cluster at ``address`` ("auto" or None: ``PODIUM_ADDRESS``, else
     an embedded cluster on this machine). ``namespace`` sets the default for named actors;
-    ``runtime_env``: ``env_vars`` are set for the embedded cluster's workers; ``py_executable``,
-    ``working_dir`` and ``py_modules`` are inherited by every actor and task of the job
-    (:mod:`podium.runtimeenv`); other keys are refused naming the alternative."""
-    global _namespace
-    unknown = sorted(set(kwargs) - _INIT_IGNORED)
-    if unknown:
-        raise NotImplementedError(f"ray.init arguments {unknown} are not supported by podium.compat.ray")
+    ``runtime_env``: ``env_vars`` are set for the embedded cluster's workers and (through the
+    stand-in's ``remote``) for every worker; ``py_executable``, ``working_dir`` and ``py_modules``
+    are inherited by every actor and task of the job (:mod:`podium.runtimeenv`); other keys are
+    refused naming the alternative. Every other keyword of Ray's is answered by
+    :data:`podium.compat.rayoptions.INIT`: refused with the alternative, or accepted where it
+    cannot matter on Podium."""
+    _rayoptions.check("ray.init", _rayoptions.INIT, kwargs)
     env_vars, fields = _runtimeenv.parse_runtime_env(kwargs.get("runtime_env"))
     os.environ.update(env_vars)  # the embedded node agent passes them on
+    _raycontext.set_job_env_vars(dict(env_vars))  # the stand-in's remote() passes them on
     if fields:  # every actor and task of this job (and theirs) inherits them, as in Ray
         merged = {**_runtimeenv.inherited(), **fields}
         os.environ[_runtimeenv.ENV_KEY] = _runtimeenv.to_env(merged.get("py_executable", ()),
                                                              merged.get("working_dir", ""),
                                                              merged.get("py_modules", ()))
-    _namespace = kwargs.get("namespace")
+    _raycontext.set_namespace(kwargs.get("namespace"))
     if is_initialized() and not ignore_reinit_error:
         raise RuntimeError("Maybe you called ray.init twice by accident? (pass ignore_reinit_error=True)")
     return _runtime.init(None if address in (None, "auto", "local") else address, num_cpus=num_cpus,
@@ -112,9 +110,10 @@ def get(object_refs: Any, *, timeout: float | None = None) -> Any:
 
 
 def put(value: Any, **kwargs: Any) -> _HeldRef:
-    """``ray.put``: hold ``value`` here; its ref works wherever a result ref does."""
-    if kwargs:
-        raise NotImplementedError(f"ray.put arguments {sorted(kwargs)} are not supported")
+    """``ray.put``: hold ``value`` here; its ref works wherever a result ref does.
+    ``_tensor_transport`` is accepted: tensors travel through Podium's own data path (see
+    docs/ray-options.md); ``_owner`` is refused."""
+    _rayoptions.check("ray.put", _rayoptions.PUT, kwargs)
     return _put(value)
 
 
@@ -130,12 +129,15 @@ def remote(*args: Any, **options: Any) -> Any:
 
 
 def method(*args: Any, **kwargs: Any) -> Any:
-    """``ray.method``: ``concurrency_group`` puts the method in that group of its actor's
-    ``concurrency_groups``; accepted for ``num_returns=1``."""
-    if kwargs.get("num_returns", 1) != 1:
-        raise NotImplementedError("ray.method(num_returns=...) is not supported: return a tuple")
+    """``ray.method``: the keywords :data:`podium.compat.rayoptions.METHOD` answers;
+    ``concurrency_group`` puts the method in that group of its actor's ``concurrency_groups``;
+    ``tensor_transport`` and ``enable_task_events`` are accepted with no effect, the rest are
+    refused unless they ask for Ray's default."""
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
+    if args:
+        raise _errors.InvalidArgumentError("ray.method takes keyword arguments only (or one method)")
+    _rayoptions.check("ray.method", _rayoptions.METHOD, kwargs)
     group = kwargs.get("concurrency_group")
     if group is None:
         return lambda fn: fn
@@ -148,7 +150,7 @@ def method(*args: Any, **kwargs: Any) -> Any:
 def get_actor(name: str, namespace: str | None = None) -> Any:
     """``ray.get_actor``: the live actor called ``name`` (ValueError when there is none)."""
     try:
-        return _get_actor(name, namespace or _namespace)
+        return _get_actor(name, namespace or _raycontext.namespace_given())
     except _errors.NotFoundError as exc:
         raise _ActorNotFound(str(exc)) from None
 
@@ -170,53 +172,6 @@ def cancel(object_ref: Any, *, force: bool = False, recursive: bool = True) -> N
     if not isinstance(object_ref, _PendingRef):
         raise _errors.InvalidArgumentError(f"cancel takes the ref of a call, got {type(object_ref).__name__}")
     object_ref.set_exception(_errors.CancelledError(f"{object_ref.method} was cancelled by ray.cancel"))
-
-
-class RuntimeContext:
-    """``ray.get_runtime_context()``: ids of this job and node."""
-
-    def get_job_id(self) -> str:
-        """This controller's session id (Podium's job)."""
-        return _runtime.get_runtime().session_id if _runtime.is_initialized() else ""
-
-    def get_node_id(self) -> str:
-        """The id of the node this process runs on (the first node when it runs on none)."""
-        here = os.environ.get("PODIUM_NODE_ADDRESS")
-        if here and not _runtime.is_initialized():
-            return here  # in a worker (no controller runtime): its node's address names the node
-        rt = _runtime.get_runtime()
-        state = rt.run(rt.cluster_state(), timeout=60, what="get_node_id")
-        from podium.controller.session.objects import controller_host
-        here = here or controller_host(rt.address, embedded=rt.embedded)
-        alive = [n for n in state.nodes if n.state == 1]
-        for node in alive:
-            if node.info.address == here:
-                return node.info.node_id
-        return alive[0].info.node_id if alive else ""
-
-    @property
-    def job_id(self) -> str:
-        """Same as :meth:`get_job_id`."""
-        return self.get_job_id()
-
-    @property
-    def node_id(self) -> str:
-        """Same as :meth:`get_node_id`."""
-        return self.get_node_id()
-
-    @property
-    def namespace(self) -> str:
-        """The default namespace of named actors."""
-        return _namespace or _options.DEFAULT_NAMESPACE
-
-    def get_accelerator_ids(self) -> dict[str, list[str]]:
-        """``{"GPU": [...]}`` this process sees."""
-        return {"GPU": [str(i) for i in get_gpu_ids()]}
-
-
-def get_runtime_context() -> RuntimeContext:
-    """``ray.get_runtime_context``."""
-    return RuntimeContext()
 
 
 def timeline(filename: str | None = None) -> list[dict] | None:
@@ -276,7 +231,7 @@ def nodes() -> list[dict[str, Any]]:
 def _list_named_actors(all_namespaces: bool = False) -> list:
     rt = _runtime.get_runtime()
     state = rt.run(rt.cluster_state(), timeout=60, what="list_named_actors")
-    namespace = _namespace or _options.DEFAULT_NAMESPACE
+    namespace = _raycontext.namespace_given() or _options.DEFAULT_NAMESPACE
     out = []
     for w in state.workers:
         parts = w.spec.name.split(":", 2)  # a name may hold ":"
@@ -304,12 +259,9 @@ util.PlacementGroupSchedulingStrategy = _options.PlacementGroupSchedulingStrateg
 util.NodeAffinitySchedulingStrategy = _options.NodeAffinitySchedulingStrategy
 del util.placement_group_table
 
-#: ``ray.exceptions``: Ray's names for Podium's errors.
-exceptions = types.SimpleNamespace(
-    RayError=_errors.PodiumError, RayTaskError=_errors.RemoteError, RayActorError=_errors.WorkerDiedError,
-    ActorDiedError=_errors.WorkerDiedError, GetTimeoutError=_errors.DeadlineExceededError,
-    ObjectLostError=_errors.ObjectLostError, OwnerDiedError=_errors.OwnerDiedError,
-    TaskCancelledError=_errors.CancelledError, WorkerCrashedError=_errors.WorkerDiedError)
+#: ``ray.exceptions``: every class of Ray's module, Podium's own where Podium raises it.
+exceptions = types.SimpleNamespace(**{name: getattr(_rayexceptions, name)
+                                      for name in (*_rayexceptions.NAMES, *_rayexceptions.OLDER_NAMES)})
 
 #: Ray names Podium does not provide, with what to use instead.
 _ALTERNATIVES = {

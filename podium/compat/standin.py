@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from podium.compat import ray as _compat
 from podium.compat.activation import RAYPATH
+from podium.compat.raycontext import job_env_vars, node_ip_address
 from podium.controller.remote.actoroptions import (
     Options,
     PlacementGroupSchedulingStrategy,
@@ -73,9 +74,11 @@ class NotProvidedFinder:
 
 
 def _worker_env() -> dict[str, str]:
-    """The environment a worker on any node needs so its ``import ray`` is the stand-in too."""
+    """The environment a worker on any node needs so its ``import ray`` is the stand-in too,
+    with ``ray.init``'s ``runtime_env`` ``env_vars`` (Ray's job-level runtime_env)."""
     path = os.environ.get("PYTHONPATH", "")
-    return {"PYTHONPATH": path} if RAYPATH in path.split(os.pathsep) else {"PYTHONPATH": RAYPATH}
+    own = {"PYTHONPATH": path} if RAYPATH in path.split(os.pathsep) else {"PYTHONPATH": RAYPATH}
+    return {**job_env_vars(), **own}
 
 
 class _BundleTask(RemoteFunction):
@@ -122,16 +125,7 @@ def timeline(filename: str | None = None) -> list[dict] | None:
 def get_node_ip_address() -> str:
     """``ray.util.get_node_ip_address``: the address of the node this process runs on (a
     worker's node; in the controller, the address workers reach it on)."""
-    here = os.environ.get("PODIUM_NODE_ADDRESS")
-    if here:
-        return here
-    from podium.controller.session import runtime
-    from podium.controller.session.objects import controller_host
-
-    if runtime.is_initialized():
-        rt = runtime.get_runtime()
-        return controller_host(rt.address, embedded=rt.embedded)
-    return controller_host(os.environ.get("PODIUM_ADDRESS") or "127.0.0.1:1", embedded=False)
+    return node_ip_address()
 
 
 def _state() -> Any:

@@ -50,7 +50,7 @@ assert ray.ObjectRef and ray.exceptions.RayActorError and ray.exceptions.GetTime
 import inspect
 assert list(inspect.signature(ray.timeline).parameters) == ["filename"]  # Ray's signature
 for where, name in ((ray, "data"), (ray.util, "queue"), (ray.actor, "exit_actor"), (collective, "reduce"),
-                    (ray.experimental, "tqdm_ray"), (ray._private, "worker")):
+                    (ray.experimental, "tqdm_ray"), (ray._private, "usage")):
     try:
         getattr(where, name)
     except NotImplementedError as exc:

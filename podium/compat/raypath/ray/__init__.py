@@ -45,6 +45,7 @@ from podium.compat.ray import (
     wait,
 )
 from podium.compat.standin import NotProvidedFinder as _NotProvidedFinder
+from podium.compat.raycontext import LOCAL_MODE, RESTORE_WORKER_MODE, SCRIPT_MODE, SPILL_WORKER_MODE, WORKER_MODE
 from podium.compat.standin import remote, timeline
 from ray import _private, actor, cloudpickle, exceptions, experimental, util
 from ray import runtime_env  # noqa: E402 - ray.runtime_env.RuntimeEnv
@@ -64,7 +65,12 @@ __podium__ = True
 __version__ = "2.49.0"
 
 __all__ = [
+    "LOCAL_MODE",
     "ObjectRef",
+    "RESTORE_WORKER_MODE",
+    "SCRIPT_MODE",
+    "SPILL_WORKER_MODE",
+    "WORKER_MODE",
     "_private",
     "actor",
     "available_resources",

@@ -1,31 +1,14 @@
-"""``ray.exceptions``: Ray's exception names for Podium's errors (``podium.errors``)."""
+"""``ray.exceptions``: every class of Ray 2.60's module (:mod:`podium.compat.rayexceptions`);
+those Podium raises are Podium's own classes (``ActorDiedError`` is ``WorkerDiedError``)."""
 
 from __future__ import annotations
 
-from podium.compat.ray import exceptions as _names
+from podium.compat.rayexceptions import *  # noqa: F403 - the module is the list of Ray's names
+from podium.compat.rayexceptions import NAMES as _NAMES
+from podium.compat.rayexceptions import OLDER_NAMES as _OLDER_NAMES
 from podium.compat.standin import missing
 
-RayError = _names.RayError
-RayTaskError = _names.RayTaskError
-RayActorError = _names.RayActorError
-ActorDiedError = _names.ActorDiedError
-GetTimeoutError = _names.GetTimeoutError
-ObjectLostError = _names.ObjectLostError
-OwnerDiedError = _names.OwnerDiedError
-TaskCancelledError = _names.TaskCancelledError
-WorkerCrashedError = _names.WorkerCrashedError
-
-__all__ = [
-    "ActorDiedError",
-    "GetTimeoutError",
-    "ObjectLostError",
-    "OwnerDiedError",
-    "RayActorError",
-    "RayError",
-    "RayTaskError",
-    "TaskCancelledError",
-    "WorkerCrashedError",
-]
+__all__ = [*_NAMES, *_OLDER_NAMES, "RAY_EXCEPTION_TYPES"]
 
 
 def __getattr__(name: str):

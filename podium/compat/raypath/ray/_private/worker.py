@@ -1,0 +1,21 @@
+"""``ray._private.worker``: ``global_worker`` (``mode``, ``gcs_client.address``, ``node``) and
+the process modes, as :mod:`podium.compat.raycontext` answers them."""
+
+from __future__ import annotations
+
+from podium.compat.raycontext import (
+    LOCAL_MODE,
+    RESTORE_WORKER_MODE,
+    SCRIPT_MODE,
+    SPILL_WORKER_MODE,
+    WORKER_MODE,
+    global_worker,
+)
+from podium.compat.standin import missing
+
+__all__ = ["LOCAL_MODE", "RESTORE_WORKER_MODE", "SCRIPT_MODE", "SPILL_WORKER_MODE", "WORKER_MODE",
+           "global_worker"]
+
+
+def __getattr__(name: str):
+    return missing(f"ray._private.worker.{name}", "the public ray API (ray.init, ray.get_runtime_context)")
