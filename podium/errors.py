@@ -36,6 +36,7 @@ what they already know: a bad spec is also a ``ValueError``, a timeout also a
     ├── InternalError ............................. INTERNAL
     ├── UnavailableError (ConnectionError) ........ UNAVAILABLE
     │   ├── WorkerDiedError ....................... a worker process ended (exit code / signal, stderr tail)
+    │   │   └── ActorUnavailableError ............. an actor died with a call in flight and restarts
     │   └── WeightBroadcastError .................. a weight update missed replicas (which, and who kept what)
     ├── DataLossError ............................. DATA_LOSS
     └── AuthenticationError (PermissionError) ..... UNAUTHENTICATED
@@ -339,6 +340,13 @@ class WorkerDiedError(UnavailableError):
         if self.stderr_tail:
             text += "\nLast lines of its stderr:\n" + self.stderr_tail
         return text
+
+
+class ActorUnavailableError(WorkerDiedError):
+    """An actor's process died while a call was in flight and the actor is being restarted
+    (``max_restarts``): the call may or may not have run, and it is not sent again
+    (``max_task_retries`` is 0, or its retries are used up). Ray's ``ActorUnavailableError``;
+    a WorkerDiedError too (Ray's is a ``RayActorError``)."""
 
 
 class WeightBroadcastError(UnavailableError):

@@ -19,7 +19,8 @@ from podium.runtimeenv import RuntimeFields, parse_runtime_env, spec_kwargs
 from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
 __all__ = ["check_call_options", "Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
-           "parse_options", "runtime_spec_fields", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE"]
+           "parse_options", "runtime_spec_fields", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE",
+           "MAX_RETRY_COUNT", "DEFAULT_TASK_RETRIES", "retry_count", "retry_exceptions"]
 
 #: Largest num_cpus / num_gpus one actor or task may ask for.
 MAX_CPUS = 1024.0
@@ -28,14 +29,14 @@ MAX_GPUS = 64.0
 DEFAULT_NAMESPACE = "default"
 #: Longest actor name / namespace accepted.
 _MAX_NAME = 200
+#: Largest max_restarts / max_task_retries / max_retries accepted (-1: no limit).
+MAX_RETRY_COUNT = 100_000
+#: Ray's default max_retries of a task: a task whose worker died runs again up to 3 times.
+DEFAULT_TASK_RETRIES = 3
 
 #: Ray options Podium does not provide, and what to use instead.
 _UNSUPPORTED = {
     "num_returns": "return one value (a tuple) and index it after get()",
-    "max_restarts": "create the actor again after WorkerDiedError",
-    "max_task_retries": "call the method again after WorkerDiedError",
-    "max_retries": "call the task again after WorkerDiedError",
-    "retry_exceptions": "catch the RemoteError and call again",
     "resources": "num_cpus/num_gpus, or a placement group bundle",
     "memory": "num_cpus/num_gpus (Podium schedules CPUs and GPUs only)",
     "accelerator_type": "a placement group on the nodes that have it",
@@ -58,7 +59,7 @@ _IGNORED = {"_metadata", "enable_task_events", "enable_tensor_transport", "objec
 #: Ray's default values of options in _UNSUPPORTED, besides None: they ask for nothing.
 _DEFAULT_VALUES = {"placement_group_capture_child_tasks": (False,), "label_selector": ({},), "_labels": ({},),
                    "max_calls": (0,), "max_pending_calls": (-1,), "allow_out_of_order_execution": (False,),
-                   "retry_exceptions": (False,), "fallback_strategy": (), "_generator_backpressure_num_objects": (),
+                   "fallback_strategy": (), "_generator_backpressure_num_objects": (),
                    "_num_objects_per_yield": (), "_actor_generator_backpressure_num_objects": ()}
 #: Options of _UNSUPPORTED whose None (and, for ``resources``, ``{}``) asks for nothing beyond
 #: CPUs and GPUs: accepted (SkyRL and verl pass ``resources=None`` / ``{}`` through).
@@ -111,6 +112,15 @@ class Options:
     #: runtime_env's py_executable / working_dir / py_modules given here (podium.runtimeenv);
     #: a key absent is inherited from the creating process (:func:`runtime_spec_fields`).
     runtime: RuntimeFields = dataclasses.field(default_factory=RuntimeFields)
+    #: Actors: how often a dead actor is constructed again (-1: no limit; Ray's max_restarts).
+    max_restarts: int = 0
+    #: Actors: how often a call that met the actor's death is sent again after its restart.
+    max_task_retries: int = 0
+    #: Tasks: how often a task whose worker died runs again (Ray's default: 3).
+    max_retries: int = DEFAULT_TASK_RETRIES
+    #: Tasks (and actor calls): which exceptions the function raises are retried too, within
+    #: max_retries (max_task_retries): False none, True all, or a tuple of classes.
+    retry_exceptions: Any = False
 
 
 def _amount(key: str, value: Any, bound: float) -> float:
@@ -140,8 +150,7 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
     opts.runtime = RuntimeFields(opts.runtime)
     for key, value in given.items():
         if key in _UNSUPPORTED:
-            if key in ("num_returns", "max_restarts", "max_task_retries", "max_retries") and value in (None, 0, 1) \
-                    and not (key == "num_returns" and value == 0):
+            if key == "num_returns" and value in (None, 1):
                 continue  # Ray's defaults: nothing to do
             if key in _NONE_IS_DEFAULT and (value is None or (key == "resources" and value == {})):
                 continue  # no custom resources, memory or accelerator asked for: Ray's default
@@ -173,6 +182,12 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
             opts.max_concurrency = value
         elif key == "concurrency_groups" and actor:
             opts.concurrency_groups = None if value is None else check_groups(value)
+        elif key in ("max_restarts", "max_task_retries") and actor:
+            setattr(opts, key, retry_count(key, value))
+        elif key == "max_retries" and not actor:
+            opts.max_retries = retry_count(key, value, none=DEFAULT_TASK_RETRIES)
+        elif key == "retry_exceptions":
+            opts.retry_exceptions = retry_exceptions(value)
         elif key == "get_if_exists" and actor:
             opts.get_if_exists = bool(value)
         elif key == "placement_group":
@@ -198,8 +213,6 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
 #: values that ask for nothing (Ray's defaults) and the alternative.
 _CALL_REFUSED = {
     "num_returns": ((None, 1), "return one value (a tuple) and index it after get()"),
-    "max_task_retries": ((None, 0), "call the method again after WorkerDiedError"),
-    "retry_exceptions": ((None, False), "catch the RemoteError and call again"),
     "_generator_backpressure_num_objects": ((None,), "return a list from one call (streaming generators "
                                                      "are not provided)"),
     "_num_objects_per_yield": ((None,), "return a list from one call (streaming generators are not provided)"),
@@ -209,7 +222,7 @@ _CALL_REFUSED = {
 #: Podium's data path; Podium's timeline records every call).
 _CALL_NO_EFFECT = {"name", "tensor_transport", "enable_task_events"}
 #: Per-call options ``ActorMethod.options`` honours itself before this check.
-_CALL_HONOURED = {"concurrency_group"}
+_CALL_HONOURED = {"concurrency_group", "max_task_retries", "retry_exceptions"}
 
 
 def check_call_options(given: dict[str, Any]) -> None:
@@ -223,6 +236,27 @@ def check_call_options(given: dict[str, Any]) -> None:
         defaults, alternative = _CALL_REFUSED[key]
         if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
             raise UnimplementedError(f"ray option {key}={value!r} is not supported by Podium: {alternative}")
+
+
+def retry_count(key: str, value: Any, none: int = 0) -> int:
+    """A checked max_restarts / max_task_retries / max_retries: an int in [-1, MAX_RETRY_COUNT]
+    (-1: no limit); None gives ``none`` (Ray's default)."""
+    if value is None:
+        return none
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= MAX_RETRY_COUNT:
+        raise InvalidArgumentError(f"{key} must be an int in [-1, {MAX_RETRY_COUNT}] (-1: no limit), got {value!r}")
+    return value
+
+
+def retry_exceptions(value: Any) -> Any:
+    """A checked retry_exceptions: a bool, or a list/tuple of exception classes (a tuple)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(c, type) and issubclass(c, BaseException) for c in value):
+        return tuple(value)
+    raise InvalidArgumentError(f"retry_exceptions must be a bool or a non-empty list of exception classes, "
+                               f"got {value!r}")
 
 
 def _index(value: Any) -> int:

@@ -36,7 +36,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, check_call_options, parse_options,
-                                                   runtime_spec_fields)
+                                                   retry_count, retry_exceptions, runtime_spec_fields)
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
@@ -67,28 +67,49 @@ def actor_worker_name(name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
 class ActorMethod:
     """``handle.method``: ``.remote(*args, **kwargs)`` calls it and returns a ref at once."""
 
-    __slots__ = ("_handle", "_name")
+    __slots__ = ("_handle", "_name", "_retries", "_retry_exceptions")
 
-    def __init__(self, handle: "ActorHandle", name: str) -> None:
+    def __init__(self, handle: "ActorHandle", name: str, retries: int | None = None,
+                 retry_exceptions: Any = False) -> None:
         self._handle = handle
         self._name = name
+        #: This call's max_task_retries (None: the actor's).
+        self._retries = retries
+        self._retry_exceptions = retry_exceptions
+
+    def _target(self, args: tuple) -> tuple[str, tuple]:
+        """What the worker runs for a call of this method: (method name, arguments)."""
+        return self._name, args
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method on the actor; a PendingRef (``get`` gives its value), which keeps the
         actor alive while it lives."""
-        ref = self._handle._group._calls.run([0], self._name, [(args, kwargs)], blocking=False)[0]
-        ref.keep = self._handle
+        handle = self._handle
+        name, args = self._target(args)
+        spec = handle._info.spec
+        retries = spec.max_task_retries if self._retries is None else self._retries
+        if spec.max_restarts or retries or self._retry_exceptions:  # Ray's restart and retry rules
+            from podium.controller.remote.actorcalls import actor_call
+            return actor_call(handle, name, args, kwargs, retries, self._retry_exceptions)
+        ref = handle._group._calls.run([0], name, [(args, kwargs)], blocking=False)[0]
+        ref.keep = handle
         return ref
 
     def options(self, **options: Any) -> "ActorMethod":
         """Ray's per-call options: ``concurrency_group`` (this call runs in that group of the
-        actor's); the others as :func:`~podium.controller.remote.actoroptions.check_call_options`
-        answers them (refused ones raise NotImplementedError naming the alternative)."""
-        group = options.pop("concurrency_group", None)
+        actor's), ``max_task_retries`` and ``retry_exceptions``; the others as
+        :func:`~podium.controller.remote.actoroptions.check_call_options` answers them (refused
+        ones raise NotImplementedError naming the alternative)."""
+        group = options.pop("concurrency_group", getattr(self, "_group_name", None))
+        retries, retry_exc = self._retries, self._retry_exceptions
         check_call_options(options)
+        if "max_task_retries" in options:
+            retries = retry_count("max_task_retries", options["max_task_retries"])
+        if "retry_exceptions" in options:
+            retry_exc = retry_exceptions(options["retry_exceptions"])
         if group is None:
-            return self
-        return _MethodInGroup(self._handle, self._name, _check_group_name(group))
+            return ActorMethod(self._handle, self._name, retries, retry_exc)
+        return _MethodInGroup(self._handle, self._name, _check_group_name(group), retries, retry_exc)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise ArgumentMismatchError(
@@ -107,16 +128,13 @@ class _MethodInGroup(ActorMethod):
 
     __slots__ = ("_group_name",)
 
-    def __init__(self, handle: "ActorHandle", name: str, group: str) -> None:
-        super().__init__(handle, name)
+    def __init__(self, handle: "ActorHandle", name: str, group: str, retries: int | None = None,
+                 retry_exceptions: Any = False) -> None:
+        super().__init__(handle, name, retries, retry_exceptions)
         self._group_name = group
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the method in the group; a PendingRef, as :meth:`ActorMethod.remote`."""
-        ref = self._handle._group._calls.run([0], GROUP_CALL,
-                                             [((self._group_name, self._name, *args), kwargs)], blocking=False)[0]
-        ref.keep = self._handle
-        return ref
+    def _target(self, args: tuple) -> tuple[str, tuple]:
+        return GROUP_CALL, (self._group_name, self._name, *args)
 
 
 class _ActorId(str):
@@ -153,7 +171,12 @@ class ActorHandle:
         if group is None:
             group = _attached.get(self._info.id)
             if group is None:
-                group = _attached_group(get_runtime(), self._info, owns=False)
+                try:
+                    group = _attached_group(get_runtime(), self._info, owns=False)
+                except Exception:
+                    if not self._info.spec.max_restarts:
+                        raise
+                    group = _attach_newest(self._info)  # it was restarted since the handle was made
             self._attached_group = group
         return group
 
@@ -182,11 +205,20 @@ class ActorHandle:
         return self.__copy__()
 
     def __reduce__(self):
-        return (_borrowed, (self._info.SerializeToString(), self._class_name, self._actor_name, self._namespace))
+        info = self._attached_group.workers[0].info if self._attached_group is not None else self._info
+        return (_borrowed, (info.SerializeToString(), self._class_name, self._actor_name, self._namespace))
 
     def __repr__(self) -> str:
         label = f" name={self._actor_name!r}" if self._actor_name else ""
         return f"ActorHandle({self._class_name}{label}, worker={self._info.spec.name!r})"
+
+
+def _attach_newest(info: Any) -> Any:
+    """The group of the actor's newest live worker (by its name), for a restarted actor."""
+    rt = get_runtime()
+    newest = rt.run(rt.scheduler.get_workers(names=[info.spec.name]), timeout=60, what="finding a restarted actor")
+    group = _attached.get(newest[0].id)
+    return group if group is not None else _attached_group(rt, newest[0], owns=False)
 
 
 def _borrowed(info: bytes, class_name: str, name: str | None, namespace: str) -> ActorHandle:
@@ -294,7 +326,8 @@ async def _reserve(rt: Session, opts: Options, wname: str) -> tuple[str, int, st
     return pg.id, 0, pg.id
 
 
-async def _create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bundle: int) -> Any:
+async def _create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bundle: int,
+                         restarts: int = 0) -> Any:
     from podium.v1 import common_pb2
 
     owner = "" if opts.detached else rt.session_id
@@ -306,7 +339,9 @@ async def _create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bun
     for i, index in enumerate(candidates):
         spec = common_pb2.WorkerSpec(name=wname, group=wname, placement_group_id=pg_id, bundle_index=index,
                                      num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, rank=0, world_size=1,
-                                     env=opts.env, detached=opts.detached, **runtime_spec_fields(opts))
+                                     env=opts.env, detached=opts.detached, restarts=restarts,
+                                     max_restarts=opts.max_restarts, max_task_retries=opts.max_task_retries,
+                                     **runtime_spec_fields(opts))
         try:
             infos = await rt.scheduler.create_workers([spec], owner=owner, master_rank=0)
         except SlotFullError:
@@ -341,10 +376,10 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
         wname = f"{_PREFIX}{_class_name(cls)}-{secrets.token_hex(6)}"
     payload = _payload(cls, opts, args, kwargs)
 
-    async def create() -> tuple[Any, str]:
+    async def create() -> tuple[Any, str, str, int]:
         pg_id, bundle, own_pg = await _reserve(rt, opts, wname)
         try:
-            return await _create_worker(rt, opts, wname, pg_id, bundle), own_pg
+            return await _create_worker(rt, opts, wname, pg_id, bundle), own_pg, pg_id, bundle
         except BaseException:
             if own_pg:
                 with contextlib.suppress(Exception):
@@ -352,13 +387,19 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
             raise
 
     try:
-        info, own_pg = rt.run(create(), timeout=2 * rt.placement_timeout + 30, what=f"starting actor {wname}")
+        info, own_pg, pg_id, bundle = rt.run(create(), timeout=2 * rt.placement_timeout + 30,
+                                             what=f"starting actor {wname}")
     except AlreadyExistsError:
         raise AlreadyExistsError(f"an actor named {opts.name!r} already exists in namespace "
                                  f"{opts.namespace!r} (get_actor() finds it)") from None
     group = _attached_group(rt, info, owns=True, detached=opts.detached)
     if not opts.detached:  # Ray's lifetime: gone with the last handle
         group._life = _life.arm(rt, group.workers, group._gid, group._pg_ids, [own_pg] if own_pg else [])
+    if opts.max_restarts:  # this process restarts it when it dies (podium.controller.remote.restarts)
+        from podium.controller.remote.restarts import Restarter
+        group._restarter = Restarter(rt, group, opts, wname, lambda: _payload(cls, opts, args, kwargs), own_pg,
+                                     pg_id, bundle)
+        group._restarter.watch()
     # The constructor runs while .remote() returns; the group's calls wait for it (gate). The
     # refs its arguments carry live until it ran: the actor has counted its borrows by then.
     keep = refs_inside((*args, *kwargs.values()))
@@ -374,6 +415,9 @@ async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str,
     try:
         await _construct(group, payload)
     except BaseException:
+        restarter = getattr(group, "_restarter", None)
+        if restarter is not None:  # a constructor that fails the first time: dead, as in Ray
+            restarter.stop()
         if group._life is not None:
             group._life.disarm()
         await _remove(rt, group, own_pg)
@@ -428,6 +472,10 @@ async def _remove(rt: Session, group: Any, pg_id: str = "") -> None:
 def _stop(rt: Session, group: Any, pg_id: str = "") -> None:
     """Remove the actor's worker (and ``pg_id``); its pending calls then fail with
     WorkerDiedError once its connection breaks (the scheduler has its exit record)."""
+    restarter = getattr(group, "_restarter", None)
+    if restarter is not None:
+        restarter.stop()
+        pg_id = restarter.own_pg  # a restart may have placed it in a new group of its own
     if group._life is not None:
         group._life.disarm()
     rt.run(_remove(rt, group, pg_id), timeout=60, what="stopping an actor")
@@ -448,6 +496,14 @@ def kill(actor: ActorHandle | WorkerHandle, *, no_restart: bool = True) -> None:
     if not isinstance(actor, ActorHandle):
         raise InvalidArgumentError(f"kill() takes an actor handle or a group's worker handle, "
                                    f"got {type(actor).__name__}")
+    if not no_restart and actor._info.spec.max_restarts:
+        # Ray's kill(no_restart=False): the process goes and the actor is restarted (by its
+        # owner; one that is not this process treats the stop as a kill for good).
+        restarter = getattr(actor._group, "_restarter", None)
+        if restarter is not None:
+            restarter.expect_kill = True
+        rt.run(rt.scheduler.remove_workers([actor.worker.worker_id]), timeout=60, what="killing an actor")
+        return
     spec = actor.worker.info.spec
     pg_id = spec.placement_group_id
     own = ""

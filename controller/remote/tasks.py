@@ -6,8 +6,11 @@ shape (``num_cpus``, ``num_gpus``, env, placement group bundle): a task goes to 
 worker of its pool, and a new worker is started while every worker is busy and the pool has
 fewer than ``PODIUM_TASK_WORKERS`` (default 4, at most 256) workers; otherwise it queues on
 the least busy one. Pool workers are reused and stop with the runtime; one that died or
-stopped answering leaves its pool, so later tasks start a fresh worker (the task that met
-it fails with that error: no task is retried). The function travels
+stopped answering leaves its pool, so later tasks start a fresh worker. As in Ray, a task
+whose worker died runs again, on another worker, up to ``max_retries`` times (default 3;
+-1: no limit; 0: it fails with WorkerDiedError at once), and with ``retry_exceptions`` (True,
+or a list of exception classes) a task whose function raised runs again too, within the same
+count (:mod:`.actorcalls`). A task that stopped answering is not retried. The function travels
 by value when the workers cannot import it; top-level ref arguments are fetched by the
 worker, as for any call; a function that raised gives RemoteError with its traceback.
 """
@@ -125,11 +128,25 @@ class RemoteFunction:
 
     def options(self, **options: Any) -> "RemoteFunction":
         """A copy with these options on top (Ray's ``.options``: num_cpus, num_gpus, runtime_env,
-        scheduling_strategy / placement_group)."""
+        scheduling_strategy / placement_group, max_retries, retry_exceptions)."""
         return RemoteFunction(self._function, parse_options(options, actor=False, base=self._options))
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the function in a task worker; a PendingRef (``get`` gives its value)."""
+        """Run the function in a task worker; a PendingRef (``get`` gives its value), retried
+        under ``max_retries`` / ``retry_exceptions`` (see the module docstring)."""
+        opts = self._options
+        if not opts.max_retries and not opts.retry_exceptions:
+            return self._send(args, kwargs)
+        from podium.controller.remote.actorcalls import call_with_retries
+
+        async def on_death(_err: BaseException, _token: Any, _can_retry: bool) -> str:
+            return "retry"  # its pool dropped the dead worker: the next attempt gets another
+
+        return call_with_retries(self.__name__, lambda: (self._send(args, kwargs), None), opts.max_retries,
+                                 opts.retry_exceptions, on_death)
+
+    def _send(self, args: tuple, kwargs: dict) -> Any:
+        """One attempt: the task sent to a worker of its pool."""
         pool = _pool_for(self._options)
         handle = pool.pick()
         method = "run_async" if inspect.iscoroutinefunction(self._function) else "run"

@@ -42,6 +42,14 @@ def _fraction(value: float) -> str:
     return str(frac)
 
 
+def _restarts(spec: common_pb2.WorkerSpec) -> str:
+    """An actor's restarts so far and its max_restarts ("2/5", "20/inf"); "-" for a worker that
+    is never restarted."""
+    if not spec.max_restarts:
+        return "-"
+    return f"{spec.restarts}/{'inf' if spec.max_restarts < 0 else spec.max_restarts}"
+
+
 def render_status(state: scheduler_pb2.ClusterState, *, all_workers: bool = False) -> str:
     """The readable status of a cluster (ended workers only with ``all_workers``)."""
     nodes = sorted(state.nodes, key=lambda n: n.info.node_id)
@@ -88,7 +96,7 @@ def render_status(state: scheduler_pb2.ClusterState, *, all_workers: bool = Fals
     worker_rows = [[w.spec.name or "-", w.id, w.spec.group or "-", w.spec.rank,
                     common_pb2.WorkerState.Name(w.state).removeprefix("WORKER_"), w.node_address or "-",
                     ",".join(map(str, w.gpu_indices)) or "-", _fraction(w.spec.num_gpus),
-                    w.pid or "-", w.port or "-"] for w in workers]
+                    w.pid or "-", w.port or "-", _restarts(w.spec)] for w in workers]
     alive = sum(1 for n in nodes if n.state == common_pb2.NODE_ALIVE)
     gpus = sum(len(n.info.gpus) for n in nodes)
     return "\n\n".join([
@@ -100,5 +108,5 @@ def render_status(state: scheduler_pb2.ClusterState, *, all_workers: bool = Fals
         "PLACEMENT GROUPS\n" + table(["NAME", "ID", "STATE", "STRATEGY", "BUNDLES", "NODES", "OWNER"],
                                      pg_rows),
         "WORKERS\n" + table(["NAME", "ID", "GROUP", "RANK", "STATE", "NODE", "GPU", "FRACTION", "PID",
-                             "PORT"], worker_rows),
+                             "PORT", "RESTARTS"], worker_rows),
     ])

@@ -545,6 +545,9 @@ class WorkerSpec(_message.Message):
     PYTHON_COMMAND_FIELD_NUMBER: _builtins.int
     WORKING_DIR_FIELD_NUMBER: _builtins.int
     PY_MODULES_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    MAX_RESTARTS_FIELD_NUMBER: _builtins.int
+    MAX_TASK_RETRIES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name unique in the cluster, e.g. "{wg_prefix}{Class}_{pg_index}:{local_rank}"."""
     group: _builtins.str
@@ -566,6 +569,16 @@ class WorkerSpec(_message.Message):
     working_dir: _builtins.str
     """runtime_env.working_dir: an absolute directory on the worker's node, its cwd and first on
     its sys.path. Empty: the agent's cwd.
+    """
+    restarts: _builtins.int
+    """An actor's restarts (Ray's max_restarts): how many times it was restarted before this
+    worker was started for it (0: its first worker).
+    """
+    max_restarts: _builtins.int
+    """The actor's max_restarts: 0 never restarted, -1 without limit."""
+    max_task_retries: _builtins.int
+    """The actor's max_task_retries: how often a call that met its death is sent again after a
+    restart (0 never, -1 without limit). Borrowed handles read it here.
     """
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -600,10 +613,13 @@ class WorkerSpec(_message.Message):
         python_command: _abc.Iterable[_builtins.str] | None = ...,
         working_dir: _builtins.str = ...,
         py_modules: _abc.Iterable[_builtins.str] | None = ...,
+        restarts: _builtins.int = ...,
+        max_restarts: _builtins.int = ...,
+        max_task_retries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "max_restarts", b"max_restarts", "max_task_retries", b"max_task_retries", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "restarts", b"restarts", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -91,3 +91,18 @@ def test_progress_is_silent_when_quick_and_reports_phases_when_late():
     assert [line.split(": ", 2)[2].rsplit(" (", 1)[0] for line in lines] == [
         "starting 2 workers", "connecting", "ready"]
     assert all(line.startswith("podium: op: ") for line in lines)
+
+
+def test_status_shows_actor_restarts():
+    state = _state()
+    state.workers[0].spec.max_restarts = -1
+    state.workers[0].spec.restarts = 20
+    state.workers[1].spec.max_restarts = 2
+    state.workers[1].spec.restarts = 1
+    lines = render_status(state).splitlines()
+    header = next(line for line in lines if line.startswith("NAME") and "RESTARTS" in line)
+    assert header.split()[-1] == "RESTARTS"
+    assert next(line for line in lines if line.startswith("actor_0 ")).split()[-1] == "20/inf"
+    assert next(line for line in lines if line.startswith("actor_1 ")).split()[-1] == "1/2"
+    plain = render_status(_state()).splitlines()
+    assert next(line for line in plain if line.startswith("actor_0 ")).split()[-1] == "-"

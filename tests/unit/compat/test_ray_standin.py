@@ -223,3 +223,24 @@ def test_resources_none_or_empty_ask_for_nothing_and_custom_resources_are_refuse
         parse_options({"resources": {"custom": 1}}, actor=True)
     with pytest.raises(NotImplementedError, match="memory"):
         parse_options({"memory": 2**30}, actor=True)
+
+
+def test_restart_and_retry_options_are_checked_and_kept():
+    opts = parse_options({"max_restarts": -1, "max_task_retries": 3}, actor=True)
+    assert (opts.max_restarts, opts.max_task_retries) == (-1, 3)
+    task = parse_options({"max_retries": 0, "retry_exceptions": [ValueError, KeyError]}, actor=False)
+    assert task.max_retries == 0 and task.retry_exceptions == (ValueError, KeyError)
+    # Ray's task default: 3 retries after a worker death, no retry of a raised exception.
+    default = parse_options({"max_retries": None}, actor=False)
+    assert default.max_retries == 3 and default.retry_exceptions is False
+    for bad in ({"max_restarts": -2}, {"max_restarts": 10**9}, {"max_task_retries": 1.5},
+                {"max_restarts": True}):
+        with pytest.raises(ValueError, match="in \\[-1, "):
+            parse_options(bad, actor=True)
+    for bad in ("yes", [], [ValueError, "KeyError"], [int]):
+        with pytest.raises(ValueError, match="retry_exceptions"):
+            parse_options({"retry_exceptions": bad}, actor=False)
+    with pytest.raises(ValueError, match="unknown task option 'max_restarts'"):
+        parse_options({"max_restarts": 1}, actor=False)
+    with pytest.raises(ValueError, match="unknown actor option 'max_retries'"):
+        parse_options({"max_retries": 1}, actor=True)
