@@ -13,7 +13,8 @@ As in Ray, ``.remote()`` returns while the constructor runs (verl's workers rend
 are sent once it finished, in order, and fail with its error (RemoteError) when it failed,
 which also stops the actor. Where Podium differs from Ray: names live in the namespace
 ``"default"`` unless one is given, so any controller of the cluster finds them; a dead
-actor's calls fail with WorkerDiedError (no restarts).
+actor's calls fail with WorkerDiedError unless it has ``max_restarts`` (its owner restarts
+it: :mod:`.restarts`, :mod:`.actorcalls`).
 
 A handle travels: pickled into the arguments of a call, a task or another actor's
 constructor, or into a result, at any depth, it arrives as a working handle. The receiving
