@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import importlib
 
-from podium.errors import (AbortedError, AlreadyExistsError, ArgumentMismatchError, AuthenticationError,
-                           CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
+from podium.errors import (AbortedError, ActorUnavailableError, AlreadyExistsError, ArgumentMismatchError,
+                           AuthenticationError, CancelledError, DataLossError, DeadlineExceededError, FailedPreconditionError,
                            InfeasibleError, InternalError, InvalidArgumentAssertion, InvalidArgumentError,
                            InvalidSpecError, NotFoundError, NotProvidedError, ObjectLostError, OutOfRangeError,
                            OwnerDiedError, PayloadTooLargeError, PermissionDeniedError, PodiumError,
@@ -57,6 +57,7 @@ _LAZY = {
 
 __all__ = [
     "AbortedError",
+    "ActorUnavailableError",
     "AlreadyExistsError",
     "ArgumentMismatchError",
     "AuthenticationError",

@@ -43,6 +43,7 @@ from podium.scheduler.jobpackages import MAX_PACKAGE_BYTES
 from podium.scheduler.jobshttp import JobsCollector, JobsEndpoints
 from podium.scheduler.stackshttp import StacksEndpoint
 from podium.scheduler.state import LIVE_WORKER_STATES, ClusterModel, fraction_text
+from podium.scheduler.workers import RestartsCollector
 from podium.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -368,6 +369,7 @@ class HttpServer:
         app.router.add_get("/v1/workers", self._workers)
         app.router.add_get("/v1/stacks", StacksEndpoint(service, config.token, config.tls).handle)
         app.router.add_get("/metrics", self._metrics)
+        service.metrics.registry.register(RestartsCollector(service.model))
         # Each group's last calls per method, rank by rank, from the workers' timelines.
         app.router.add_get("/v1/calls", CallsEndpoint(service, config.token, config.tls).handle)
         dashboard.install(app)  # GET /: the live dashboard page (its data needs the token)

@@ -99,8 +99,6 @@ class Metrics:
                             ["state"], registry=self.registry)
         self.workers = Gauge("podium_scheduler_workers", "Workers by state", ["state"],
                              registry=self.registry)
-        self.actor_restarts = Counter("podium_actor_restarts", "Actor restarts (max_restarts): workers started "
-                                      "for an actor whose previous worker died", registry=self.registry)
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
 
@@ -414,9 +412,6 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         # The awaits above let other RPCs run: create_workers validates again.
         workers = self.model.create_workers(request.specs, request.owner, request.master_rank,
                                             port, self.clock())
-        restarted = sum(1 for spec in request.specs if spec.restarts > 0)
-        if restarted:
-            self.metrics.actor_restarts.inc(restarted)
         await self._commit()
         by_node: dict[str, list[common_pb2.WorkerInfo]] = {}
         for worker in workers:

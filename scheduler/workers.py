@@ -8,6 +8,7 @@ group's removal means for workers is the cluster model's to decide
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from podium import errors
 from podium.resources import system_env
@@ -19,7 +20,7 @@ from podium.scheduler.tables import ChangeLog, RecordTable
 from podium.scheduler.workerspecs import CheckedSpec, check_specs
 from podium.v1 import common_pb2, scheduler_pb2
 
-__all__ = ["WorkerTable"]
+__all__ = ["WorkerTable", "RestartsCollector"]
 
 
 #: Live states a stop request applies to (a STOPPING worker was asked already).
@@ -49,6 +50,9 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
         #: what a removal, a registration or a slot check looks at, instead of every worker.
         self._by_group: dict[str, dict[str, None]] = {}
         self._by_node: dict[str, dict[str, None]] = {}
+        #: Workers created for actors whose previous worker died (spec.restarts > 0), since
+        #: this scheduler started: /metrics' podium_actor_restarts_total (RestartsCollector).
+        self.actor_restarts = 0
 
     def _touch(self, worker_ids: Iterable[str]) -> None:
         self._changes.touch(workers=worker_ids)
@@ -165,6 +169,7 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
         for worker in created:
             self._records[worker.id] = worker
             self._index(worker)
+        self.actor_restarts += sum(1 for w in created if w.spec.restarts > 0)
         # This group's live processes per node (PODIUM_LOCAL_WORLD_SIZE), counted once
         # over the nodes involved, not once per worker over every worker.
         local_counts: dict[tuple[str, str], int] = {}
@@ -423,3 +428,18 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
             self._index(worker)
             if worker.state == common_pb2.WORKER_STARTING and not worker.pid:
                 self._unspawned[worker.id] = unspawned_until
+
+
+class RestartsCollector:
+    """``podium_actor_restarts_total`` on the scheduler's /metrics: workers created to restart
+    an actor (Ray's max_restarts), read from the worker table when scraped."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def collect(self):
+        """The one counter family (prometheus_client's collector protocol)."""
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("podium_actor_restarts", "Actor restarts (max_restarts) since the scheduler started",
+                                  value=self.model.workers.actor_restarts)

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from podium.controller.remote.actorplace import attached
 from podium.controller.remote.restarts import died_for_good, is_death, restarter_of
 from podium.controller.session.futures import PendingRef
 from podium.controller.session.runtime import get_runtime
@@ -66,12 +67,12 @@ def _forward(inner: PendingRef, outer: PendingRef) -> None:
 
 
 def call_with_retries(method: str, send: Callable[[], tuple[PendingRef, Any]], retries: int,
-                      retry_exceptions: Any, on_death: Callable[[BaseException, Any], Any],
+                      retry_exceptions: Any, on_death: Callable[[BaseException, Any, bool], Any],
                       keep: Any = None) -> PendingRef:
     """One ref for a call tried up to ``1 + retries`` times (-1: no limit).
 
     ``send()`` makes one attempt: its ref and a token (what it was sent to). When an attempt
-    meets its worker's death, ``await on_death(error, token)`` says what next: "free" (send
+    meets its worker's death, ``await on_death(error, token, a_retry_is_left)`` says what next: "free" (send
     again without counting a retry: it never ran), "retry" (send again if a retry is left, or
     fail with the error it returns as ``error`` otherwise); or it raises the error to give."""
     rt = get_runtime()
@@ -186,7 +187,6 @@ async def _reattach(handle: Any, dead: Any) -> None:
     """In a process that borrowed the handle: wait for the actor's next worker (by name)
     and its constructor, and point the shared group at it."""
     from podium.controller.group import build as _build
-    from podium.controller.remote import actors
     from podium.v1 import common_pb2
 
     rt = get_runtime()
@@ -219,7 +219,7 @@ async def _reattach(handle: Any, dead: Any) -> None:
         except Exception:  # noqa: BLE001 - a dead worker's client
             pass
         await _build.connect(rt, group._members, [info])
-        actors._attached[info.id] = group
+        attached[info.id] = group
         while True:  # its owner runs the constructor: calls wait for it to start
             described = await group.workers[0].client.describe()
             if described.constructed:

@@ -33,18 +33,17 @@ import asyncio
 import contextlib
 import secrets
 import types
-import weakref
 from typing import TYPE_CHECKING, Any
 
+from podium.controller.remote.actorplace import attached, construct, create_worker, remove, reserve
 from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, check_call_options, parse_options,
-                                                   retry_count, retry_exceptions, runtime_spec_fields)
+                                                   retry_count, retry_exceptions)
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
 from podium.controller.session.argrefs import refs_inside
 from podium.controller.session.runtime import get_runtime
-from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InfeasibleError, InvalidArgumentError,
-                           NotFoundError, SlotFullError)
+from podium.errors import AlreadyExistsError, ArgumentMismatchError, InvalidArgumentError, NotFoundError
 from podium.worker.actorshell import GROUP_CALL, ActorShell, check_method_groups, method_groups
 from podium.worker.factory import ClassWithInitArgs, by_value
 from podium.worker.processenv import WithProcessEnv
@@ -146,9 +145,6 @@ class _ActorId(str):
         return str(self)
 
 
-#: The one-worker group of each actor this process has attached to, by worker id: handles
-#: to one actor share it (and its connection), whether made here, looked up or borrowed.
-_attached: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 
 class ActorHandle:
@@ -170,7 +166,7 @@ class ActorHandle:
         """The actor's one-worker group, attached on first use in a process that borrowed it."""
         group = self._attached_group
         if group is None:
-            group = _attached.get(self._info.id)
+            group = attached.get(self._info.id)
             if group is None:
                 try:
                     group = _attached_group(get_runtime(), self._info, owns=False)
@@ -218,7 +214,7 @@ def _attach_newest(info: Any) -> Any:
     """The group of the actor's newest live worker (by its name), for a restarted actor."""
     rt = get_runtime()
     newest = rt.run(rt.scheduler.get_workers(names=[info.spec.name]), timeout=60, what="finding a restarted actor")
-    group = _attached.get(newest[0].id)
+    group = attached.get(newest[0].id)
     return group if group is not None else _attached_group(rt, newest[0], owns=False)
 
 
@@ -227,7 +223,7 @@ def _borrowed(info: bytes, class_name: str, name: str | None, namespace: str) ->
     from podium.v1 import common_pb2
 
     worker = common_pb2.WorkerInfo.FromString(info)
-    return ActorHandle(_attached.get(worker.id), class_name, name, namespace, worker)
+    return ActorHandle(attached.get(worker.id), class_name, name, namespace, worker)
 
 
 class ActorClass:
@@ -293,66 +289,6 @@ def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
         return prepare(tuple(cia.construct_payload()))
 
 
-async def _reserve(rt: Session, opts: Options, wname: str) -> tuple[str, int, str]:
-    """(placement group id, bundle index, id of a group made for this actor or "")."""
-    if opts.placement_group is not None:
-        if opts.node is not None:
-            raise InvalidArgumentError("give a placement group or a node, not both")
-        pg = opts.placement_group
-        pg_id = getattr(pg, "id", pg)
-        if not isinstance(pg_id, str):
-            raise InvalidArgumentError(f"placement_group must be a placement group or its id, got {pg!r}")
-        return pg_id, opts.bundle_index, ""
-    bundle = {"CPU": opts.num_cpus}
-    if opts.num_gpus:
-        bundle["GPU"] = opts.num_gpus
-    if opts.node is not None:  # pinned: the scheduler places it on that node or says why not
-        bundle[f"node:{opts.node}"] = 1.0
-    owner = "" if opts.detached else rt.session_id
-    try:
-        pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
-                                                       owner=owner)
-    except InfeasibleError:
-        if not opts.node_soft:
-            raise
-        del bundle[f"node:{opts.node}"]  # soft affinity: anywhere it fits
-        pg = await rt.scheduler.create_placement_group(wname, [bundle], "PACK", detached=opts.detached,
-                                                       owner=owner)
-    try:
-        await rt.scheduler.wait_placement_group(pg.id, timeout=rt.placement_timeout)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await rt.scheduler.remove_placement_group(pg.id)
-        raise
-    return pg.id, 0, pg.id
-
-
-async def _create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bundle: int,
-                         restarts: int = 0) -> Any:
-    from podium.v1 import common_pb2
-
-    owner = "" if opts.detached else rt.session_id
-    if bundle >= 0:
-        candidates = [bundle]
-    else:  # -1: the first bundle with room, as Ray
-        info = await rt.scheduler.get_placement_group(pg_id)
-        candidates = list(range(len(info.bundles)))
-    for i, index in enumerate(candidates):
-        spec = common_pb2.WorkerSpec(name=wname, group=wname, placement_group_id=pg_id, bundle_index=index,
-                                     num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, rank=0, world_size=1,
-                                     env=opts.env, detached=opts.detached, restarts=restarts,
-                                     max_restarts=opts.max_restarts, max_task_retries=opts.max_task_retries,
-                                     **runtime_spec_fields(opts))
-        try:
-            infos = await rt.scheduler.create_workers([spec], owner=owner, master_rank=0)
-        except SlotFullError:
-            if i == len(candidates) - 1:
-                raise
-            continue
-        return (await rt.scheduler.wait_workers([infos[0].id], timeout=rt.placement_timeout))[0]
-    raise InvalidArgumentError(f"placement group {pg_id} has no bundles")
-
-
 def _attached_group(rt: Session, info: Any, owns: bool, detached: bool = False) -> Any:
     from podium.controller.group import WorkerGroup
 
@@ -361,7 +297,7 @@ def _attached_group(rt: Session, info: Any, owns: bool, detached: bool = False) 
     group._owns_workers = owns
     group.detached = detached  # the runtime's shutdown leaves a detached actor running
     rt.track_group(group)
-    _attached[info.id] = group
+    attached[info.id] = group
     return group
 
 
@@ -378,9 +314,9 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     payload = _payload(cls, opts, args, kwargs)
 
     async def create() -> tuple[Any, str, str, int]:
-        pg_id, bundle, own_pg = await _reserve(rt, opts, wname)
+        pg_id, bundle, own_pg = await reserve(rt, opts, wname)
         try:
-            return await _create_worker(rt, opts, wname, pg_id, bundle), own_pg, pg_id, bundle
+            return await create_worker(rt, opts, wname, pg_id, bundle), own_pg, pg_id, bundle
         except BaseException:
             if own_pg:
                 with contextlib.suppress(Exception):
@@ -414,23 +350,15 @@ async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str,
     group) and raise the error, which every call made to it then fails with. (``keep``: the
     refs the constructor's arguments carry, alive until it ran.)"""
     try:
-        await _construct(group, payload)
+        await construct(group, payload)
     except BaseException:
         restarter = getattr(group, "_restarter", None)
         if restarter is not None:  # a constructor that fails the first time: dead, as in Ray
             restarter.stop()
         if group._life is not None:
             group._life.disarm()
-        await _remove(rt, group, own_pg)
+        await remove(rt, group, own_pg)
         raise
-
-
-async def _construct(group: Any, payload: Any) -> None:
-    worker = group.workers[0]
-    try:
-        await worker.client.construct(payload, timeout=group._rt.call_timeout)
-    except BaseException as exc:
-        raise await group._calls.convert(worker, exc, "the constructor") from None
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
@@ -452,24 +380,6 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     return ActorHandle(group, described.class_name or "?", name, namespace)
 
 
-async def _remove(rt: Session, group: Any, pg_id: str = "") -> None:
-    """Remove the actor's worker (and ``pg_id``), on the runtime's loop."""
-    worker = group.workers[0]
-    with contextlib.suppress(Exception):
-        await rt.scheduler.remove_workers([worker.worker_id])
-    client = worker.client
-    for _ in range(100):  # up to 5 s for the stream to see the process go
-        if client.broken is not None or not client.pending:
-            break
-        await asyncio.sleep(0.05)
-    rt.deathwatch.forget([worker.worker_id])
-    with contextlib.suppress(Exception):
-        await client.close()
-    if pg_id:
-        with contextlib.suppress(Exception):
-            await rt.scheduler.remove_placement_group(pg_id)
-
-
 def _stop(rt: Session, group: Any, pg_id: str = "") -> None:
     """Remove the actor's worker (and ``pg_id``); its pending calls then fail with
     WorkerDiedError once its connection breaks (the scheduler has its exit record)."""
@@ -479,7 +389,7 @@ def _stop(rt: Session, group: Any, pg_id: str = "") -> None:
         pg_id = restarter.own_pg  # a restart may have placed it in a new group of its own
     if group._life is not None:
         group._life.disarm()
-    rt.run(_remove(rt, group, pg_id), timeout=60, what="stopping an actor")
+    rt.run(remove(rt, group, pg_id), timeout=60, what="stopping an actor")
     group._calls.close()
 
 

@@ -29,6 +29,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from podium.controller.remote.actorplace import construct, create_worker, remove, reserve
 from podium.errors import FailedPreconditionError, NotFoundError, RemoteError, WorkerDiedError
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class Restarter:
             self._rearm(group)
             self.watch()
             try:
-                await _construct(group, self._make_payload())
+                await construct(group, self._make_payload())
             except RemoteError as exc:  # the constructor raised: as Ray, the actor is dead
                 raise died_for_good(self.wname, self.restarts, self.max_restarts,
                                     f"its constructor failed on restart {self.restarts}: {exc}") from None
@@ -221,9 +222,8 @@ class Restarter:
 
     async def _place(self) -> Any:
         """The new worker, in the actor's bundle (a new own placement group when its node is gone)."""
-        from podium.controller.remote import actors
         try:
-            return await actors._create_worker(self._rt, self._opts, self.wname, self._pg_id, self._bundle,
+            return await create_worker(self._rt, self._opts, self.wname, self._pg_id, self._bundle,
                                                restarts=self.restarts)
         except (FailedPreconditionError, NotFoundError):
             if not self.own_pg:
@@ -231,9 +231,9 @@ class Restarter:
         # The node of its own placement group is gone: a new group wherever it fits.
         with contextlib.suppress(Exception):
             await self._rt.scheduler.remove_placement_group(self.own_pg)
-        pg_id, bundle, own = await actors._reserve(self._rt, self._opts, self.wname)
+        pg_id, bundle, own = await reserve(self._rt, self._opts, self.wname)
         self._pg_id, self._bundle, self.own_pg = pg_id, bundle, own
-        return await actors._create_worker(self._rt, self._opts, self.wname, pg_id, bundle, restarts=self.restarts)
+        return await create_worker(self._rt, self._opts, self.wname, pg_id, bundle, restarts=self.restarts)
 
     def _rearm(self, group: Any) -> None:
         """Point the actor's lifetime (its last handle gone: stop it) at the new worker."""
@@ -246,18 +246,12 @@ class Restarter:
 
     async def _remove_for_good(self, group: Any) -> None:
         """The actor will not come back: its worker and own placement group go."""
-        from podium.controller.remote import actors
         if group._life is not None:
             group._life.disarm()
         with contextlib.suppress(Exception):
-            await actors._remove(self._rt, group, self.own_pg)
+            await remove(self._rt, group, self.own_pg)
         if _by_name.get(self.wname) is self:
             del _by_name[self.wname]
-
-
-async def _construct(group: Any, payload: Any) -> None:
-    from podium.controller.remote.actors import _construct as construct
-    await construct(group, payload)
 
 
 def is_death(exc: BaseException | None) -> bool:

@@ -18,7 +18,7 @@ from tests.support.waiting import REPO
 
 FACADES = {
     "podium": [
-        "AbortedError", "AlreadyExistsError", "ArgumentMismatchError", "AuthenticationError",
+        "AbortedError", "ActorUnavailableError", "AlreadyExistsError", "ArgumentMismatchError", "AuthenticationError",
         "CancelledError", "DataLossError", "DataProto", "DataProtoConfig", "DataProtoFuture",
         "DataProtoItem", "DeadlineExceededError", "FailedPreconditionError", "InfeasibleError",
         "InternalError", "InvalidArgumentAssertion", "InvalidArgumentError", "InvalidSpecError", "NotFoundError",

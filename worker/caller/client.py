@@ -66,8 +66,8 @@ class WorkerClient:
         #: Reads the reply frames (podium.worker.caller.replydecoder); knows the connection once made.
         self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
-        #: Called once, on the loop, with the error that first breaks the call connection
-        #: (before the pending calls fail with it): a restartable actor's owner restarts it.
+        #: Called once, on the loop, with the error that first breaks the call connection, before
+        #: the pending calls fail with it: an actor's owner restarts it then.
         self.on_broken: Callable[[errors.PodiumError], Any] | None = None
 
     # The worker's identity is its channel's (learnt by start() where not given).
@@ -196,13 +196,9 @@ class WorkerClient:
 
     def _fail_all(self, exc: errors.PodiumError) -> None:
         if self._broken is None:
-            self._broken = exc
-            hook, self.on_broken = self.on_broken, None
-            if hook is not None:
-                try:
-                    hook(exc)
-                except Exception:  # noqa: BLE001 - the pending calls must fail all the same
-                    log.exception("on_broken hook of %s failed", self._who())
+            self._broken, hook, self.on_broken = exc, self.on_broken, None
+            if hook is not None:  # before the pending calls fail (it must not raise)
+                hook(exc)
         for p in self._pending.take_all():
             self._drop_segment(p)
             p.resolve(None, exc)
