@@ -49,7 +49,7 @@ for name in ("init", "get", "put", "wait", "remote", "get_actor", "kill", "cance
 assert ray.ObjectRef and ray.exceptions.RayActorError and ray.exceptions.GetTimeoutError
 import inspect
 assert list(inspect.signature(ray.timeline).parameters) == ["filename"]  # Ray's signature
-for where, name in ((ray, "data"), (ray.util, "queue"), (ray.actor, "exit_actor"), (collective, "reduce"),
+for where, name in ((ray, "data"), (ray.util, "multiprocessing"), (ray.actor, "exit_actor"), (collective, "reduce"),
                     (ray.experimental, "tqdm_ray"), (ray._private, "usage")):
     try:
         getattr(where, name)
