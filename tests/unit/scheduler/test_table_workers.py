@@ -144,3 +144,20 @@ def test_prune_forgets_the_oldest_ended_and_restore_indexes_again():
     assert fresh.on_node("n1") == [w1, starting]
     assert fresh.resolve_unspawned(now=19).stop == {}
     assert fresh.resolve_unspawned(now=20).stop == {"n1": ["w-s"]}
+
+
+def test_workers_created_for_restarted_actors_are_counted_for_metrics():
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from podium.scheduler.workers import RestartsCollector
+
+    workers, group, _, _ = _tables()
+    registry = CollectorRegistry()
+    registry.register(RestartsCollector(SimpleNamespace(workers=workers)))
+    workers.create([_spec(group, 0, max_restarts=-1)], "", 0, 29500, now=1)
+    assert workers.actor_restarts == 0
+    workers.create([_spec(group, 1, restarts=3, max_restarts=-1)], "", 0, 29500, now=1)
+    assert workers.actor_restarts == 1
+    assert "podium_actor_restarts_total 1.0" in generate_latest(registry).decode()
