@@ -81,6 +81,8 @@ def call_with_retries(method: str, send: Callable[[], tuple[PendingRef, Any]], r
     left = [retries]
 
     def attempt() -> None:
+        if outer.done():  # cancelled (ray.cancel) meanwhile: nothing more is sent
+            return
         try:
             inner, token = send()
         except BaseException as exc:  # noqa: BLE001 - reported through the ref
@@ -100,6 +102,8 @@ def call_with_retries(method: str, send: Callable[[], tuple[PendingRef, Any]], r
 
     def settled(inner: PendingRef, token: Any) -> None:
         err = inner.error()
+        if outer.done():
+            return  # cancelled meanwhile: the inner result is released with its own ref
         if err is None:
             _forward(inner, outer)
         elif is_death(err):

@@ -1,6 +1,7 @@
 """Actor restarts (``max_restarts``, ``max_task_retries``) and task retries (``max_retries``,
 ``retry_exceptions``): a plain ``import ray`` program (restart_program.py) under ``podium run``,
-its actors killed with SIGKILL from outside."""
+its actors killed with SIGKILL from outside; and an actor whose node is lost, on two loopback
+nodes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.clusters import TWO_NODES, two_node_processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -51,3 +54,18 @@ def test_restarts_and_retries_under_podium_run(tmp_path):
     assert done.returncode == 0 and "PROGRAM OK" in done.stdout, (done.stdout + done.stderr)[-5000:]
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     assert {k: lines.get(k) for k in EXPECTED} == EXPECTED
+
+
+def test_an_actor_whose_node_is_lost_comes_back_on_another_node(tmp_path):
+    # The first node's agent is SIGKILLed (its workers die with it); once the scheduler
+    # declares that node dead (its 15 s lease), the owner places the actor on the other node.
+    with two_node_processes(tmp_path, gpus_per_node=0, cpus=4) as cluster:
+        victim = TWO_NODES[0]
+        env = dict(os.environ, PODIUM_TOKEN=cluster.token, VICTIM_HOST=victim,
+                   VICTIM_AGENT_PID=str(cluster.agents[victim].pid))
+        done = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--address", cluster.address, "--",
+                               sys.executable, "restart_node_program.py"],
+                              cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "PROGRAM OK" in done.stdout, (done.stdout + done.stderr)[-5000:]
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert (lines["before"], lines["after"], lines["by name"]) == ("True", "t True", "True"), lines
