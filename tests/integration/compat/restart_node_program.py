@@ -1,5 +1,5 @@
-"""An actor whose node is lost (its node agent SIGKILLed, its workers with it) comes back on
-the other node: a Ray program run under ``podium run --address`` (test_restarts.py)."""
+"""An actor whose node is lost (its node agent and its process SIGKILLed) comes back on the
+other node: a Ray program run under ``podium run --address`` (test_restarts.py)."""
 
 import os
 import signal
@@ -17,6 +17,9 @@ class Where:
     def node(self):
         return f"{self.tag}@{os.environ.get('PODIUM_NODE_ADDRESS')}"
 
+    def pid(self):
+        return os.getpid()
+
 
 def main():
     ray.init()
@@ -24,7 +27,10 @@ def main():
     actor = Where.options(name="where", scheduling_strategy=NodeAffinitySchedulingStrategy(
         node_id=victim, soft=True)).remote("t")
     print("before:", ray.get(actor.node.remote()) == f"t@{victim}")
+    pid = ray.get(actor.pid.remote())
+    # The whole machine goes: its node agent, then the actor's process.
     os.kill(int(os.environ["VICTIM_AGENT_PID"]), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     started = time.monotonic()
     after = ray.get(actor.node.remote())
     print("after:", after.split("@")[0], after.split("@")[1] != victim)

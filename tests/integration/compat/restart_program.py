@@ -154,6 +154,8 @@ def main(workdir):
     print("live counter workers:", len(live_workers_named("counter")))
 
     forever = Forever.remote()
+    ray.get(forever.pid.remote())
+    cpus = ray.available_resources().get("CPU")
     pids = []
     for _ in range(20):
         pid = ray.get(forever.pid.remote())
@@ -164,6 +166,7 @@ def main(workdir):
     print("forever old processes gone:", all(gone(p) for p in pids))
     print("forever live workers:", len(live_workers_named("Forever")),
           max(w.spec.restarts for w in live_workers_named("Forever")))
+    print("forever CPUs free as before:", ray.available_resources().get("CPU") == cpus)
 
     retried = Retried.remote()
     pid = ray.get(retried.pid.remote())

@@ -38,6 +38,7 @@ EXPECTED = {
     "forever distinct pids": "21",
     "forever old processes gone": "True",
     "forever live workers": "1 20",
+    "forever CPUs free as before": "True",
     "max_task_retries": "done after 1 call(s) on this incarnation",
     "task default retries": "ran again",
     "task max_retries=0": "WorkerDiedError",
@@ -57,7 +58,7 @@ def test_restarts_and_retries_under_podium_run(tmp_path):
 
 
 def test_an_actor_whose_node_is_lost_comes_back_on_another_node(tmp_path):
-    # The first node's agent is SIGKILLed (its workers die with it); once the scheduler
+    # The first node's agent and the actor's process are SIGKILLed; once the scheduler
     # declares that node dead (its 15 s lease), the owner places the actor on the other node.
     with two_node_processes(tmp_path, gpus_per_node=0, cpus=4) as cluster:
         victim = TWO_NODES[0]
