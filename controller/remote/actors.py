@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -366,18 +367,33 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     namespace = namespace or DEFAULT_NAMESPACE
     rt = get_runtime()
     wname = actor_worker_name(name, namespace)
-    from podium.v1 import common_pb2
-
-    try:
-        infos = rt.run(rt.scheduler.get_workers(names=[wname]), timeout=60, what="get_actor")
-    except NotFoundError:
-        infos = []
-    if not infos or infos[0].state != common_pb2.WORKER_RUNNING:
+    info = rt.run(_running_worker(rt, wname), timeout=rt.placement_timeout + 90, what="get_actor")
+    if info is None:
         raise NotFoundError(f"no live actor named {name!r} in namespace {namespace!r}")
-    info = infos[0]
     group = _attached_group(rt, info, owns=False)
     described = rt.run(group.workers[0].client.describe(), timeout=60, what="get_actor")
     return ActorHandle(group, described.class_name or "?", name, namespace)
+
+
+async def _running_worker(rt: Session, wname: str) -> Any:
+    """The running worker of the actor ``wname``, or None; an actor that is restarting
+    (``max_restarts``) is waited for, as Ray's ``get_actor`` finds it meanwhile."""
+    from podium.controller.remote.actorcalls import restartable
+    from podium.v1 import common_pb2
+
+    deadline = time.monotonic() + rt.placement_timeout + 60
+    while True:
+        try:
+            info = (await rt.scheduler.get_workers(names=[wname]))[0]
+        except NotFoundError:
+            return None
+        if info.state == common_pb2.WORKER_RUNNING:
+            return info
+        ended = info.state in (common_pb2.WORKER_EXITED, common_pb2.WORKER_FAILED)
+        coming = info.spec.max_restarts and (not ended or (not info.exit.requested and restartable(info)))
+        if not coming or time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.05)
 
 
 def _stop(rt: Session, group: Any, pg_id: str = "") -> None:
