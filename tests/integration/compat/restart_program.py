@@ -129,9 +129,10 @@ def main(workdir):
             print(f"in flight {round_}:", "no error")
         except ray.exceptions.ActorUnavailableError as exc:
             print(f"in flight {round_}:", type(exc).__name__)
+        found = ray.get_actor("counter")  # while it restarts: waits for it, as Ray's finds it
         print(f"state after restart {round_}:", ray.get(counter.incr.remote()))
         print(f"new process {round_}:", ray.get(counter.pid.remote()) != pid, gone(pid))
-        print(f"by name {round_}:", ray.get(ray.get_actor("counter").incr.remote()))
+        print(f"by name {round_}:", ray.get(found.incr.remote()))
         print(f"borrower {round_}:", ray.get(borrower.incr.remote()))
         print(f"restarts {round_}:", [w.spec.restarts for w in live_workers_named("counter")])
 
