@@ -18,7 +18,7 @@ import queue as _stdlib_queue
 from collections.abc import Iterable
 from typing import Any
 
-from podium.errors import InvalidArgumentError
+from podium.errors import ArgumentMismatchError, InvalidArgumentError
 
 __all__ = ["Queue", "Empty", "Full", "MAX_BATCH"]
 
@@ -189,7 +189,7 @@ class Queue:
     def put_nowait_batch(self, items: Iterable) -> None:
         """Add every item at once, or none (Full when they do not all fit)."""
         if not isinstance(items, Iterable):
-            raise TypeError("Argument 'items' must be an Iterable")
+            raise ArgumentMismatchError("Argument 'items' must be an Iterable")
         items = list(items)
         if len(items) > MAX_BATCH:
             raise InvalidArgumentError(f"put_nowait_batch takes at most {MAX_BATCH} items, got {len(items)}")
@@ -202,7 +202,7 @@ class Queue:
     def get_nowait_batch(self, num_items: int) -> list:
         """Take ``num_items`` items at once, or none (Empty when it holds fewer)."""
         if isinstance(num_items, bool) or not isinstance(num_items, int):
-            raise TypeError("Argument 'num_items' must be an int")
+            raise ArgumentMismatchError("Argument 'num_items' must be an int")
         if not 0 <= num_items <= MAX_BATCH:
             raise InvalidArgumentError(f"'num_items' must be in [0, {MAX_BATCH}], got {num_items}")
         return _outcome(self._get(self._actor().get_nowait_batch.remote(num_items)))

@@ -66,8 +66,7 @@ class WorkerClient:
         #: Reads the reply frames (podium.worker.caller.replydecoder); knows the connection once made.
         self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
-        #: Called once, on the loop, with the error that first breaks the call connection, before
-        #: the pending calls fail with it: an actor's owner restarts it then.
+        #: Called once with the error that first breaks the calls (an actor's owner restarts it).
         self.on_broken: Callable[[errors.PodiumError], Any] | None = None
 
     # The worker's identity is its channel's (learnt by start() where not given).
