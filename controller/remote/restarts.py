@@ -16,7 +16,9 @@ fails on a restart, the actor is dead for good: its calls fail with ``ActorDiedE
 Where Podium differs from Ray: the owner restarts the actor, not a cluster service, so an
 actor whose owner process is gone (a detached actor after its creator exited) is not
 restarted; a worker on a node that is cut off (not closed) is found dead at its next call,
-or by the death watch while calls are pending.
+or by the death watch while calls are pending; and an actor that stops answering the liveness
+pings while calls are pending (UnresponsiveError) is stopped and restarted (Ray leaves a hung
+actor as it is).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from podium.controller.remote.actorplace import construct, create_worker, remove, reserve
-from podium.errors import FailedPreconditionError, NotFoundError, RemoteError, WorkerDiedError
+from podium.errors import FailedPreconditionError, NotFoundError, RemoteError, UnavailableError, WorkerDiedError
 
 if TYPE_CHECKING:
     from podium.controller.remote.actoroptions import Options
@@ -165,6 +167,11 @@ class Restarter:
             cause = await group._calls.convert(worker, cause, "its life")
             if not self.will_restart():
                 raise died_for_good(self.wname, self.restarts, self.max_restarts, cause)
+            if not isinstance(cause, UnavailableError):
+                # Alive but silent (the liveness watch's UnresponsiveError): this client can no
+                # longer use it, so it is stopped and restarted like a dead one.
+                self.expect_kill = True
+                await self._rt.scheduler.remove_workers([worker.worker_id])
             ended = await self._ended(worker)
             if ended is not None and ended.exit.requested and not self.expect_kill:
                 self.stopped = True  # ray.kill from another process: gone for good, as in Ray

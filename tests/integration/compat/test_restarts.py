@@ -70,3 +70,14 @@ def test_an_actor_whose_node_is_lost_comes_back_on_another_node(tmp_path):
     assert done.returncode == 0 and "PROGRAM OK" in done.stdout, (done.stdout + done.stderr)[-5000:]
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     assert (lines["before"], lines["after"], lines["by name"]) == ("True", "t True", "True"), lines
+
+
+def test_a_restartable_actor_that_stops_answering_is_restarted(tmp_path):
+    env = dict(os.environ, PODIUM_LIVENESS_SECONDS="2")
+    done = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "4", "--",
+                           sys.executable, "restart_hung_program.py"],
+                          cwd=HERE, env=env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0 and "PROGRAM OK" in done.stdout, (done.stdout + done.stderr)[-5000:]
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert (lines["pending call"], lines["restarted"], lines["hung process stopped"]) == (
+        "UnresponsiveError", "True", "True"), lines
