@@ -112,7 +112,9 @@ class Restarter:
         if group is None:
             return
         worker = group.workers[0]
-        worker.client.on_broken = lambda exc, w=worker: self._on_broken(w, exc)
+        # The client takes all its pending calls when its calls break (WorkerClient._fail_all),
+        # after recording why (client.broken): the one moment every break passes through.
+        worker.client._pending.on_take_all = lambda w=worker: self._on_broken(w, w.client.broken)
 
     def stop(self) -> None:
         """The actor is being stopped on purpose: no restart from now on."""
@@ -120,7 +122,7 @@ class Restarter:
         if _by_name.get(self.wname) is self:
             del _by_name[self.wname]
         with contextlib.suppress(Exception):
-            self._group.workers[0].client.on_broken = None  # (AttributeError once it is gone)
+            self._group.workers[0].client._pending.on_take_all = None  # (AttributeError once it is gone)
 
     def will_restart(self) -> bool:
         """Whether a death now would be followed by a restart."""
@@ -130,6 +132,7 @@ class Restarter:
     def _on_broken(self, worker: Any, exc: BaseException) -> None:
         # On the loop, before the pending calls fail: calls made from now on queue behind
         # the restart (the group caller's gate), and the in-flight ones find it under way.
+        worker.client._pending.on_take_all = None  # once per worker
         group = self._group
         if (self.stopped or self._rt.closed or group is None or group._calls.closed
                 or worker.worker_id != self.worker_id):

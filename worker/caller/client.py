@@ -66,8 +66,6 @@ class WorkerClient:
         #: Reads the reply frames (podium.worker.caller.replydecoder); knows the connection once made.
         self._replies = ReplyDecoder(self._pending, self._finish, self.stats, self._who)
         self._broken: errors.PodiumError | None = None
-        #: Called once with the error that first breaks the calls (an actor's owner restarts it).
-        self.on_broken: Callable[[errors.PodiumError], Any] | None = None
 
     # The worker's identity is its channel's (learnt by start() where not given).
     address = property(lambda self: self.channel.address, doc="The worker's gRPC address.")
@@ -195,9 +193,7 @@ class WorkerClient:
 
     def _fail_all(self, exc: errors.PodiumError) -> None:
         if self._broken is None:
-            self._broken, hook, self.on_broken = exc, self.on_broken, None
-            if hook is not None:  # before the pending calls fail (it must not raise)
-                hook(exc)
+            self._broken = exc
         for p in self._pending.take_all():
             self._drop_segment(p)
             p.resolve(None, exc)

@@ -93,6 +93,9 @@ class PendingCalls(dict):
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        #: Called (no arguments) whenever every pending call is taken, which the client does
+        #: when its calls break, after it recorded why: an actor's owner restarts it then.
+        self.on_take_all: Callable[[], Any] | None = None
 
     def add(self, p: PendingCall, timeout: float | None) -> int:
         """Register ``p`` under a new call id (with a deadline ``timeout`` seconds from now)."""
@@ -129,7 +132,9 @@ class PendingCalls(dict):
             self._timer = self._loop.call_at(earliest, self._sweep)
 
     def take_all(self) -> list[PendingCall]:
-        """Remove and return every pending call."""
+        """Remove and return every pending call (:attr:`on_take_all` first)."""
+        if self.on_take_all is not None:
+            self.on_take_all()
         calls = list(self.values())
         self.clear()
         return calls
