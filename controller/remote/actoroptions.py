@@ -250,8 +250,8 @@ def retry_count(key: str, value: Any, none: int = 0) -> int:
 
 def retry_exceptions(value: Any) -> Any:
     """A checked retry_exceptions: a bool, or a list/tuple of exception classes (a tuple)."""
-    if isinstance(value, bool):
-        return value
+    if value is None or isinstance(value, bool):
+        return bool(value)
     if isinstance(value, (list, tuple)) and value and all(
             isinstance(c, type) and issubclass(c, BaseException) for c in value):
         return tuple(value)

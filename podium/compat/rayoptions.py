@@ -139,8 +139,9 @@ TASK: dict[str, Answer] = {
     **_COMMON,
     "name": _moot("a task's name is only a label in Ray's dashboard", probe="t"),
     "max_calls": _no("an actor that you kill after N calls (task workers are pooled)", probe=2, defaults=(None, 0)),
-    "max_retries": _no("call the task again after WorkerDiedError", probe=3, defaults=(None, 0, 1)),
-    "retry_exceptions": _no("catch the RemoteError and call again"),
+    "max_retries": _ok("a task whose worker died runs again, up to N times (default 3, as Ray; -1: no limit)",
+                       probe=3),
+    "retry_exceptions": _ok("a task that raised (any, or these classes) runs again within max_retries"),
     "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
     "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
     "_num_objects_per_yield": _no(_STREAMING, probe=2),
@@ -156,8 +157,9 @@ ACTOR: dict[str, Answer] = {
     "max_concurrency": _ok("calls run at once (threads, or event-loop slots for async methods)", probe=4),
     "concurrency_groups": _ok("each group has its own limit and threads (or event-loop slots); the default "
                               "group keeps max_concurrency", probe={"io": 2}),
-    "max_restarts": _no("create the actor again after WorkerDiedError", probe=2, defaults=(None, 0, 1)),
-    "max_task_retries": _no("call the method again after WorkerDiedError", probe=2, defaults=(None, 0, 1)),
+    "max_restarts": _ok("a dead actor is built again by its owner, same name and handles (README: Actor "
+                        "restarts)", probe=2),
+    "max_task_retries": _ok("a call in flight when the actor died is sent again after its restart", probe=2),
     "max_pending_calls": _no("bound the calls in flight in the caller", probe=10, defaults=(None, -1)),
     "allow_out_of_order_execution": _no("max_concurrency > 1, or async methods", defaults=(None, False)),
     "enable_tensor_transport": _moot(
@@ -183,8 +185,9 @@ PLACEMENT_GROUP: dict[str, Answer] = {
 METHOD: dict[str, Answer] = {
     "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
     "concurrency_group": _ok("the method runs in that group of its actor's concurrency_groups", probe="io"),
-    "max_task_retries": _no("call the method again after WorkerDiedError", probe=2, defaults=(None, 0)),
-    "retry_exceptions": _no("catch the RemoteError and call again", defaults=(None, False)),
+    "max_task_retries": _ok("this call is sent again after the actor's restart, up to N times", probe=2),
+    "retry_exceptions": _ok("this call is sent again when it raised (any, or these classes), within "
+                            "max_task_retries"),
     "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
     "_num_objects_per_yield": _no(_STREAMING, probe=2),
     "enable_task_events": _moot("Ray's task events feed its dashboard; Podium's timeline records every call",
@@ -197,8 +200,9 @@ METHOD: dict[str, Answer] = {
 METHOD_CALL: dict[str, Answer] = {
     "name": _moot("a call's name is only a label in Ray's dashboard", probe="c"),
     "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
-    "max_task_retries": _no("call the method again after WorkerDiedError", probe=2, defaults=(None, 0)),
-    "retry_exceptions": _no("catch the RemoteError and call again", defaults=(None, False)),
+    "max_task_retries": _ok("this call is sent again after the actor's restart, up to N times", probe=2),
+    "retry_exceptions": _ok("this call is sent again when it raised (any, or these classes), within "
+                            "max_task_retries"),
     "concurrency_group": _ok("this call runs in that group of its actor's concurrency_groups", probe="io"),
     "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
     "_num_objects_per_yield": _no(_STREAMING, probe=2),
