@@ -28,7 +28,8 @@ from typing import Any
 from podium.errors import InvalidSpecError
 
 __all__ = [
-    "GPU_UNITS", "CPU_UNITS", "gpu_units", "cpu_units", "format_gpus", "format_cpus",
+    "GPU_UNITS", "CPU_UNITS", "CUSTOM_UNITS", "gpu_units", "cpu_units", "custom_units", "format_gpus",
+    "format_cpus", "format_custom", "parse_custom_resources", "MAX_CUSTOM_RESOURCES", "MAX_CUSTOM_AMOUNT",
     "Strategy", "BundleSpec", "validate_bundles", "SYSTEM_ENV_KEYS", "check_user_env", "check_env_entries",
     "system_env", "sort_key_address",
 ]
@@ -37,6 +38,15 @@ __all__ = [
 GPU_UNITS = 720720
 #: Units per logical CPU.
 CPU_UNITS = 1000
+#: Units per one of a custom resource (``{"nvlink_domain_0": 1}``, ``memory``): Ray's
+#: precision for fractional resources is 0.0001.
+CUSTOM_UNITS = 10000
+#: Most custom resource names one node offers or one bundle asks for.
+MAX_CUSTOM_RESOURCES = 64
+#: Largest amount of one custom resource (``memory`` is counted in bytes: 2**50 is a PiB).
+MAX_CUSTOM_AMOUNT = float(2**50)
+#: Longest custom resource name.
+MAX_CUSTOM_NAME = 128
 
 # Fractions are snapped to the nearest ratio with a denominator below this, so the
 # float 0.3333333333333333 means exactly 1/3 (and 0.1 exactly 1/10).
@@ -93,6 +103,52 @@ def cpu_units(x: float, *, name: str = "CPU") -> int:
     if frac == 0:
         return 0
     return max(1, math.floor(frac * CPU_UNITS))
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def custom_units(x: float, *, name: str) -> int:
+    """Convert an amount of the custom resource ``name`` (finite, in [0, MAX_CUSTOM_AMOUNT]) to
+    exact integer units; as for CPUs a positive amount never rounds to zero."""
+    frac = _as_fraction(x, name)
+    if frac < 0 or frac > MAX_CUSTOM_AMOUNT:
+        raise InvalidSpecError(f"{name} = {x!r}: a resource amount must be in [0, {MAX_CUSTOM_AMOUNT:.0f}]")
+    if frac == 0:
+        return 0
+    return max(1, math.floor(frac * CUSTOM_UNITS))
+
+
+def _check_custom_name(name: Any) -> str:
+    if (not isinstance(name, str) or not name or len(name) > MAX_CUSTOM_NAME or not name.isprintable()
+            or any(c.isspace() for c in name) or name.upper() in _RESOURCE_NAMES
+            or name.startswith(NODE_RESOURCE_PREFIX)):
+        raise InvalidSpecError(
+            f"resource name {name!r} must be a string of 1 to {MAX_CUSTOM_NAME} printable characters "
+            f"without spaces, other than CPU, GPU (in any case) and node:<...>")
+    return name
+
+
+def parse_custom_resources(resources: Mapping[str, Any] | None, what: str = "resources"
+                           ) -> tuple[tuple[str, int], ...]:
+    """Custom resources (``{"nvlink_domain_0": 1, "memory": 2**30}``) as sorted ``(name, units)``
+    pairs; zero amounts are dropped (they ask for nothing). A bad name or amount, or more than
+    :data:`MAX_CUSTOM_RESOURCES` names, raises :class:`InvalidSpecError` naming it."""
+    if resources is None:
+        return ()
+    if not isinstance(resources, Mapping):
+        raise InvalidSpecError(f"{what} must be a mapping of resource name to amount, got {resources!r}")
+    if len(resources) > MAX_CUSTOM_RESOURCES:
+        raise InvalidSpecError(f"{what}: {len(resources)} resource names, at most {MAX_CUSTOM_RESOURCES}")
+    out = []
+    for name, amount in resources.items():
+        units = custom_units(amount, name=f"{what}[{_check_custom_name(name)!r}]")
+        if units:
+            out.append((name, units))
+    return tuple(sorted(out))
+
+
+def format_custom(units: int) -> str:
+    """Custom resource units as a short human number: ``"1"``, ``"0.250"``."""
+    return _format_amount(units, CUSTOM_UNITS)
 
 
 def _format_amount(units: int, per: int) -> str:
@@ -155,13 +211,16 @@ class BundleSpec:
     """The resources one bundle reserves on one node, in exact units.
 
     ``gpu_units`` is 0 (CPU-only), a fraction of one GPU (< GPU_UNITS), or a whole
-    number of GPUs (a multiple of GPU_UNITS).
+    number of GPUs (a multiple of GPU_UNITS). ``custom`` holds the other named
+    resources (``nvlink_domain_0``, ``memory``), node-level pools like CPU.
     """
 
     cpu_units: int
     gpu_units: int
     #: Node id or address the bundle must land on (Ray's ``node:<address>`` resource); "" any.
     node: str = ""
+    #: Custom resources, ``(name, CUSTOM_UNITS units)`` sorted by name, none zero.
+    custom: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         for field_name in ("cpu_units", "gpu_units"):
@@ -172,15 +231,19 @@ class BundleSpec:
             raise InvalidSpecError(
                 f"BundleSpec.gpu_units = {self.gpu_units}: above one GPU it must be a whole "
                 f"number of GPUs (a multiple of {GPU_UNITS})")
-        if self.cpu_units == 0 and self.gpu_units == 0:
-            raise InvalidSpecError("empty bundle: it reserves no CPU and no GPU")
+        if not isinstance(self.custom, tuple) or any(
+                not isinstance(u, int) or isinstance(u, bool) or u <= 0 for _, u in self.custom):
+            raise InvalidSpecError(f"BundleSpec.custom must be a tuple of (name, units > 0), got {self.custom!r}")
+        if self.cpu_units == 0 and self.gpu_units == 0 and not self.custom:
+            raise InvalidSpecError("empty bundle: it reserves no CPU, no GPU and no other resource")
 
     @classmethod
     def from_resources(cls, resources: Mapping[str, float]) -> "BundleSpec":
         """Parse a user bundle such as ``{"CPU": 3, "GPU": 1}``.
 
-        Only the keys ``CPU`` and ``GPU`` are accepted. ``GPU: 0`` means no GPU (as
-        when a pool is built with ``use_gpu=False``); an unknown key, a negative or
+        ``CPU``, ``GPU``, one ``node:<id or address>`` and custom resources (any other
+        name, see :func:`parse_custom_resources`). ``GPU: 0`` means no GPU (as
+        when a pool is built with ``use_gpu=False``); a bad name, a negative or
         NaN amount, or a bundle with no resources at all raises
         :class:`InvalidSpecError` naming the key and value.
         """
@@ -193,11 +256,8 @@ class BundleSpec:
                                    "naming a node")
         node = nodes[0][len(NODE_RESOURCE_PREFIX):] if nodes else ""
         resources = {k: v for k, v in resources.items() if k not in nodes}
-        unknown = sorted(repr(k) for k in resources if k not in _RESOURCE_NAMES)
-        if unknown:
-            raise InvalidSpecError(
-                f"unknown resource {', '.join(unknown)} in bundle {dict(resources)!r} "
-                f"(known: {', '.join(_RESOURCE_NAMES)})")
+        custom = parse_custom_resources({k: v for k, v in resources.items() if k not in _RESOURCE_NAMES},
+                                        what=f"bundle {dict(resources)!r}")
         if not resources:
             raise InvalidSpecError("empty bundle {}: it must reserve CPU and/or GPU")
         cpu = cpu_units(resources["CPU"], name="CPU") if "CPU" in resources else 0
@@ -208,9 +268,9 @@ class BundleSpec:
             is_zero = (not isinstance(value, bool) and isinstance(value, numbers.Real)
                        and value == 0)
             gpu = 0 if is_zero else gpu_units(value, name="GPU")
-        if cpu == 0 and gpu == 0:
+        if cpu == 0 and gpu == 0 and not custom:
             raise InvalidSpecError(f"empty bundle {dict(resources)!r}: it reserves nothing")
-        return cls(cpu_units=cpu, gpu_units=gpu, node=node)
+        return cls(cpu_units=cpu, gpu_units=gpu, node=node, custom=custom)
 
     @property
     def gpus_needed(self) -> int:
@@ -225,16 +285,18 @@ class BundleSpec:
         return 0 < self.gpu_units < GPU_UNITS
 
     def to_resources(self) -> dict[str, float]:
-        """Back to the user form ``{"CPU": float, "GPU": float}`` (both keys always, and
-        ``node:<node>`` for a pinned bundle)."""
+        """Back to the user form ``{"CPU": float, "GPU": float}`` (both keys always, the
+        custom resources, and ``node:<node>`` for a pinned bundle)."""
         out = {"CPU": self.cpu_units / CPU_UNITS, "GPU": self.gpu_units / GPU_UNITS}
+        out.update((name, units / CUSTOM_UNITS) for name, units in self.custom)
         if self.node:
             out[NODE_RESOURCE_PREFIX + self.node] = 1.0
         return out
 
     def describe(self) -> str:
-        """Short human form, e.g. ``{CPU: 1, GPU: 0.333}``."""
-        return f"{{CPU: {format_cpus(self.cpu_units)}, GPU: {format_gpus(self.gpu_units)}}}"
+        """Short human form, e.g. ``{CPU: 1, GPU: 0.333}`` (``, nvlink_domain_0: 1`` after)."""
+        extra = "".join(f", {name}: {format_custom(units)}" for name, units in self.custom)
+        return f"{{CPU: {format_cpus(self.cpu_units)}, GPU: {format_gpus(self.gpu_units)}{extra}}}"
 
 
 def validate_bundles(bundles: Iterable[Mapping[str, float] | BundleSpec]) -> tuple[BundleSpec, ...]:

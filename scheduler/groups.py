@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from podium import errors
 from podium.limits import MAX_BUNDLES, check_count
-from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, parse_custom_resources, validate_bundles
 from podium.scheduler import core
 from podium.scheduler.nodes import NodeTable
 from podium.scheduler.sessions import SessionTable
@@ -91,6 +91,7 @@ class GroupTable(RecordTable[common_pb2.PlacementGroup]):
         """The snapshot built from the records alone (what :meth:`snapshot` keeps)."""
         cpu_used: dict[str, int] = {}
         gpu_used: dict[tuple[str, int], int] = {}
+        custom_used: dict[tuple[str, str], int] = {}
         for group in self._records.values():
             if group.state != common_pb2.PG_CREATED:
                 continue
@@ -98,6 +99,8 @@ class GroupTable(RecordTable[common_pb2.PlacementGroup]):
             for placed in group.placements:
                 spec = specs[placed.bundle_index]
                 cpu_used[placed.node_id] = cpu_used.get(placed.node_id, 0) + spec.cpu_units
+                for name, units in spec.custom:
+                    custom_used[(placed.node_id, name)] = custom_used.get((placed.node_id, name), 0) + units
                 if spec.is_fractional:
                     per_gpu = spec.gpu_units
                 else:
@@ -116,10 +119,13 @@ class GroupTable(RecordTable[common_pb2.PlacementGroup]):
                                       free_units=max(0, GPU_UNITS - gpu_used.get((info.node_id, g.index), 0)),
                                       memory_total_bytes=g.memory_total_bytes)
                          for g in info.gpus)
+            custom = _custom_of(info)
             views.append(core.NodeView(node_id=info.node_id, address=info.address,
                                        total_cpu_units=total_cpu,
                                        free_cpu_units=max(0, total_cpu - cpu_used.get(info.node_id, 0)),
-                                       gpus=gpus))
+                                       gpus=gpus, custom_total=custom,
+                                       custom_free=tuple((name, max(0, units - custom_used.get(
+                                           (info.node_id, name), 0))) for name, units in custom)))
         return core.Snapshot(tuple(views))
 
     def _track_capacity(self, group: common_pb2.PlacementGroup, placement: core.Placement,
@@ -283,6 +289,14 @@ def placement_of(group: common_pb2.PlacementGroup) -> core.Placement:
 
 def _total_cpu_units(cpus: float) -> int:
     return cpu_units(cpus) if math.isfinite(cpus) and cpus >= 0 else 0
+
+
+def _custom_of(info: common_pb2.NodeInfo) -> tuple[tuple[str, int], ...]:
+    # Checked at registration; a record from an older state file that fails offers none.
+    try:
+        return parse_custom_resources(dict(info.resources))
+    except errors.InvalidSpecError:
+        return ()
 
 
 def _reason_text(result) -> str:

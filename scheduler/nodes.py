@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from podium import errors
-from podium.resources import sort_key_address
+from podium.resources import parse_custom_resources, sort_key_address
 from podium.scheduler.tables import ChangeLog, RecordTable
 from podium.v1 import common_pb2
 
@@ -65,6 +65,10 @@ class NodeTable(RecordTable[common_pb2.NodeStatus]):
                 f"node {info.node_id!r}: agent_port {info.agent_port} is not a TCP port")
         if not math.isfinite(info.cpus) or info.cpus < 0:
             raise errors.InvalidArgumentError(f"node {info.node_id!r}: cpus = {info.cpus!r} must be >= 0")
+        try:
+            parse_custom_resources(dict(info.resources), what=f"node {info.node_id!r}: resources")
+        except errors.InvalidSpecError as exc:
+            raise errors.InvalidArgumentError(exc.message) from None
         indices = [g.index for g in info.gpus]
         if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
             raise errors.InvalidArgumentError(
@@ -138,4 +142,5 @@ class NodeTable(RecordTable[common_pb2.NodeStatus]):
 def _capacity_of(info: common_pb2.NodeInfo) -> tuple:
     """What of a NodeInfo the capacity snapshot holds (memory used is not)."""
     return (info.address, info.cpus,
-            tuple((g.index, g.uuid, g.memory_total_bytes) for g in info.gpus))
+            tuple((g.index, g.uuid, g.memory_total_bytes) for g in info.gpus),
+            tuple(sorted(info.resources.items())))

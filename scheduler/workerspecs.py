@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from podium import errors
 from podium.runtimeenv import check_spec
-from podium.resources import check_user_env, cpu_units, format_cpus, format_gpus, gpu_units
+from podium.resources import (check_user_env, cpu_units, format_cpus, format_custom, format_gpus, gpu_units,
+                              parse_custom_resources)
 from podium.scheduler.groups import GroupTable
 from podium.scheduler.records import LIVE_WORKER_STATES
 from podium.scheduler.sessions import SessionTable
@@ -57,6 +58,7 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
                   if w.state in LIVE_WORKER_STATES}
     wanted: dict[tuple[str, int], list[int]] = {}
     placements: dict[str, dict[int, common_pb2.BundlePlacement]] = {}
+    customs: list[tuple[tuple[str, int], ...]] = []
     out = []
     for i, spec in enumerate(specs):
         label = f"worker spec {i} ({spec.name!r})"
@@ -88,6 +90,7 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
             check_spec(spec, label)
             gpu = 0 if spec.num_gpus == 0 else gpu_units(spec.num_gpus, name=f"{label}: num_gpus")
             cpu = cpu_units(spec.num_cpus, name=f"{label}: num_cpus")
+            custom = parse_custom_resources(dict(spec.resources), what=f"{label}: resources")
         except errors.InvalidSpecError as exc:
             raise errors.InvalidSpecError(exc.message if label in exc.message
                                           else f"{label}: {exc.message}") from None
@@ -111,6 +114,12 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
             raise errors.InvalidSpecError(
                 f"{label}: num_gpus = {spec.num_gpus!r} but bundle {spec.bundle_index} of "
                 f"{group.name!r} has no GPU")
+        missing = sorted(set(n for n, _ in custom) - set(n for n, _ in bundle.custom))
+        if missing:
+            raise errors.InvalidSpecError(
+                f"{label}: asks for resources {missing} but bundle {spec.bundle_index} of "
+                f"{group.name!r} holds none ({bundle.describe()})")
+        customs.append(custom)
         by_index = placements.get(group.id)
         if by_index is None:  # once per group, not a scan of its placements per spec
             by_index = placements[group.id] = {p.bundle_index: p for p in group.placements}
@@ -132,7 +141,31 @@ def check_specs(specs: Sequence[common_pb2.WorkerSpec], owner: str, *,
                 f"{bundle.describe()}, workers already use CPU {format_cpus(used_cpu)} / "
                 f"GPU {format_gpus(used_gpu)}, and {len(members)} more ask for "
                 f"CPU {format_cpus(need_cpu)} / GPU {format_gpus(need_gpu)}")
+        if bundle.custom:
+            _check_custom(bundle, [customs[i] for i in members], workers_of_group(group_id), index,
+                          groups[group_id].name)
     return out
+
+
+def _check_custom(bundle, asked: list[tuple[tuple[str, int], ...]],
+                  members: Sequence[common_pb2.WorkerInfo], index: int, name: str) -> None:
+    """SlotFullError when the live ``members`` in bundle ``index`` and the ``asked`` new
+    workers together take more of a custom resource than the bundle holds."""
+    used: dict[str, int] = {}
+    for worker in members:
+        if worker.state in LIVE_WORKER_STATES and worker.spec.bundle_index == index and worker.spec.resources:
+            for res, units in parse_custom_resources(dict(worker.spec.resources)):
+                used[res] = used.get(res, 0) + units
+    need: dict[str, int] = {}
+    for custom in asked:
+        for res, units in custom:
+            need[res] = need.get(res, 0) + units
+    for res, capacity in bundle.custom:
+        if used.get(res, 0) + need.get(res, 0) > capacity:
+            raise errors.SlotFullError(
+                f"bundle {index} of placement group {name!r} is full: it holds {format_custom(capacity)} "
+                f"{res}, workers already use {format_custom(used.get(res, 0))}, and new ones ask for "
+                f"{format_custom(need.get(res, 0))}")
 
 
 def _worker_cpu(spec: common_pb2.WorkerSpec) -> int:

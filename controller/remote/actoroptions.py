@@ -13,8 +13,8 @@ import math
 import operator
 from typing import Any
 
-from podium.errors import InvalidArgumentError, UnimplementedError
-from podium.resources import SYSTEM_ENV_KEYS
+from podium.errors import InvalidArgumentError, InvalidSpecError, UnimplementedError
+from podium.resources import SYSTEM_ENV_KEYS, parse_custom_resources
 from podium.runtimeenv import RuntimeFields, parse_runtime_env, spec_kwargs
 from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
@@ -37,8 +37,6 @@ DEFAULT_TASK_RETRIES = 3
 #: Ray options Podium does not provide, and what to use instead.
 _UNSUPPORTED = {
     "num_returns": "return one value (a tuple) and index it after get()",
-    "resources": "num_cpus/num_gpus, or a placement group bundle",
-    "memory": "num_cpus/num_gpus (Podium schedules CPUs and GPUs only)",
     "accelerator_type": "a placement group on the nodes that have it",
     "placement_group_capture_child_tasks": "pass the placement group to each child's scheduling_strategy",
     "label_selector": "NodeAffinitySchedulingStrategy or a placement group",
@@ -61,9 +59,8 @@ _DEFAULT_VALUES = {"placement_group_capture_child_tasks": (False,), "label_selec
                    "max_calls": (0,), "max_pending_calls": (-1,), "allow_out_of_order_execution": (False,),
                    "fallback_strategy": (), "_generator_backpressure_num_objects": (),
                    "_num_objects_per_yield": (), "_actor_generator_backpressure_num_objects": ()}
-#: Options of _UNSUPPORTED whose None (and, for ``resources``, ``{}``) asks for nothing beyond
-#: CPUs and GPUs: accepted (SkyRL and verl pass ``resources=None`` / ``{}`` through).
-_NONE_IS_DEFAULT = {"resources", "memory", "accelerator_type"}
+#: Options of _UNSUPPORTED whose None asks for nothing beyond CPUs and GPUs: accepted.
+_NONE_IS_DEFAULT = {"accelerator_type"}
 
 
 class PlacementGroupSchedulingStrategy:
@@ -121,6 +118,8 @@ class Options:
     #: Tasks (and actor calls): which exceptions the function raises are retried too, within
     #: max_retries (max_task_retries): False none, True all, or a tuple of classes.
     retry_exceptions: Any = False
+    #: Custom resources (``resources={...}``, and ``memory`` in bytes), taken like num_cpus.
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _amount(key: str, value: Any, bound: float) -> float:
@@ -148,12 +147,13 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
     opts.env = dict(opts.env)
     opts.process_env = dict(opts.process_env)
     opts.runtime = RuntimeFields(opts.runtime)
+    opts.resources = dict(opts.resources)
     for key, value in given.items():
         if key in _UNSUPPORTED:
             if key == "num_returns" and value in (None, 1):
                 continue  # Ray's defaults: nothing to do
-            if key in _NONE_IS_DEFAULT and (value is None or (key == "resources" and value == {})):
-                continue  # no custom resources, memory or accelerator asked for: Ray's default
+            if key in _NONE_IS_DEFAULT and value is None:
+                continue  # no accelerator asked for: Ray's default
             if key in _DEFAULT_VALUES and (value is None or any(type(value) is type(d) and value == d
                                                                 for d in _DEFAULT_VALUES[key])):
                 continue
@@ -164,6 +164,8 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
             opts.num_cpus = _amount(key, value, MAX_CPUS)
         elif key == "num_gpus":
             opts.num_gpus = _amount(key, value, MAX_GPUS)
+        elif key in ("resources", "memory"):
+            _custom(opts, key, value)
         elif key == "name" and actor:
             opts.name = None if value is None else _text(key, value, colon=True)
         elif key == "name":
@@ -257,6 +259,34 @@ def retry_exceptions(value: Any) -> Any:
         return tuple(value)
     raise InvalidArgumentError(f"retry_exceptions must be a bool or a non-empty list of exception classes, "
                                f"got {value!r}")
+
+
+def _custom(opts: Options, key: str, value: Any) -> None:
+    """``resources={...}`` (custom resources; ``CPU``/``GPU`` are refused there, as Ray does)
+    or ``memory=bytes``; ``node:<address>`` in ``resources`` pins the node, as node affinity."""
+    if key == "memory":
+        value = {"memory": 0 if value is None else value}
+    elif value is None:
+        value = {}
+    elif not isinstance(value, dict):
+        raise InvalidArgumentError(f"resources must be a dict of resource name to amount, got {value!r}")
+    else:
+        if "CPU" in value or "GPU" in value:
+            raise InvalidArgumentError("use num_cpus and num_gpus, not resources={'CPU'/'GPU': ...}")
+        nodes = [k for k in value if isinstance(k, str) and k.startswith("node:")]
+        if len(nodes) > 1 or (nodes and not nodes[0][5:]):
+            raise InvalidArgumentError(f"resources: at most one 'node:<address>' key, got {nodes}")
+        if nodes:
+            opts.node = nodes[0][5:]
+        value = {k: v for k, v in value.items() if k not in nodes}
+    # As in Ray, ``resources`` replaces the custom resources given before (``memory`` stays).
+    kept = {k: v for k, v in opts.resources.items() if k == "memory"} if key == "resources" else opts.resources
+    merged = {**kept, **value}
+    try:
+        parse_custom_resources(merged, what=key)
+    except InvalidSpecError as exc:
+        raise InvalidArgumentError(exc.message) from None
+    opts.resources = {k: float(v) for k, v in merged.items() if v}
 
 
 def _index(value: Any) -> int:

@@ -35,7 +35,7 @@ async def reserve(rt: Session, opts: Options, wname: str) -> tuple[str, int, str
         if not isinstance(pg_id, str):
             raise InvalidArgumentError(f"placement_group must be a placement group or its id, got {pg!r}")
         return pg_id, opts.bundle_index, ""
-    bundle = {"CPU": opts.num_cpus}
+    bundle = {"CPU": opts.num_cpus, **opts.resources}
     if opts.num_gpus:
         bundle["GPU"] = opts.num_gpus
     if opts.node is not None:  # pinned: the scheduler places it on that node or says why not
@@ -72,7 +72,7 @@ async def create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bund
     for i, index in enumerate(candidates):
         spec = common_pb2.WorkerSpec(name=wname, group=wname, placement_group_id=pg_id, bundle_index=index,
                                      num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, rank=0, world_size=1,
-                                     env=opts.env, detached=opts.detached, restarts=restarts,
+                                     env=opts.env, detached=opts.detached, resources=opts.resources, restarts=restarts,
                                      max_restarts=opts.max_restarts, max_task_retries=opts.max_task_retries,
                                      **runtime_spec_fields(opts))
         try:

@@ -15,7 +15,8 @@ import secrets
 from typing import Any
 
 from podium.controller.session.runtime import get_runtime
-from podium.errors import InvalidArgumentError, NotFoundError, UnimplementedError
+from podium.errors import InvalidArgumentError, InvalidSpecError, NotFoundError, UnimplementedError
+from podium.resources import parse_custom_resources
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
            "MAX_BUNDLES"]
@@ -103,10 +104,12 @@ def _check_bundles(bundles: Any) -> list[dict[str, float]]:
     for i, bundle in enumerate(bundles):
         if not isinstance(bundle, dict) or not bundle:
             raise InvalidArgumentError(f"bundle {i} must be a non-empty dict of resources, got {bundle!r}")
-        extra = sorted(k for k in bundle if k not in ("CPU", "GPU") and not str(k).startswith("node:"))
-        if extra:
-            raise InvalidArgumentError(f"bundle {i}: Podium schedules only CPU, GPU and node:<id or "
-                                       f"address>, not {extra}")
+        try:  # custom resources: the names and counts the scheduler accepts
+            parse_custom_resources({k: v for k, v in bundle.items()
+                                    if k not in ("CPU", "GPU") and not str(k).startswith("node:")},
+                                   what=f"bundle {i}")
+        except InvalidSpecError as exc:
+            raise InvalidArgumentError(exc.message) from None
         for key, value in bundle.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:

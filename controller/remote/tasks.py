@@ -105,7 +105,8 @@ def _pool_for(opts: Options) -> _Pool:
 
     rt = get_runtime()
     pg = opts.placement_group
-    key = (rt.session_id, opts.num_cpus, opts.num_gpus, tuple(sorted(opts.env.items())),
+    key = (rt.session_id, opts.num_cpus, opts.num_gpus, tuple(sorted(opts.resources.items())),
+           tuple(sorted(opts.env.items())),
            tuple(sorted(opts.process_env.items())), tuple(sorted(opts.runtime.items())),
            getattr(pg, "id", pg), opts.bundle_index, opts.node, opts.node_soft)
     with _pools_lock:

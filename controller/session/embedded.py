@@ -9,6 +9,7 @@ Split from :mod:`podium.controller.session.runtime`, which keeps the names impor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import secrets
@@ -80,8 +81,8 @@ def _tls_args(tls) -> list[str]:
     return ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca] if tls else []
 
 
-def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None, tls=None
-                    ) -> tuple[str, str, list[subprocess.Popen], str]:
+def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str | None, tls=None,
+                    resources: dict[str, float] | None = None) -> tuple[str, str, list[subprocess.Popen], str]:
     token = secrets.token_urlsafe(32)
     # A given folder must be one no other user can plant sockets, port files or links in (#48).
     root = given_dir(log_dir, "init(log_dir=)") if log_dir else pathlib.Path(tempfile.mkdtemp(prefix="podium-"))
@@ -118,6 +119,8 @@ def _start_embedded(num_gpus: int | None, num_cpus: float | None, log_dir: str |
                 "--cpus", str(num_cpus), "--log-dir", str(root / "workers"), *_tls_args(tls)]
         if num_gpus is not None:
             args += ["--fake-gpus", str(num_gpus)]
+        if resources:  # custom resources of the embedded node (ray.init(resources=...))
+            args += ["--resources", json.dumps(resources)]
         with open_private(node_log, "ab") as out:
             processes.append(subprocess.Popen(_embedded_argv("node", *args), env=env, stdout=out,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))

@@ -340,15 +340,15 @@ async def _wait_nodes(runtime: Runtime, timeout: float = STARTUP_TIMEOUT) -> Non
 
 def init(address: str | None = None, token: str | None = None, *, num_gpus: int | None = None,
          num_cpus: float | None = None, call_timeout: float | None = None,
-         log_dir: str | None = None, ignore_reinit_error: bool = True, tls: Any = None,
+         log_dir: str | None = None, ignore_reinit_error: bool = True, tls: Any = None, resources: dict | None = None,
          session_lease: float | None = None, log_to_driver: bool | None = None) -> Runtime:
     """Connect this process to a Podium cluster (``ray.init``).
 
     ``address`` ("host:port" of a scheduler, else ``PODIUM_ADDRESS``) joins a running cluster
     with ``token`` (else ``PODIUM_TOKEN``, else the token file). Without one, an embedded
     scheduler and node agent start on 127.0.0.1 (``num_gpus`` fake GPUs; by default the real
-    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs) and stop
-    at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
+    GPUs NVML finds, or 8 fake ones when there are none; ``num_cpus`` logical CPUs; ``resources``
+    custom ones) and stop at :func:`shutdown` or process exit. ``call_timeout`` is the default deadline of every
     blocking call (``PODIUM_CALL_TIMEOUT``; by default none: a call waits while its worker
     lives, and fails within seconds when it dies or hangs). ``tls`` (a
     :class:`podium.auth.TlsConfig`, else ``PODIUM_TLS_CERT``/``PODIUM_TLS_KEY``/``PODIUM_TLS_CA``)
@@ -384,7 +384,7 @@ def init(address: str | None = None, token: str | None = None, *, num_gpus: int 
             from podium.auth import resolve_token
             token = resolve_token(token)
         else:
-            address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir, tls)
+            address, token, processes, log_dir = _start_embedded(num_gpus, num_cpus, log_dir, tls, resources)
         if session_lease is None:
             session_lease = float(os.environ.get("PODIUM_SESSION_LEASE") or 0)
         runtime = Runtime(address=address, token=token, call_timeout=call_timeout,

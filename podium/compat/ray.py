@@ -67,7 +67,7 @@ class ObjectRef(metaclass=_ObjectRefType):
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: int | None = None,
-         ignore_reinit_error: bool = False, **kwargs: Any) -> Any:
+         ignore_reinit_error: bool = False, resources: dict[str, float] | None = None, **kwargs: Any) -> Any:
     """``ray.init``: join the cluster at ``address`` ("auto" or None: ``PODIUM_ADDRESS``, else
     an embedded cluster on this machine). ``namespace`` sets the default for named actors;
     ``runtime_env``: ``env_vars`` are set for the embedded cluster's workers and (through the
@@ -89,7 +89,23 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
     if is_initialized() and not ignore_reinit_error:
         raise RuntimeError("Maybe you called ray.init twice by accident? (pass ignore_reinit_error=True)")
     return _runtime.init(None if address in (None, "auto", "local") else address, num_cpus=num_cpus,
-                         num_gpus=num_gpus, log_to_driver=kwargs.get("log_to_driver"))
+                         num_gpus=num_gpus, log_to_driver=kwargs.get("log_to_driver"),
+                         resources=_init_resources(resources))
+
+
+def _init_resources(value: Any) -> dict[str, float] | None:
+    """``ray.init(resources=...)``: the embedded node's custom resources (ignored, as in Ray,
+    when joining a running cluster: each node offers its own, ``podium node --resources``)."""
+    if not value:
+        return None
+    from podium.worker.agent.config import parse_resources_arg
+    import json as _json
+    try:
+        text = _json.dumps(value)
+    except (TypeError, ValueError):
+        raise _errors.InvalidArgumentError(f"ray.init(resources=...) must be a dict of name to amount, "
+                                           f"got {value!r}") from None
+    return parse_resources_arg(text)
 
 
 def shutdown() -> None:
@@ -196,6 +212,8 @@ def _resources(available: bool) -> dict[str, float]:
         totals["CPU"] += node.info.cpus
         totals["GPU"] += len(node.info.gpus)
         totals[f"node:{node.info.address}"] = 1.0
+        for name, amount in node.info.resources.items():
+            totals[name] = totals.get(name, 0.0) + amount
     if available:
         for pg in state.placement_groups:
             if pg.state != 2 or not pg.placements:  # only PG_CREATED groups hold resources
@@ -203,8 +221,9 @@ def _resources(available: bool) -> dict[str, float]:
             for placed in pg.placements:
                 if placed.node_id in alive:
                     bundle = pg.bundles[placed.bundle_index].resources
-                    totals["CPU"] -= bundle.get("CPU", 0.0)
-                    totals["GPU"] -= bundle.get("GPU", 0.0)
+                    for name, amount in bundle.items():
+                        if name in totals and not name.startswith("node:"):
+                            totals[name] -= amount
     return totals
 
 
@@ -224,7 +243,8 @@ def nodes() -> list[dict[str, Any]]:
     state = rt.run(rt.cluster_state(), timeout=60, what="nodes")
     return [{"NodeID": n.info.node_id, "Alive": n.state == 1, "NodeManagerAddress": n.info.address,
              "NodeManagerHostname": n.info.hostname,
-             "Resources": {"CPU": n.info.cpus, "GPU": float(len(n.info.gpus)), f"node:{n.info.address}": 1.0}}
+             "Resources": {"CPU": n.info.cpus, "GPU": float(len(n.info.gpus)), f"node:{n.info.address}": 1.0,
+                           **dict(n.info.resources)}}
             for n in state.nodes]
 
 

@@ -164,7 +164,7 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
     for node in state.nodes:
         if node.state == 1:
             out[node.info.node_id] = {"CPU": float(node.info.cpus), "GPU": float(len(node.info.gpus)),
-                                      f"node:{node.info.address}": 1.0}
+                                      f"node:{node.info.address}": 1.0, **dict(node.info.resources)}
     for pg in state.placement_groups:
         if pg.state != 2:
             continue
@@ -172,8 +172,9 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
             free = out.get(placed.node_id)
             if free is not None:
                 bundle = pg.bundles[placed.bundle_index].resources
-                free["CPU"] -= bundle.get("CPU", 0.0)
-                free["GPU"] -= bundle.get("GPU", 0.0)
+                for name, amount in bundle.items():
+                    if name in free and not name.startswith("node:"):
+                        free[name] -= amount
     return out
 
 

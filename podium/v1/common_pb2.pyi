@@ -236,6 +236,26 @@ class NodeInfo(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ResourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     AGENT_PORT_FIELD_NUMBER: _builtins.int
@@ -243,6 +263,7 @@ class NodeInfo(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     HOSTNAME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """Stable node id chosen by the agent (defaults to "<hostname>-<address>")."""
     address: _builtins.str
@@ -261,6 +282,12 @@ class NodeInfo(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels (rack, zone, ...). Informational."""
 
+    @_builtins.property
+    def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Custom resources the node offers to bundles (`podium node --resources`), name to amount,
+        and "memory" (bytes): node-level pools like CPU.
+        """
+
     def __init__(
         self,
         *,
@@ -271,10 +298,11 @@ class NodeInfo(_message.Message):
         gpus: _abc.Iterable[Global___GpuInfo] | None = ...,
         hostname: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        resources: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_port", b"agent_port", "cpus", b"cpus", "gpus", b"gpus", "hostname", b"hostname", "labels", b"labels", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_port", b"agent_port", "cpus", b"cpus", "gpus", b"gpus", "hostname", b"hostname", "labels", b"labels", "node_id", b"node_id", "resources", b"resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -347,8 +375,8 @@ class Bundle(_message.Message):
     RESOURCES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """Resource name to amount. Known names: "CPU" (>= 0) and "GPU" (a fraction in
-        (0, 1] or a whole number). Unknown names are rejected with INVALID_ARGUMENT.
+        """Resource name to amount: "CPU" (>= 0), "GPU" (a fraction in (0, 1] or a whole number),
+        one "node:<id or address>", and custom resources (any other name, e.g. "memory").
         """
 
     def __init__(
@@ -532,6 +560,26 @@ class WorkerSpec(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ResourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     GROUP_FIELD_NUMBER: _builtins.int
     PLACEMENT_GROUP_ID_FIELD_NUMBER: _builtins.int
@@ -548,6 +596,7 @@ class WorkerSpec(_message.Message):
     RESTARTS_FIELD_NUMBER: _builtins.int
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     MAX_TASK_RETRIES_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name unique in the cluster, e.g. "{wg_prefix}{Class}_{pg_index}:{local_rank}"."""
     group: _builtins.str
@@ -597,6 +646,10 @@ class WorkerSpec(_message.Message):
         node, each importable in the worker by its name. At most 64.
         """
 
+    @_builtins.property
+    def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Custom resources taken from the bundle (name to amount), as num_cpus is."""
+
     def __init__(
         self,
         *,
@@ -616,10 +669,11 @@ class WorkerSpec(_message.Message):
         restarts: _builtins.int = ...,
         max_restarts: _builtins.int = ...,
         max_task_retries: _builtins.int = ...,
+        resources: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "max_restarts", b"max_restarts", "max_task_retries", b"max_task_retries", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "restarts", b"restarts", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "max_restarts", b"max_restarts", "max_task_retries", b"max_task_retries", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "resources", b"resources", "restarts", b"restarts", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

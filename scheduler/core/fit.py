@@ -2,7 +2,7 @@
 
 The rules (see docs/architecture.md, "The scheduler's state"):
 
-* CPU is a node-level pool.
+* CPU is a node-level pool, and so is each custom resource (``nvlink_domain_0``, ``memory``).
 * A fractional bundle takes units from ONE GPU: the best fit, i.e. the GPU with the
   least free units that still fits, lowest index on ties. So fractions stack on a
   partly used GPU before they open an idle one.
@@ -43,12 +43,13 @@ def fill_order(bundles: Sequence[BundleSpec], indices: Sequence[int] | None = No
 class NodeFill:
     """The working capacity of one node while one placement is being decided."""
 
-    __slots__ = ("view", "cpu", "free", "total", "indices", "count")
+    __slots__ = ("view", "cpu", "custom", "free", "total", "indices", "count")
 
     def __init__(self, view: NodeView) -> None:
         gpus = view.gpus_by_index
         self.view = view
         self.cpu = view.free_cpu_units
+        self.custom = dict(view.custom_free)  # name -> free units
         self.free = [g.free_units for g in gpus]
         self.total = [g.total_units for g in gpus]
         self.indices = [g.index for g in gpus]
@@ -59,6 +60,7 @@ class NodeFill:
         other = NodeFill.__new__(NodeFill)
         other.view = self.view
         other.cpu = self.cpu
+        other.custom = self.custom.copy() if self.custom else self.custom
         other.free = self.free.copy()
         other.total = self.total
         other.indices = self.indices
@@ -84,6 +86,10 @@ class NodeFill:
         """Reserve one bundle here; its GPU indices, or None (and no change) if it does not fit."""
         if bundle.cpu_units > self.cpu:
             return None
+        custom = self.custom
+        for name, need in bundle.custom:
+            if custom.get(name, 0) < need:
+                return None
         units = bundle.gpu_units
         if units == 0:
             got: tuple[int, ...] = ()
@@ -108,6 +114,8 @@ class NodeFill:
                 self.free[pos] -= self.total[pos]
             got = tuple(self.indices[pos] for pos in picks)
         self.cpu -= bundle.cpu_units
+        for name, need in bundle.custom:
+            custom[name] -= need
         self.count += 1
         return got
 
@@ -121,7 +129,7 @@ class NodeFill:
             if gpus is None:
                 return None
             got[i] = gpus
-        self.cpu, self.free, self.count = trial.cpu, trial.free, trial.count
+        self.cpu, self.custom, self.free, self.count = trial.cpu, trial.custom, trial.free, trial.count
         return got
 
     def count_fitting(self, bundles: Sequence[BundleSpec], order: Sequence[int]) -> int:

@@ -5,7 +5,7 @@ back its resources in a snapshot. Pure functions of their arguments.
 from __future__ import annotations
 
 from podium.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from podium.resources import GPU_UNITS, format_cpus, format_gpus
+from podium.resources import GPU_UNITS, format_cpus, format_custom, format_gpus
 from podium.scheduler.core.index import index_of
 from podium.scheduler.core.views import (BundleAssignment, GpuView, Infeasible, NodeView,
                                          Placement, PlacementRequest, Snapshot, Unavailable)
@@ -67,6 +67,7 @@ def _changed(snapshot: Snapshot, placement: Placement, request: PlacementRequest
     verb = "apply" if sign < 0 else "release"
     cpu: dict[int, int] = {}
     gpus: dict[int, dict[int, int]] = {}  # rank -> GPU index -> free units
+    custom: dict[int, dict[str, int]] = {}  # rank -> custom resource -> free units
     for a, bundle in zip(placement.assignments, request.bundles):
         rank = ix.ranks.get(a.node_id)
         if rank is None:
@@ -86,6 +87,9 @@ def _changed(snapshot: Snapshot, placement: Placement, request: PlacementRequest
                 f"cannot {verb} {where}: the node would have more than its "
                 f"{format_cpus(view.total_cpu_units)} CPUs free (released twice?)")
         cpu[rank] = free_cpu
+        if bundle.custom:
+            _change_custom(custom.setdefault(rank, dict(view.custom_free)), dict(view.custom_total),
+                           bundle.custom, sign, verb, where)
         if bundle.gpu_units == 0:
             if a.gpu_indices:
                 raise InvalidArgumentError(f"{where} is CPU-only but lists GPUs {a.gpu_indices}")
@@ -119,8 +123,10 @@ def _changed(snapshot: Snapshot, placement: Placement, request: PlacementRequest
             g if g.index not in node_state else
             GpuView(g.index, g.uuid, node_state[g.index], g.total_units, g.memory_total_bytes)
             for g in view.gpus)
+        node_custom = custom.get(rank)
         changes[rank] = NodeView(view.node_id, view.address, view.total_cpu_units,
-                                 free_cpu, new_gpus)
+                                 free_cpu, new_gpus, view.custom_total,
+                                 view.custom_free if node_custom is None else tuple(sorted(node_custom.items())))
     if not changes:
         return snapshot
     nodes = list(snapshot.nodes)
@@ -129,6 +135,23 @@ def _changed(snapshot: Snapshot, placement: Placement, request: PlacementRequest
     out = Snapshot(tuple(nodes))
     object.__setattr__(out, "_index", ix.replaced(changes))
     return out
+
+
+def _change_custom(free: dict[str, int], total: dict[str, int], asked: tuple[tuple[str, int], ...],
+                   sign: int, verb: str, where: str) -> None:
+    """Take (sign -1) or give back (+1) a bundle's custom resources in ``free`` (in place)."""
+    for name, units in asked:
+        before = free.get(name)
+        if before is None:
+            raise NotFoundError(f"cannot {verb} {where}: the node has no resource {name!r}")
+        after = before + sign * units
+        if after < 0:
+            raise ResourceExhaustedError(f"cannot {verb} {where}: it needs {format_custom(units)} {name}, "
+                                         f"{format_custom(before)} free")
+        if after > total[name]:
+            raise InvalidArgumentError(f"cannot {verb} {where}: the node would have more than its "
+                                       f"{format_custom(total[name])} {name} free (released twice?)")
+        free[name] = after
 
 
 def apply(snapshot: Snapshot, placement: Placement, request: PlacementRequest) -> Snapshot:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from podium.resources import GPU_UNITS, BundleSpec, Strategy, format_cpus, format_gpus
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, format_cpus, format_custom, format_gpus
 from podium.scheduler.core.fit import NodeFill, fill_order
 from podium.scheduler.core.index import CapacityIndex
 from podium.scheduler.core.strategies import Demand
@@ -44,10 +44,29 @@ def _idle(fill: NodeFill, free: bool) -> str:
     return f"{fill.idle_gpus} of {n} GPUs idle" if free else f"{n} GPUs"
 
 
+def _custom(fill: NodeFill, name: str, free: bool) -> str:
+    total = dict(fill.view.custom_total).get(name)
+    if total is None:
+        return f"no {name}"
+    return f"{format_custom(fill.custom[name])} of {format_custom(total)} {name} free" if free \
+        else f"{format_custom(total)} {name}"
+
+
+def _short_custom(fill: NodeFill, custom: tuple[tuple[str, int], ...]) -> tuple[str, int] | None:
+    # The first custom resource this node has less of than ``custom`` asks.
+    for name, need in custom:
+        if fill.custom.get(name, 0) < need:
+            return name, need
+    return None
+
+
 def why_not_bundle(fill: NodeFill, b: BundleSpec, free: bool) -> str | None:
     """Why this node cannot hold even bundle ``b`` alone, or None if it can."""
     if b.cpu_units > fill.cpu:
         return f"{_cpus(fill, free)}, a bundle needs {format_cpus(b.cpu_units)}"
+    short = _short_custom(fill, b.custom)
+    if short is not None:
+        return f"{_custom(fill, short[0], free)}, a bundle needs {format_custom(short[1])}"
     if b.gpu_units >= GPU_UNITS:
         n = b.gpu_units // GPU_UNITS
         if fill.idle_gpus < n:
@@ -69,6 +88,9 @@ def _why_not_group(fill: NodeFill, d: Demand, free: bool) -> str:
         return f"{_idle(fill, free)}, bundle group needs {d.idle_gpus} whole GPUs {tag}"
     if d.cpu > fill.cpu:
         return f"{_cpus(fill, free)}, bundle group needs {format_cpus(d.cpu)} {tag}"
+    short = _short_custom(fill, d.custom)
+    if short is not None:
+        return f"{_custom(fill, short[0], free)}, bundle group needs {format_custom(short[1])} {tag}"
     return (f"{_gpus(fill, free)}: the group's fractional bundles cannot share them "
             f"without splitting a bundle across GPUs {tag}")
 
@@ -98,6 +120,19 @@ def _totals(ix: CapacityIndex, free: bool) -> str:
         return f"{nodes} with {gpus} GPUs and {cpus} CPUs in total"
     return (f"{format_gpus(ix.free_gpu_units)} of {gpus} GPUs and {format_cpus(ix.free_cpu)} of "
             f"{cpus} CPUs free on {nodes}")
+
+
+def _custom_totals(ix: CapacityIndex, demand: Demand, free: bool) -> str:
+    # The cluster's amounts of the custom resources the group asks for ("" when it asks none).
+    parts = []
+    for name, _ in demand.custom:
+        total = sum(dict(v.custom_total).get(name, 0) for v in ix.views)
+        if free:
+            have = sum(dict(v.custom_free).get(name, 0) for v in ix.views)
+            parts.append(f"{format_custom(have)} of {format_custom(total)} {name} free")
+        else:
+            parts.append(f"{format_custom(total)} {name} in total")
+    return "".join(f"; {p}" for p in parts)
 
 
 def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy,
@@ -138,10 +173,12 @@ def explain(ix: CapacityIndex, bundles: Sequence[BundleSpec], strategy: Strategy
     else:
         needs = [f"{format_gpus(demand.gpu_units)} GPUs"] if demand.gpu_units else []
         needs += [f"{format_cpus(demand.cpu)} CPUs"] if demand.cpu else []
+        needs += [f"{format_custom(units)} {name}" for name, units in demand.custom]
         why = f"it needs {' and '.join(needs)} over its nodes"  # never empty: bundles reserve something
+    totals = _totals(ix, free) + _custom_totals(ix, demand, free)
     if free:
         message = (f"{group} does not fit the free capacity now ({why}; "
-                   f"{_totals(ix, True)}); it waits for resources to be released")
+                   f"{totals}); it waits for resources to be released")
     else:
-        message = f"{group} can never be placed: {why} ({_totals(ix, False)})"
+        message = f"{group} can never be placed: {why} ({totals})"
     return message, reasons

@@ -36,12 +36,16 @@ class Demand(NamedTuple):
     fraction: int       # units of the largest fractional bundle (0: none)
     cpu: int            # CPU units, summed
     gpu_units: int      # GPU units, summed
+    custom: tuple[tuple[str, int], ...] = ()  # custom resource units, summed (sorted by name)
 
     @classmethod
     def of(cls, bundles: Sequence[BundleSpec]) -> "Demand":
         """The demand of all ``bundles`` together."""
         idle = fraction = cpu = units = 0
+        custom: dict[str, int] = {}
         for b in bundles:
+            for name, need in b.custom:
+                custom[name] = custom.get(name, 0) + need
             g = b.gpu_units
             units += g
             cpu += b.cpu_units
@@ -49,7 +53,7 @@ class Demand(NamedTuple):
                 idle += g // GPU_UNITS
             elif g > fraction:
                 fraction = g
-        return cls(idle, fraction, cpu, units)
+        return cls(idle, fraction, cpu, units, tuple(sorted(custom.items())))
 
     def may_fit(self, s: Summary) -> bool:
         """A necessary condition for a node with Summary ``s`` (cheap pre-check)."""

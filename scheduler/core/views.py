@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, validate_bundles
+from collections.abc import Mapping
+
+from podium.resources import GPU_UNITS, BundleSpec, Strategy, cpu_units, parse_custom_resources, validate_bundles
 
 __all__ = ["GpuView", "NodeView", "Snapshot", "PlacementRequest", "BundleAssignment",
            "Placement", "Infeasible", "Unavailable"]
@@ -36,13 +38,16 @@ class GpuView:
 
 @dataclass(frozen=True)
 class NodeView:
-    """One alive node: its CPU pool and its GPUs, with free amounts in units."""
+    """One alive node: its CPU pool, its GPUs and its custom resources (node-level pools like
+    CPU: ``(name, units)`` sorted by name), with free amounts in units."""
 
     node_id: str
     address: str
     total_cpu_units: int
     free_cpu_units: int
     gpus: tuple[GpuView, ...]
+    custom_total: tuple[tuple[str, int], ...] = ()
+    custom_free: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpus, tuple):
@@ -50,13 +55,16 @@ class NodeView:
 
     @classmethod
     def idle(cls, node_id: str, address: str, *, cpus: float, gpus: int,
-             memory_total_bytes: int = 0) -> "NodeView":
-        """A node with nothing reserved: ``cpus`` CPUs and ``gpus`` GPUs indexed 0..gpus-1."""
+             memory_total_bytes: int = 0, resources: Mapping[str, float] | None = None) -> "NodeView":
+        """A node with nothing reserved: ``cpus`` CPUs, ``gpus`` GPUs indexed 0..gpus-1 and the
+        custom ``resources`` (``{"nvlink_domain_0": 1}``)."""
         cpu = cpu_units(cpus)
+        custom = parse_custom_resources(resources, what=f"node {node_id} resources")
         return cls(node_id=node_id, address=address, total_cpu_units=cpu, free_cpu_units=cpu,
                    gpus=tuple(GpuView(index=i, uuid=f"GPU-{node_id}-{i}", free_units=GPU_UNITS,
                                       memory_total_bytes=memory_total_bytes)
-                              for i in range(gpus)))
+                              for i in range(gpus)),
+                   custom_total=custom, custom_free=custom)
 
     @cached_property
     def gpus_by_index(self) -> tuple[GpuView, ...]:
@@ -69,14 +77,18 @@ class NodeView:
         reasons of a failed placement are worded once per key). A str, because a str
         caches its hash and a nested tuple is rehashed on every lookup."""
         gpus = ",".join(f"{g.free_units}/{g.total_units}" for g in self.gpus_by_index)
-        return f"{self.total_cpu_units}/{self.free_cpu_units}|{gpus}"
+        key = f"{self.total_cpu_units}/{self.free_cpu_units}|{gpus}"
+        if self.custom_total:
+            key += f"|{self.custom_total}/{self.custom_free}"
+        return key
 
     def as_idle(self) -> "NodeView":
         """The same node with everything free: the capacity feasibility is judged on."""
         return NodeView(node_id=self.node_id, address=self.address,
                         total_cpu_units=self.total_cpu_units, free_cpu_units=self.total_cpu_units,
                         gpus=tuple(GpuView(g.index, g.uuid, g.total_units, g.total_units,
-                                           g.memory_total_bytes) for g in self.gpus))
+                                           g.memory_total_bytes) for g in self.gpus),
+                        custom_total=self.custom_total, custom_free=self.custom_total)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 from typing import Sequence
 
 from podium import errors
 from podium.auth import TlsConfig
+from podium.resources import parse_custom_resources
 from podium.worker.agent.gpus import DEFAULT_FAKE_MEMORY, GpuProvider, parse_size
 
 __all__ = ["AgentConfig", "build_parser", "config_from_args"]
@@ -31,6 +33,9 @@ class AgentConfig:
     node_id: str = ""
     #: CPUs offered to bundles (default: os.cpu_count()).
     cpus: float | None = None
+    #: Custom resources offered to bundles (``{"nvlink_domain_0": 1}``); ``memory`` (bytes)
+    #: defaults to the machine's physical memory.
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
     #: Fake this many GPUs (None: ask NVML).
     fake_gpus: int | None = None
     #: Memory of each fake GPU in bytes.
@@ -71,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0, help="agent gRPC port (default: any free)")
     parser.add_argument("--node-id", default="", help="node id (default <hostname>-<node address>)")
     parser.add_argument("--cpus", type=float, default=None, help="CPUs offered (default: all)")
+    parser.add_argument("--resources", default=None, metavar="JSON",
+                        help='custom resources offered, e.g. \'{"nvlink_domain_0": 1}\' (memory in bytes: '
+                             "default the machine's memory)")
     parser.add_argument("--fake-gpus", type=int, default=None,
                         help="pretend to have N GPUs instead of asking NVML")
     parser.add_argument("--fake-gpu-memory", default="80GiB", help="memory per fake GPU (80GiB)")
@@ -104,13 +112,32 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         if not sep or not key:
             raise errors.InvalidArgumentError(f"--label wants KEY=VALUE, got {item!r}")
         labels[key] = value
+    resources = parse_resources_arg(args.resources)
     if args.stop_grace < 0:
         raise errors.InvalidArgumentError(f"--stop-grace must be >= 0, got {args.stop_grace}")
     return AgentConfig(
         scheduler=args.scheduler, host=args.host, advertise_address=args.advertise_address,
         port=args.port, node_id=args.node_id,
-        cpus=args.cpus, fake_gpus=args.fake_gpus, fake_gpu_memory=parse_size(args.fake_gpu_memory),
+        cpus=args.cpus, resources=resources, fake_gpus=args.fake_gpus, fake_gpu_memory=parse_size(args.fake_gpu_memory),
         log_dir=args.log_dir, port_file=args.port_file, token_file=args.token_file,
         tls=TlsConfig.from_paths(args.tls_cert, args.tls_key, args.tls_ca),
         stop_grace=args.stop_grace, labels=labels, metrics_port=args.metrics_port,
         worker_command=shlex.split(args.worker_command) if args.worker_command else None)
+
+
+def parse_resources_arg(text: str | None) -> dict[str, float]:
+    """``--resources '{"name": amount}'`` as a dict (InvalidArgumentError naming what is wrong)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise errors.InvalidArgumentError(f"--resources must be a JSON object, got {text!r}: {exc}") from None
+    if not isinstance(value, dict) or any(k in ("CPU", "GPU") for k in value):
+        raise errors.InvalidArgumentError(f"--resources must be a JSON object of custom resources (CPUs and "
+                                          f"GPUs are --cpus and --fake-gpus), got {text!r}")
+    try:
+        parse_custom_resources(value, what="--resources")
+    except errors.InvalidSpecError as exc:
+        raise errors.InvalidArgumentError(exc.message) from None
+    return {k: float(v) for k, v in value.items()}

@@ -198,6 +198,8 @@ class RunningAgent:
                 f"--host {config.host} is not an address others can reach: give --advertise-address")
         self.node_id = config.node_id or f"{socket.gethostname()}-{self.node_address}"
         self.cpus = float(config.cpus if config.cpus is not None else (os.cpu_count() or 1))
+        #: Custom resources offered, with ``memory`` (bytes) the machine's unless given.
+        self.resources = {"memory": float(_physical_memory()), **config.resources}
         # A given folder must be one no other user can plant a fork server's socket in (#48).
         self.log_dir = (given_dir(config.log_dir, "podium node --log-dir") if config.log_dir
                         else pathlib.Path.home() / ".podium" / "logs" / self.node_id)
@@ -329,7 +331,7 @@ class RunningAgent:
         """Identity, address and inventory with fresh memory readings."""
         return common_pb2.NodeInfo(node_id=self.node_id, address=self.node_address, agent_port=self.port,
                                    cpus=self.cpus, gpus=self._gpus(), hostname=socket.gethostname(),
-                                   labels=self.config.labels)
+                                   labels=self.config.labels, resources=self.resources)
 
     def _gpus(self) -> list[common_pb2.GpuInfo]:
         return [common_pb2.GpuInfo(index=g.index, uuid=g.uuid, name=g.name,
@@ -457,3 +459,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _physical_memory() -> int:
+    """Bytes of physical memory of this machine (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

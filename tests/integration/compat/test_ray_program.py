@@ -61,3 +61,17 @@ def test_small_forms_of_verl_skyrl_and_openrlhf_under_podium_run():
     run = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "6", "--num-gpus", "1", "--",
                           sys.executable, str(SMALL_FORMS)], env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0 and "SMALL FORMS OK" in run.stdout, (run.stdout + run.stderr)[-4000:]
+
+
+CUSTOM_RESOURCES = Path(__file__).with_name("custom_resources_program.py")
+
+
+def test_custom_resources_under_podium_run():
+    """ray.init(resources=...) on the embedded node; actors, tasks and placement group bundles
+    take custom resources, memory and node:<address>; infeasible asks fail at once, naming the
+    resource (custom_resources_program.py asserts each)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PODIUM_ADDRESS")}
+    run = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "8", "--",
+                          sys.executable, str(CUSTOM_RESOURCES)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0 and "CUSTOM RESOURCES OK" in run.stdout, (run.stdout + run.stderr)[-4000:]

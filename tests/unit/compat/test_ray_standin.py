@@ -13,6 +13,7 @@ import sys
 from typing import ClassVar
 
 import pytest
+from podium.errors import InvalidArgumentError
 from podium.controller.remote.actoroptions import parse_options
 from podium.controller.remote.actors import ActorClass
 
@@ -215,14 +216,22 @@ def test_an_actor_class_shows_its_class_attributes_as_rays_does():
         actor_class.__wrapped_nothing__  # noqa: B018 - dunders are not forwarded
 
 
-def test_resources_none_or_empty_ask_for_nothing_and_custom_resources_are_refused():
+def test_resources_none_or_empty_ask_for_nothing_and_custom_resources_are_taken():
     for value in (None, {}):
-        assert parse_options({"resources": value, "num_cpus": 2}, actor=True).num_cpus == 2.0
-        assert parse_options({"resources": value, "memory": None}, actor=False).num_gpus == 0.0
-    with pytest.raises(NotImplementedError, match="num_cpus/num_gpus"):
-        parse_options({"resources": {"custom": 1}}, actor=True)
-    with pytest.raises(NotImplementedError, match="memory"):
-        parse_options({"memory": 2**30}, actor=True)
+        opts = parse_options({"resources": value, "num_cpus": 2}, actor=True)
+        assert opts.num_cpus == 2.0 and opts.resources == {}
+        assert parse_options({"resources": value, "memory": None}, actor=False).resources == {}
+    opts = parse_options({"resources": {"custom": 0.5, "zero": 0}, "memory": 2**30}, actor=True)
+    assert opts.resources == {"custom": 0.5, "memory": float(2**30)}
+    # node:<address> is node affinity, as in Ray.
+    opts = parse_options({"resources": {"node:10.0.0.2": 0.01}}, actor=False)
+    assert opts.node == "10.0.0.2" and opts.resources == {}
+    for bad in ({"CPU": 1}, {"bad name": 1}, {"x": -1}, {"x": float("inf")}, [("x", 1)],
+                {f"r{i}": 1 for i in range(65)}):
+        with pytest.raises(InvalidArgumentError):
+            parse_options({"resources": bad}, actor=True)
+    with pytest.raises(InvalidArgumentError):
+        parse_options({"memory": -1}, actor=True)
 
 
 def test_restart_and_retry_options_are_checked_and_kept():

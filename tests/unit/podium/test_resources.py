@@ -108,8 +108,8 @@ def test_bundle_round_trips_through_resources():
 
 
 @pytest.mark.parametrize("resources, named", [
-    ({"CPU": 1, "memory": 4}, "'memory'"),            # unknown key
-    ({"cpu": 1}, "'cpu'"),                            # keys are case-sensitive, like Ray
+    ({"CPU": 1, "bad name": 4}, "'bad name'"),        # a custom resource name with a space
+    ({"cpu": 1}, "'cpu'"),                            # CPU in another case: a typo, not a resource
     ({"CPU": -1}, "-1"),
     ({"CPU": float("nan")}, "nan"),
     ({"GPU": float("nan")}, "nan"),
@@ -130,8 +130,8 @@ def test_validate_bundles():
     assert validate_bundles([{"CPU": 1, "GPU": 1}] * 2) == (BundleSpec(1000, GPU_UNITS),) * 2
     with pytest.raises(InvalidSpecError, match="at least one bundle"):
         validate_bundles([])
-    with pytest.raises(InvalidSpecError, match="bundle 1: .*'TPU'"):
-        validate_bundles([{"GPU": 1}, {"TPU": 1}])
+    with pytest.raises(InvalidSpecError, match="bundle 1: .*'T PU'"):
+        validate_bundles([{"GPU": 1}, {"T PU": 1}])
     with pytest.raises(InvalidSpecError, match="list"):
         validate_bundles({"GPU": 1})
 

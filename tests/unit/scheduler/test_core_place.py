@@ -292,7 +292,9 @@ def test_request_accepts_user_forms_and_validates():
     assert request == req(2, S.STRICT_PACK)
     with pytest.raises(ValueError, match="at least one bundle"):
         PlacementRequest((), S.PACK)
-    with pytest.raises(ValueError, match="bundle 0: .*'TPU'"):
-        PlacementRequest([{"TPU": 1}], S.PACK)
+    # A custom resource is a bundle of its own (test_core_custom.py); a bad name is refused.
+    assert PlacementRequest([{"TPU": 1}], S.PACK).bundles[0].custom == (("TPU", 10000),)
+    with pytest.raises(ValueError, match="bundle 0: .*'T PU'"):
+        PlacementRequest([{"T PU": 1}], S.PACK)
     with pytest.raises(ValueError, match="unknown placement strategy"):
         PlacementRequest([{"GPU": 1}], 0)

@@ -91,7 +91,7 @@ BAD_GROUPS = [
     ("g", [{"GPU": -1}], 1, errors.InvalidSpecError, "-1"),
     ("g", [{"CPU": NAN}], 1, errors.InvalidSpecError, "nan"),
     ("g", [{"GPU": 1.5}], 1, errors.InvalidSpecError, "1.5"),
-    ("g", [{"TPU": 1}], 1, errors.InvalidSpecError, "TPU"),
+    ("g", [{"T PU": 1}], 1, errors.InvalidSpecError, "T PU"),
     ("g", [{}], 1, errors.InvalidSpecError, "empty"),
     ("g", [ONE_GPU], 0, errors.InvalidSpecError, "strategy"),
     ("g", [ONE_GPU], 9, errors.InvalidSpecError, "9"),
