@@ -198,8 +198,12 @@ def timeline(filename: str | None = None) -> list[dict] | None:
 
 
 def get_gpu_ids() -> list[int]:
-    """``ray.get_gpu_ids``: the GPUs this process may use (CUDA_VISIBLE_DEVICES)."""
-    text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    """``ray.get_gpu_ids``: the GPUs this process was given (CUDA_VISIBLE_DEVICES, or with
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``, which leaves that unnarrowed, the
+    agent's ``PODIUM_ASSIGNED_GPUS``)."""
+    text = os.environ.get("PODIUM_ASSIGNED_GPUS")
+    if text is None:
+        text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     return [int(i) for i in text.split(",") if i.strip().isdigit()]
 
 

@@ -14,8 +14,14 @@ from podium.process import die_with_parent_argv
 from podium.runtimeenv import ENV_KEY, to_env
 from podium.v1 import common_pb2
 
-__all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "launch_argv", "with_allocator_defaults", "worker_env",
-           "foreign_command", "runtime_env_vars", "link_modules"]
+__all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "NOSET_CUDA_VISIBLE_DEVICES", "ASSIGNED_GPUS",
+           "launch_argv", "with_allocator_defaults", "worker_env", "foreign_command", "runtime_env_vars",
+           "link_modules"]
+
+#: Ray's switch (slime and SkyRL set it): the worker sees every GPU of its node, not only its own.
+NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+#: The GPUs a worker was given when CUDA_VISIBLE_DEVICES no longer says (``ray.get_gpu_ids``).
+ASSIGNED_GPUS = "PODIUM_ASSIGNED_GPUS"
 
 #: Allocator settings every worker (and the fork server) gets unless the agent's environment
 #: sets them. ``THP_MEM_ALLOC_ENABLE=1``: torch backs its CPU allocations of 2 MiB and more
@@ -56,6 +62,10 @@ def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
     serves with the agent's security, whatever the environment says.
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless ``env`` says otherwise, so the NVML
     indices in CUDA_VISIBLE_DEVICES mean the same GPUs to CUDA.
+    With ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` set (in ``env`` or ``base``), as in
+    Ray, CUDA_VISIBLE_DEVICES is not narrowed to the worker's GPUs: it is what the agent
+    itself has (unset: every GPU of the node), and the worker's own GPUs are in
+    ``PODIUM_ASSIGNED_GPUS`` (what ``ray.get_gpu_ids()`` returns).
     """
     out = {k: v for k, v in base.items() if k != "PODIUM_TOKEN_FILE"}
     out.update(env)
@@ -72,6 +82,14 @@ def worker_env(base: Mapping[str, str], env: Mapping[str, str], *, token: str,
     # CUDA's default order (fastest first) may differ on mixed machines.
     if "CUDA_DEVICE_ORDER" not in env:
         out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if out.get(NOSET_CUDA_VISIBLE_DEVICES):  # any non-empty value, as Ray reads it
+        out[ASSIGNED_GPUS] = out.get("CUDA_VISIBLE_DEVICES", "")
+        if "CUDA_VISIBLE_DEVICES" in base:
+            out["CUDA_VISIBLE_DEVICES"] = base["CUDA_VISIBLE_DEVICES"]
+        else:
+            out.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        out.pop(ASSIGNED_GPUS, None)
     out["PYTHONUNBUFFERED"] = "1"
     return out
 
