@@ -20,7 +20,8 @@ from podium.worker.actorshell import MAX_CONCURRENCY, check_groups
 
 __all__ = ["check_call_options", "Options", "PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy",
            "parse_options", "runtime_spec_fields", "MAX_CPUS", "MAX_GPUS", "DEFAULT_NAMESPACE",
-           "MAX_RETRY_COUNT", "DEFAULT_TASK_RETRIES", "retry_count", "retry_exceptions"]
+           "MAX_RETRY_COUNT", "DEFAULT_TASK_RETRIES", "retry_count", "retry_exceptions", "captured",
+           "CURRENT_PG_ENV", "CAPTURE_ENV"]
 
 #: Largest num_cpus / num_gpus one actor or task may ask for.
 MAX_CPUS = 1024.0
@@ -38,7 +39,6 @@ DEFAULT_TASK_RETRIES = 3
 _UNSUPPORTED = {
     "num_returns": "return one value (a tuple) and index it after get()",
     "accelerator_type": "a placement group on the nodes that have it",
-    "placement_group_capture_child_tasks": "pass the placement group to each child's scheduling_strategy",
     "label_selector": "NodeAffinitySchedulingStrategy or a placement group",
     "_labels": "NodeAffinitySchedulingStrategy or a placement group",
     "fallback_strategy": "a NodeAffinitySchedulingStrategy with soft=True",
@@ -55,10 +55,14 @@ _UNSUPPORTED = {
 #: Podium has no object store for ``object_store_memory`` to size.
 _IGNORED = {"_metadata", "enable_task_events", "enable_tensor_transport", "object_store_memory"}
 #: Ray's default values of options in _UNSUPPORTED, besides None: they ask for nothing.
-_DEFAULT_VALUES = {"placement_group_capture_child_tasks": (False,), "label_selector": ({},), "_labels": ({},),
+_DEFAULT_VALUES = {"label_selector": ({},), "_labels": ({},),
                    "max_calls": (0,), "max_pending_calls": (-1,), "allow_out_of_order_execution": (False,),
                    "fallback_strategy": (), "_generator_backpressure_num_objects": (),
                    "_num_objects_per_yield": (), "_actor_generator_backpressure_num_objects": ()}
+#: Set by Podium in a worker placed in a placement group: the group's id (what
+#: ``get_current_placement_group`` returns) and, with capture, "1" (what it starts lands there too).
+CURRENT_PG_ENV = "PODIUM_PLACEMENT_GROUP"
+CAPTURE_ENV = "PODIUM_PLACEMENT_GROUP_CAPTURE"
 #: Options of _UNSUPPORTED whose None asks for nothing beyond CPUs and GPUs: accepted.
 _NONE_IS_DEFAULT = {"accelerator_type"}
 
@@ -118,6 +122,10 @@ class Options:
     #: Tasks (and actor calls): which exceptions the function raises are retried too, within
     #: max_retries (max_task_retries): False none, True all, or a tuple of classes.
     retry_exceptions: Any = False
+    #: ``placement_group_capture_child_tasks``: what this actor or task starts lands in its group.
+    capture_child_tasks: bool = False
+    #: The placement (group, node or strategy) was given, so a parent's capture does not apply.
+    placement_given: bool = False
     #: Custom resources (``resources={...}``, and ``memory`` in bytes), taken like num_cpus.
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -192,14 +200,18 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
             opts.retry_exceptions = retry_exceptions(value)
         elif key == "get_if_exists" and actor:
             opts.get_if_exists = bool(value)
+        elif key == "placement_group_capture_child_tasks":
+            opts.capture_child_tasks = bool(value)
         elif key == "placement_group":
             opts.placement_group = None if value == "default" else value
+            opts.placement_given = value != "default"
         elif key == "placement_group_bundle_index":
             opts.bundle_index = _index(value)
         elif key == "scheduling_strategy":
             _strategy(opts, value)
         elif key == "node":
             opts.node = None if value is None else str(value)
+            opts.placement_given = opts.placement_given or value is not None
         elif key == "runtime_env":
             env, fields = parse_runtime_env(value)
             opts.runtime.update(fields)
@@ -304,14 +316,15 @@ def _strategy(opts: Options, value: Any) -> None:
     if value is None or value in ("DEFAULT", "SPREAD"):
         return  # the scheduler's own placement
     if isinstance(value, PlacementGroupSchedulingStrategy):
-        if value.placement_group_capture_child_tasks:
-            raise UnimplementedError("ray option placement_group_capture_child_tasks=True is not supported by "
-                                     f"Podium: {_UNSUPPORTED['placement_group_capture_child_tasks']}")
-        opts.placement_group = value.placement_group
+        opts.placement_group = value.placement_group  # None: explicitly no group (no capture)
         opts.bundle_index = _index(value.placement_group_bundle_index)
+        opts.placement_given = True
+        if value.placement_group_capture_child_tasks is not None:
+            opts.capture_child_tasks = bool(value.placement_group_capture_child_tasks)
     elif isinstance(value, NodeAffinitySchedulingStrategy):
         opts.node = str(value.node_id)
         opts.node_soft = bool(value.soft)
+        opts.placement_given = True
     else:
         raise InvalidArgumentError(f"scheduling_strategy must be 'DEFAULT', 'SPREAD', a "
                                    f"PlacementGroupSchedulingStrategy or a NodeAffinitySchedulingStrategy, "
@@ -322,3 +335,21 @@ def runtime_spec_fields(opts: Options | None = None) -> dict[str, Any]:
     """The ``WorkerSpec`` keyword arguments (python_command, working_dir, py_modules) of a
     worker created here with ``opts`` (:func:`podium.runtimeenv.spec_kwargs`)."""
     return spec_kwargs(opts.runtime if opts is not None else None)
+
+
+def captured(opts: Options, env: dict[str, str] | Any) -> Options:
+    """``opts`` for an actor or task started by a process whose environment is ``env``: in the
+    caller's placement group (any bundle, capturing in turn) when the caller was placed with
+    ``placement_group_capture_child_tasks`` and ``opts`` name no placement of their own, as Ray;
+    then, when it is in a placement group, with :data:`CURRENT_PG_ENV` (and :data:`CAPTURE_ENV`)
+    in its environment."""
+    parent = env.get(CURRENT_PG_ENV)
+    if parent and env.get(CAPTURE_ENV) == "1" and not opts.placement_given and opts.placement_group is None:
+        opts = dataclasses.replace(opts, placement_group=parent, bundle_index=-1, capture_child_tasks=True)
+    pg_id = getattr(opts.placement_group, "id", opts.placement_group)
+    if not isinstance(pg_id, str):
+        return opts  # no group, or a bad one (refused where it is reserved)
+    extra = {CURRENT_PG_ENV: pg_id}
+    if opts.capture_child_tasks:
+        extra[CAPTURE_ENV] = "1"
+    return dataclasses.replace(opts, env={**opts.env, **extra})

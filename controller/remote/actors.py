@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import time
 import types
 from typing import TYPE_CHECKING, Any
 
 from podium.controller.remote.actorplace import attached, construct, create_worker, remove, reserve
-from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, check_call_options, parse_options,
-                                                   retry_count, retry_exceptions)
+from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, captured, check_call_options,
+                                                   parse_options, retry_count, retry_exceptions)
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
@@ -305,6 +306,7 @@ def _attached_group(rt: Session, info: Any, owns: bool, detached: bool = False) 
 def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHandle:
     """Start one actor of ``cls`` with ``opts`` (see :class:`ActorClass`)."""
     rt = get_runtime()
+    opts = captured(opts, os.environ)
     if opts.name is not None:
         wname = actor_worker_name(opts.name, opts.namespace)
         if opts.get_if_exists:

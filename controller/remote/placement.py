@@ -11,15 +11,17 @@ A non-detached group is removed with this controller's session, or by
 from __future__ import annotations
 
 import math
+import os
 import secrets
 from typing import Any
 
+from podium.controller.remote.actoroptions import CURRENT_PG_ENV
 from podium.controller.session.runtime import get_runtime
 from podium.errors import InvalidArgumentError, InvalidSpecError, NotFoundError, UnimplementedError
 from podium.resources import parse_custom_resources
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
-           "MAX_BUNDLES"]
+           "get_current_placement_group", "MAX_BUNDLES"]
 
 #: Most bundles one placement group may ask for.
 MAX_BUNDLES = 4096
@@ -171,4 +173,15 @@ def get_placement_group(name: str) -> PlacementGroup:
         info = rt.run(rt.scheduler.get_placement_group(name=name), timeout=60, what="get placement group")
     except NotFoundError:
         raise NotFoundError(f"no placement group named {name!r}") from None
+    return PlacementGroup(info)
+
+
+def get_current_placement_group() -> PlacementGroup | None:
+    """Ray's ``get_current_placement_group``: inside an actor or task placed in a placement
+    group, that group; None elsewhere (the driver, an actor with a bundle of its own)."""
+    pg_id = os.environ.get(CURRENT_PG_ENV)
+    if not pg_id:
+        return None
+    rt = get_runtime()
+    info = rt.run(rt.scheduler.get_placement_group(pg_id), timeout=60, what="get current placement group")
     return PlacementGroup(info)

@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from podium.controller.remote.actoroptions import Options, parse_options
+from podium.controller.remote.actoroptions import Options, captured, parse_options
 from podium.controller.remote.actors import ActorClass, ActorHandle, start_actor
 from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnresponsiveError,
                            WorkerDiedError)
@@ -148,7 +148,7 @@ class RemoteFunction:
 
     def _send(self, args: tuple, kwargs: dict) -> Any:
         """One attempt: the task sent to a worker of its pool."""
-        pool = _pool_for(self._options)
+        pool = _pool_for(captured(self._options, os.environ))
         handle = pool.pick()
         method = "run_async" if inspect.iscoroutinefunction(self._function) else "run"
         try:

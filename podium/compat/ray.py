@@ -272,6 +272,7 @@ util = types.SimpleNamespace(
     placement_group=_placement.placement_group,
     remove_placement_group=_placement.remove_placement_group,
     get_placement_group=_placement.get_placement_group,
+    get_current_placement_group=_placement.get_current_placement_group,
     list_named_actors=_list_named_actors,
     PlacementGroup=_placement.PlacementGroup,
     scheduling_strategies=types.SimpleNamespace(

@@ -75,3 +75,16 @@ def test_custom_resources_under_podium_run():
                           sys.executable, str(CUSTOM_RESOURCES)], env=env, capture_output=True, text=True,
                          timeout=240)
     assert run.returncode == 0 and "CUSTOM RESOURCES OK" in run.stdout, (run.stdout + run.stderr)[-4000:]
+
+
+CAPTURE = Path(__file__).with_name("capture_program.py")
+
+
+def test_placement_group_capture_under_podium_run():
+    """placement_group_capture_child_tasks (strategy and option forms): actors, tasks and their
+    children land in the caller's group; get_current_placement_group() inside an actor; an
+    explicit PlacementGroupSchedulingStrategy(None) escapes (capture_program.py asserts each)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PODIUM_ADDRESS")}
+    run = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "8", "--",
+                          sys.executable, str(CAPTURE)], env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0 and "CAPTURE OK" in run.stdout, (run.stdout + run.stderr)[-4000:]

@@ -253,3 +253,27 @@ def test_restart_and_retry_options_are_checked_and_kept():
         parse_options({"max_restarts": 1}, actor=False)
     with pytest.raises(ValueError, match="unknown actor option 'max_retries'"):
         parse_options({"max_retries": 1}, actor=True)
+
+
+def test_capture_puts_what_a_captured_caller_starts_in_its_group():
+    from podium.controller.remote.actoroptions import (CAPTURE_ENV, CURRENT_PG_ENV,
+                                                       PlacementGroupSchedulingStrategy, captured)
+
+    inside = {CURRENT_PG_ENV: "pg-1", CAPTURE_ENV: "1"}
+    opts = captured(parse_options({}, actor=True), inside)
+    assert (opts.placement_group, opts.bundle_index, opts.capture_child_tasks) == ("pg-1", -1, True)
+    assert opts.env[CURRENT_PG_ENV] == "pg-1" and opts.env[CAPTURE_ENV] == "1"
+    # "DEFAULT" is still captured, as in Ray; an explicit placement is not.
+    assert captured(parse_options({"scheduling_strategy": "DEFAULT"}, actor=False), inside).placement_group == "pg-1"
+    escaped = captured(parse_options({"scheduling_strategy": PlacementGroupSchedulingStrategy(None)},
+                                     actor=True), inside)
+    assert escaped.placement_group is None and CURRENT_PG_ENV not in escaped.env
+    assert captured(parse_options({"placement_group": "pg-2"}, actor=True), inside).placement_group == "pg-2"
+    assert captured(parse_options({"node": "10.0.0.2"}, actor=True), inside).placement_group is None
+    # A caller in a group without capture: what it starts is placed as usual.
+    assert captured(parse_options({}, actor=True), {CURRENT_PG_ENV: "pg-1"}).placement_group is None
+    # The option form and the strategy form both set capture for what the actor starts.
+    given = parse_options({"placement_group": "pg-3", "placement_group_capture_child_tasks": True}, actor=True)
+    assert captured(given, {}).env == {CURRENT_PG_ENV: "pg-3", CAPTURE_ENV: "1"}
+    strategy = PlacementGroupSchedulingStrategy("pg-4", 0, placement_group_capture_child_tasks=True)
+    assert captured(parse_options({"scheduling_strategy": strategy}, actor=True), {}).env[CAPTURE_ENV] == "1"

@@ -11,6 +11,7 @@ from ray.util import scheduling_strategies
 from ray.util.actor_pool import ActorPool
 from ray.util.placement_group import (
     PlacementGroup,
+    get_current_placement_group,
     get_placement_group,
     placement_group,
     placement_group_table,
@@ -27,6 +28,7 @@ __all__ = [
     "PlacementGroup",
     "PlacementGroupSchedulingStrategy",
     "collective",
+    "get_current_placement_group",
     "get_node_ip_address",
     "get_placement_group",
     "list_named_actors",

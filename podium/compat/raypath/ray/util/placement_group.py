@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from podium.controller.remote.placement import (
     PlacementGroup,
+    get_current_placement_group,
     get_placement_group,
     placement_group,
     remove_placement_group,
@@ -13,6 +14,7 @@ from podium.compat.standin import missing, placement_group_table
 
 __all__ = [
     "PlacementGroup",
+    "get_current_placement_group",
     "get_placement_group",
     "placement_group",
     "placement_group_table",
