@@ -37,7 +37,6 @@ DEFAULT_TASK_RETRIES = 3
 
 #: Ray options Podium does not provide, and what to use instead.
 _UNSUPPORTED = {
-    "num_returns": "return one value (a tuple) and index it after get()",
     "accelerator_type": "a placement group on the nodes that have it",
     "label_selector": "NodeAffinitySchedulingStrategy or a placement group",
     "_labels": "NodeAffinitySchedulingStrategy or a placement group",
@@ -122,6 +121,8 @@ class Options:
     #: Tasks (and actor calls): which exceptions the function raises are retried too, within
     #: max_retries (max_task_retries): False none, True all, or a tuple of classes.
     retry_exceptions: Any = False
+    #: ``num_returns``: refs per call (a task's, or the default of an actor method's options).
+    num_returns: int = 1
     #: ``placement_group_capture_child_tasks``: what this actor or task starts lands in its group.
     capture_child_tasks: bool = False
     #: The placement (group, node or strategy) was given, so a parent's capture does not apply.
@@ -158,8 +159,6 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
     opts.resources = dict(opts.resources)
     for key, value in given.items():
         if key in _UNSUPPORTED:
-            if key == "num_returns" and value in (None, 1):
-                continue  # Ray's defaults: nothing to do
             if key in _NONE_IS_DEFAULT and value is None:
                 continue  # no accelerator asked for: Ray's default
             if key in _DEFAULT_VALUES and (value is None or any(type(value) is type(d) and value == d
@@ -200,6 +199,12 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
             opts.retry_exceptions = retry_exceptions(value)
         elif key == "get_if_exists" and actor:
             opts.get_if_exists = bool(value)
+        elif key == "num_returns":
+            from podium.controller.remote.returns import check_num_returns
+            opts.num_returns = check_num_returns(value)
+            if actor and opts.num_returns != 1:
+                raise InvalidArgumentError("num_returns is an option of tasks and actor methods "
+                                           "(@ray.method(num_returns=N), handle.method.options(num_returns=N))")
         elif key == "placement_group_capture_child_tasks":
             opts.capture_child_tasks = bool(value)
         elif key == "placement_group":
@@ -226,7 +231,6 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
 #: Ray's per-call options (``handle.method.options(...)``) Podium does not provide, with the
 #: values that ask for nothing (Ray's defaults) and the alternative.
 _CALL_REFUSED = {
-    "num_returns": ((None, 1), "return one value (a tuple) and index it after get()"),
     "_generator_backpressure_num_objects": ((None,), "return a list from one call (streaming generators "
                                                      "are not provided)"),
     "_num_objects_per_yield": ((None,), "return a list from one call (streaming generators are not provided)"),
@@ -236,7 +240,7 @@ _CALL_REFUSED = {
 #: Podium's data path; Podium's timeline records every call).
 _CALL_NO_EFFECT = {"name", "tensor_transport", "enable_task_events"}
 #: Per-call options ``ActorMethod.options`` honours itself before this check.
-_CALL_HONOURED = {"concurrency_group", "max_task_retries", "retry_exceptions"}
+_CALL_HONOURED = {"concurrency_group", "max_task_retries", "retry_exceptions", "num_returns"}
 
 
 def check_call_options(given: dict[str, Any]) -> None:

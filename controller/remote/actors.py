@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from podium.controller.remote.actorplace import attached, construct, create_worker, remove, reserve
 from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, captured, check_call_options,
                                                    parse_options, retry_count, retry_exceptions)
+from podium.controller.remote.returns import NUM_RETURNS_ATTR, check_num_returns, split_returns
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
@@ -69,12 +70,14 @@ def actor_worker_name(name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
 class ActorMethod:
     """``handle.method``: ``.remote(*args, **kwargs)`` calls it and returns a ref at once."""
 
-    __slots__ = ("_handle", "_name", "_retries", "_retry_exceptions")
+    __slots__ = ("_handle", "_name", "_retries", "_retry_exceptions", "_num_returns")
 
     def __init__(self, handle: "ActorHandle", name: str, retries: int | None = None,
-                 retry_exceptions: Any = False) -> None:
+                 retry_exceptions: Any = False, num_returns: int | None = None) -> None:
         self._handle = handle
         self._name = name
+        #: This call's num_returns (None: the method's, from ray.method, else 1).
+        self._num_returns = num_returns
         #: This call's max_task_retries (None: the actor's).
         self._retries = retries
         self._retry_exceptions = retry_exceptions
@@ -92,17 +95,24 @@ class ActorMethod:
         retries = spec.max_task_retries if self._retries is None else self._retries
         if spec.max_restarts or retries or self._retry_exceptions:  # Ray's restart and retry rules
             from podium.controller.remote.actorcalls import actor_call
-            return actor_call(handle, name, args, kwargs, retries, self._retry_exceptions)
+            return self._returned(actor_call(handle, name, args, kwargs, retries, self._retry_exceptions))
         ref = handle._group._calls.run([0], name, [(args, kwargs)], blocking=False)[0]
         ref.keep = handle
-        return ref
+        return self._returned(ref)
+
+    def _returned(self, ref: Any) -> Any:
+        """The ref of one call, or its N refs with ``num_returns=N`` (see returns)."""
+        n = self._num_returns or self._handle._returns.get(self._name, 1)
+        return ref if n == 1 else split_returns(ref, n)
 
     def options(self, **options: Any) -> "ActorMethod":
         """Ray's per-call options: ``concurrency_group`` (this call runs in that group of the
-        actor's), ``max_task_retries`` and ``retry_exceptions``; the others as
+        actor's), ``max_task_retries``, ``retry_exceptions`` and ``num_returns``; the others as
         :func:`~podium.controller.remote.actoroptions.check_call_options` answers them (refused
         ones raise NotImplementedError naming the alternative)."""
         group = options.pop("concurrency_group", getattr(self, "_group_name", None))
+        n = options.pop("num_returns", None)
+        num_returns = check_num_returns(n) if n is not None else self._num_returns
         retries, retry_exc = self._retries, self._retry_exceptions
         check_call_options(options)
         if "max_task_retries" in options:
@@ -110,8 +120,8 @@ class ActorMethod:
         if "retry_exceptions" in options:
             retry_exc = retry_exceptions(options["retry_exceptions"])
         if group is None:
-            return ActorMethod(self._handle, self._name, retries, retry_exc)
-        return _MethodInGroup(self._handle, self._name, _check_group_name(group), retries, retry_exc)
+            return ActorMethod(self._handle, self._name, retries, retry_exc, num_returns)
+        return _MethodInGroup(self._handle, self._name, _check_group_name(group), retries, retry_exc, num_returns)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise ArgumentMismatchError(
@@ -131,8 +141,8 @@ class _MethodInGroup(ActorMethod):
     __slots__ = ("_group_name",)
 
     def __init__(self, handle: "ActorHandle", name: str, group: str, retries: int | None = None,
-                 retry_exceptions: Any = False) -> None:
-        super().__init__(handle, name, retries, retry_exceptions)
+                 retry_exceptions: Any = False, num_returns: int | None = None) -> None:
+        super().__init__(handle, name, retries, retry_exceptions, num_returns)
         self._group_name = group
 
     def _target(self, args: tuple) -> tuple[str, tuple]:
@@ -155,8 +165,10 @@ class ActorHandle:
     it travels to other processes as a borrowed handle (see the module docstring)."""
 
     def __init__(self, group: Any, class_name: str, name: str | None, namespace: str,
-                 info: Any = None) -> None:
+                 info: Any = None, returns: dict[str, int] | None = None) -> None:
         self._attached_group = group
+        #: ``num_returns`` of the methods ``ray.method`` marked (by name; others return one).
+        self._returns = returns or {}
         #: The actor's WorkerInfo (what a borrowed handle attaches with).
         self._info = info if info is not None else group.workers[0].info
         self._class_name = class_name
@@ -193,19 +205,21 @@ class ActorHandle:
         # As Ray: any method, private ones too (verl calls worker._query_dispatch_info);
         # only dunder probes (copy, pickle, inspect) and the handle's own fields are refused.
         if name.startswith("__") or name in ("_attached_group", "_info", "_class_name", "_actor_name",
-                                             "_namespace"):
+                                             "_namespace", "_returns"):
             raise AttributeError(name)
         return ActorMethod(self, name)
 
     def __copy__(self) -> "ActorHandle":
-        return ActorHandle(self._attached_group, self._class_name, self._actor_name, self._namespace, self._info)
+        return ActorHandle(self._attached_group, self._class_name, self._actor_name, self._namespace, self._info,
+                           self._returns)
 
     def __deepcopy__(self, memo: dict) -> "ActorHandle":
         return self.__copy__()
 
     def __reduce__(self):
         info = self._attached_group.workers[0].info if self._attached_group is not None else self._info
-        return (_borrowed, (info.SerializeToString(), self._class_name, self._actor_name, self._namespace))
+        return (_borrowed, (info.SerializeToString(), self._class_name, self._actor_name, self._namespace,
+                            self._returns))
 
     def __repr__(self) -> str:
         label = f" name={self._actor_name!r}" if self._actor_name else ""
@@ -220,12 +234,13 @@ def _attach_newest(info: Any) -> Any:
     return group if group is not None else _attached_group(rt, newest[0], owns=False)
 
 
-def _borrowed(info: bytes, class_name: str, name: str | None, namespace: str) -> ActorHandle:
+def _borrowed(info: bytes, class_name: str, name: str | None, namespace: str,
+              returns: dict[str, int] | None = None) -> ActorHandle:
     """A handle unpickled in this process: attached on first use (see :class:`ActorHandle`)."""
     from podium.v1 import common_pb2
 
     worker = common_pb2.WorkerInfo.FromString(info)
-    return ActorHandle(attached.get(worker.id), class_name, name, namespace, worker)
+    return ActorHandle(attached.get(worker.id), class_name, name, namespace, worker, returns)
 
 
 class ActorClass:
@@ -345,7 +360,9 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     keep = refs_inside((*args, *kwargs.values()))
     group._calls.gate = asyncio.run_coroutine_threadsafe(_construct_or_stop(rt, group, payload, own_pg, keep),
                                                          rt.loop)
-    return ActorHandle(group, _class_name(cls), opts.name, opts.namespace)
+    returns = {n: getattr(getattr(cls, n), NUM_RETURNS_ATTR) for n in dir(cls)
+               if not n.startswith("__") and hasattr(getattr(cls, n, None), NUM_RETURNS_ATTR)}
+    return ActorHandle(group, _class_name(cls), opts.name, opts.namespace, returns=returns)
 
 
 async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str, keep: Any = None) -> None:

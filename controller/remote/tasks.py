@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from podium.controller.remote.actoroptions import Options, captured, parse_options
 from podium.controller.remote.actors import ActorClass, ActorHandle, start_actor
+from podium.controller.remote.returns import split_returns
 from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnresponsiveError,
                            WorkerDiedError)
 from podium.worker.actorshell import TaskRunner
@@ -137,14 +138,16 @@ class RemoteFunction:
         under ``max_retries`` / ``retry_exceptions`` (see the module docstring)."""
         opts = self._options
         if not opts.max_retries and not opts.retry_exceptions:
-            return self._send(args, kwargs)
-        from podium.controller.remote.actorcalls import call_with_retries
+            ref = self._send(args, kwargs)
+        else:
+            from podium.controller.remote.actorcalls import call_with_retries
 
-        async def on_death(_err: BaseException, _token: Any, _can_retry: bool) -> str:
-            return "retry"  # its pool dropped the dead worker: the next attempt gets another
+            async def on_death(_err: BaseException, _token: Any, _can_retry: bool) -> str:
+                return "retry"  # its pool dropped the dead worker: the next attempt gets another
 
-        return call_with_retries(self.__name__, lambda: (self._send(args, kwargs), None), opts.max_retries,
-                                 opts.retry_exceptions, on_death)
+            ref = call_with_retries(self.__name__, lambda: (self._send(args, kwargs), None), opts.max_retries,
+                                    opts.retry_exceptions, on_death)
+        return ref if opts.num_returns == 1 else split_returns(ref, opts.num_returns)
 
     def _send(self, args: tuple, kwargs: dict) -> Any:
         """One attempt: the task sent to a worker of its pool."""

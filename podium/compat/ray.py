@@ -147,20 +147,27 @@ def remote(*args: Any, **options: Any) -> Any:
 def method(*args: Any, **kwargs: Any) -> Any:
     """``ray.method``: the keywords :data:`podium.compat.rayoptions.METHOD` answers;
     ``concurrency_group`` puts the method in that group of its actor's ``concurrency_groups``;
-    ``tensor_transport`` and ``enable_task_events`` are accepted with no effect, the rest are
-    refused unless they ask for Ray's default."""
+    ``num_returns=N`` makes each call of it give N refs; ``tensor_transport`` and
+    ``enable_task_events`` are accepted with no effect, the rest are refused unless they ask for
+    Ray's default."""
+    from podium.controller.remote.returns import NUM_RETURNS_ATTR, check_num_returns
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
     if args:
         raise _errors.InvalidArgumentError("ray.method takes keyword arguments only (or one method)")
     _rayoptions.check("ray.method", _rayoptions.METHOD, kwargs)
+    n = check_num_returns(kwargs.get("num_returns"))
     group = kwargs.get("concurrency_group")
-    if group is None:
-        return lambda fn: fn
-    from podium.worker.actorshell import mark_group  # (checks the name now, at class definition)
+    if group is not None:
+        from podium.worker.actorshell import mark_group  # (checks the name now, at class definition)
 
-    mark_group(lambda: None, group)
-    return lambda fn: mark_group(fn, group)
+        mark_group(lambda: None, group)
+
+    def mark(fn: Any) -> Any:
+        if n != 1:
+            setattr(fn, NUM_RETURNS_ATTR, n)
+        return fn if group is None else mark_group(fn, group)
+    return mark
 
 
 def get_actor(name: str, namespace: str | None = None) -> Any:

@@ -64,8 +64,8 @@ INIT: dict[str, Answer] = {
                    probe=None),
     "num_cpus": _ok("CPUs of the embedded cluster's node", probe=2),
     "num_gpus": _ok("GPUs of the embedded cluster's node", probe=0),
-    "resources": _no("num_cpus/num_gpus, or `podium node` started with the resources", probe={"x": 1},
-                     defaults=(None, {})),
+    "resources": _ok("custom resources of the embedded cluster's node (a running cluster's nodes offer "
+                     "theirs: `podium node --resources`)", probe={"x": 1}),
     "labels": _no("NodeAffinitySchedulingStrategy on the node's address", probe={"zone": "a"}, defaults=(None, {})),
     "object_store_memory": _moot(_NO_PLASMA, probe=10**9),
     "local_mode": _no("run without local_mode: podium run starts a local cluster", defaults=(None, False)),
@@ -112,17 +112,17 @@ INIT: dict[str, Answer] = {
 _COMMON: dict[str, Answer] = {
     "num_cpus": _ok("CPUs reserved (bounded by MAX_CPUS)", probe=1),
     "num_gpus": _ok("GPUs reserved; a fraction shares one GPU", probe=0.5),
-    "memory": _no("num_cpus/num_gpus (Podium schedules CPUs and GPUs only)", probe=10**9),
+    "memory": _ok("bytes of the `memory` resource each node offers (its physical memory)", probe=10**9),
     "accelerator_type": _no("a placement group on the nodes that have it", probe="H100"),
-    "resources": _no("num_cpus/num_gpus, or a placement group bundle", probe={"x": 1}, defaults=(None, {})),
+    "resources": _ok("custom resources, accounted like CPUs; node:<address> is node affinity", probe={"x": 1}),
     "label_selector": _no("NodeAffinitySchedulingStrategy or a placement group", probe={"zone": "a"},
                           defaults=(None, {})),
     "fallback_strategy": _no("a NodeAffinitySchedulingStrategy with soft=True", probe=[{"label_selector": {}}]),
     "object_store_memory": _moot(_NO_PLASMA, probe=10**9),
     "placement_group": _ok("runs in that placement group", probe="default"),
     "placement_group_bundle_index": _ok("runs in that bundle (-1: the first with room)", probe=0),
-    "placement_group_capture_child_tasks": _no(
-        "pass the placement group to each child's scheduling_strategy", defaults=(None, False)),
+    "placement_group_capture_child_tasks": _ok(
+        "what it starts without a placement of its own lands in its placement group"),
     "runtime_env": _ok("env_vars, py_executable, working_dir and py_modules; other keys are refused",
                        probe={"env_vars": {"A": "1"}}),
     "scheduling_strategy": _ok("'DEFAULT', PlacementGroupSchedulingStrategy, NodeAffinitySchedulingStrategy "
@@ -142,7 +142,7 @@ TASK: dict[str, Answer] = {
     "max_retries": _ok("a task whose worker died runs again, up to N times (default 3, as Ray; -1: no limit)",
                        probe=3),
     "retry_exceptions": _ok("a task that raised (any, or these classes) runs again within max_retries"),
-    "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
+    "num_returns": _ok("N refs, one per item of the returned tuple or list; 'streaming' is refused", probe=2),
     "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
     "_num_objects_per_yield": _no(_STREAMING, probe=2),
 }
@@ -183,7 +183,7 @@ PLACEMENT_GROUP: dict[str, Answer] = {
 
 #: ``@ray.method``.
 METHOD: dict[str, Answer] = {
-    "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
+    "num_returns": _ok("N refs, one per item of the returned tuple or list; 'streaming' is refused", probe=2),
     "concurrency_group": _ok("the method runs in that group of its actor's concurrency_groups", probe="io"),
     "max_task_retries": _ok("this call is sent again after the actor's restart, up to N times", probe=2),
     "retry_exceptions": _ok("this call is sent again when it raised (any, or these classes), within "
@@ -199,7 +199,7 @@ METHOD: dict[str, Answer] = {
 #: ``handle.method.options(...)``: one call's options.
 METHOD_CALL: dict[str, Answer] = {
     "name": _moot("a call's name is only a label in Ray's dashboard", probe="c"),
-    "num_returns": _no("return one value (a tuple) and index it after get()", probe=2, defaults=(None, 1)),
+    "num_returns": _ok("N refs, one per item of the returned tuple or list; 'streaming' is refused", probe=2),
     "max_task_retries": _ok("this call is sent again after the actor's restart, up to N times", probe=2),
     "retry_exceptions": _ok("this call is sent again when it raised (any, or these classes), within "
                             "max_task_retries"),

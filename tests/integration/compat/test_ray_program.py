@@ -88,3 +88,17 @@ def test_placement_group_capture_under_podium_run():
     run = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "8", "--",
                           sys.executable, str(CAPTURE)], env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0 and "CAPTURE OK" in run.stdout, (run.stdout + run.stderr)[-4000:]
+
+
+NUM_RETURNS = Path(__file__).with_name("num_returns_program.py")
+
+
+def test_num_returns_under_podium_run():
+    """num_returns=N on tasks (decorator and .options) and actor methods (ray.method and
+    .options), also through a handle passed to another actor; wrong lengths and failures reach
+    every ref; bad counts are refused (num_returns_program.py asserts each)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PODIUM_ADDRESS")}
+    run = subprocess.run([sys.executable, "-m", "podium.cli", "run", "--num-cpus", "8", "--",
+                          sys.executable, str(NUM_RETURNS)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0 and "NUM RETURNS OK" in run.stdout, (run.stdout + run.stderr)[-4000:]

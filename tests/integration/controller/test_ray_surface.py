@@ -292,7 +292,7 @@ def test_bad_actor_options(cluster):
         Counter.options(max_concurrency=0)
     with pytest.raises(InvalidArgumentError):
         Counter.options(colour="red")
-    with pytest.raises(NotImplementedError, match="num_returns"):
+    with pytest.raises(InvalidArgumentError, match="num_returns is an option of tasks and actor methods"):
         Counter.options(num_returns=2)
 
 

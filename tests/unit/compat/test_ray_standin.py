@@ -277,3 +277,18 @@ def test_capture_puts_what_a_captured_caller_starts_in_its_group():
     assert captured(given, {}).env == {CURRENT_PG_ENV: "pg-3", CAPTURE_ENV: "1"}
     strategy = PlacementGroupSchedulingStrategy("pg-4", 0, placement_group_capture_child_tasks=True)
     assert captured(parse_options({"scheduling_strategy": strategy}, actor=True), {}).env[CAPTURE_ENV] == "1"
+
+
+def test_num_returns_is_bounded_and_refused_on_actor_creation():
+    from podium.controller.remote.returns import MAX_RETURNS
+
+    assert parse_options({"num_returns": 3}, actor=False).num_returns == 3
+    assert parse_options({"num_returns": None}, actor=False).num_returns == 1
+    assert parse_options({"num_returns": 1}, actor=True).num_returns == 1
+    for bad in (0, -1, MAX_RETURNS + 1, 1.5, True):
+        with pytest.raises(InvalidArgumentError):
+            parse_options({"num_returns": bad}, actor=False)
+    with pytest.raises(NotImplementedError, match="streaming"):
+        parse_options({"num_returns": "streaming"}, actor=False)
+    with pytest.raises(InvalidArgumentError, match="actor methods"):
+        parse_options({"num_returns": 2}, actor=True)
