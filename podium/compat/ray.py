@@ -98,14 +98,12 @@ def _init_resources(value: Any) -> dict[str, float] | None:
     when joining a running cluster: each node offers its own, ``podium node --resources``)."""
     if not value:
         return None
-    from podium.worker.agent.config import parse_resources_arg
-    import json as _json
-    try:
-        text = _json.dumps(value)
-    except (TypeError, ValueError):
-        raise _errors.InvalidArgumentError(f"ray.init(resources=...) must be a dict of name to amount, "
-                                           f"got {value!r}") from None
-    return parse_resources_arg(text)
+    if not isinstance(value, dict) or "CPU" in value or "GPU" in value:
+        raise _errors.InvalidArgumentError(f"ray.init(resources=...) takes a dict of custom resources (num_cpus "
+                                           f"and num_gpus give CPUs and GPUs), got {value!r}")
+    from podium.resources import parse_custom_resources
+    parse_custom_resources(value, what="ray.init(resources=...)")
+    return {k: float(v) for k, v in value.items()}
 
 
 def shutdown() -> None:
