@@ -46,11 +46,16 @@ def get(refs_or_future: Any, timeout: float | None = None) -> Any:
     if timeout is None:  # a `with call_timeout(s):` block's, else the runtime's
         timeout = effective_call_timeout(rt.call_timeout)
     started = now_ns() if RING.on else 0
+    many = isinstance(refs_or_future, (list, tuple))
+    items = refs_or_future if many else [refs_or_future]
     try:
-        if isinstance(refs_or_future, (list, tuple)):
-            values = _get_inline(rt, refs_or_future, timeout)
-            if values is not None:
-                return values
+        values = _get_inline(rt, items, timeout)
+        if values is not None:
+            return values if many else values[0]
+        if timeout is not None and timeout <= 0 and all(_done(v) for v in items):
+            # Ray's timeout=0: no wait for a call, but a finished one's value is fetched.
+            timeout = effective_call_timeout(rt.call_timeout)
+        if many:
 
             async def all_of():
                 return list(await asyncio.gather(*(_aget_value(v) for v in refs_or_future)))

@@ -68,4 +68,13 @@ for bad in (0, -1, 2000, "streaming", 1.5):
         pass
     else:
         raise AssertionError(f"num_returns={bad!r} was accepted")
+# Ray's timeout=0: a finished call's value, no wait (vLLM's _wait_until_pg_ready does this).
+ready_ref = ray.util.placement_group([{"CPU": 1}]).ready()
+ray.wait([ready_ref])
+assert ray.get(ready_ref, timeout=0) is True
+done = add.remote(1, 2)
+ray.wait([done])
+assert ray.get(done, timeout=0) == 3 and ray.get([done], timeout=0) == [3]
+from ray.types import ObjectRef  # noqa: E402 - vLLM's Ray executor imports it
+assert isinstance(done, ObjectRef)
 print("NUM RETURNS OK")
