@@ -11,10 +11,14 @@ scheduler's address: it is what ``ray.init(address=...)`` takes on Podium.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import shlex
 import threading
 from typing import Any
 
+from podium import runtimeenv
+from podium.compat.rayruntimeenv import RuntimeEnv
 from podium.controller.remote import actoroptions as _options
 from podium.controller.session import runtime as _runtime
 
@@ -184,8 +188,21 @@ class RuntimeContext:
         return False
 
     def get_runtime_env_string(self) -> str:
-        """The runtime_env as JSON: its ``env_vars`` are this process's environment, so "{}"."""
-        return "{}"
+        """:attr:`runtime_env` as JSON."""
+        return json.dumps(self.runtime_env.to_dict(), sort_keys=True)
+
+    @property
+    def runtime_env(self) -> RuntimeEnv:
+        """The runtime_env this process runs under (Ray's ``RuntimeEnv``): what Podium passes
+        on to the actors and tasks it starts (``py_executable``, ``working_dir``,
+        ``py_modules``) and ``ray.init``'s ``env_vars``."""
+        fields = runtimeenv.inherited()
+        env = RuntimeEnv(working_dir=fields.get("working_dir") or None,
+                         py_modules=list(fields["py_modules"]) if fields.get("py_modules") else None,
+                         env_vars=job_env_vars() or None)
+        if fields.get("py_executable"):
+            env["py_executable"] = shlex.join(fields["py_executable"])
+        return env
 
     @property
     def job_id(self) -> str:

@@ -5,7 +5,7 @@ vLLM's CPU platform does not support its Ray executor (``CpuPlatform.ray_device_
 ``ValueError: current platform cpu does not support ray``, vllm/v1/executor/ray_utils.py:574),
 so the ``sitecustomize.py`` beside this file, with ``SHIM_DEVICE_KEY=1``, gives it a custom
 resource ``cpu_device`` (which the embedded node offers through ``ray.init(resources=...)``) and
-lists it in ``get_accelerator_ids()``; it also adds ``get_runtime_context().runtime_env`` (None)
+lists it in ``get_accelerator_ids()``,
 where the stand-in lacks it. Everything else is vLLM's and Podium's own code. Run (workers must
 start fresh, so that sitecustomize runs in them):
 

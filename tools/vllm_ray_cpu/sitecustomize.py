@@ -23,7 +23,5 @@ if os.environ.get("SHIM_DEVICE_KEY"):
         import podium.compat.ray as _pray
         _orig_ids = _pray.RuntimeContext.get_accelerator_ids
         _pray.RuntimeContext.get_accelerator_ids = lambda self: {**_orig_ids(self), "cpu_device": ["0"]}
-        if not hasattr(_pray.RuntimeContext, "runtime_env"):
-            _pray.RuntimeContext.runtime_env = property(lambda self: None)
     except Exception:
         pass

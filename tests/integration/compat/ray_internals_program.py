@@ -3,6 +3,8 @@ with plain ``import ray``. Prints ``INTERNALS OK`` last."""
 
 from __future__ import annotations
 
+import os
+
 import ray
 import ray.exceptions
 from ray import SCRIPT_MODE, WORKER_MODE
@@ -12,6 +14,7 @@ from ray._private.worker import global_worker
 RETRYABLE = (ray.exceptions.ActorUnavailableError, ray.exceptions.RpcError, ray.exceptions.ActorDiedError,
              ray.exceptions.RaySystemError, ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError)
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 assert global_worker.mode is None  # not connected yet, as in Ray
 ray.init()
 assert global_worker.mode == SCRIPT_MODE
@@ -21,6 +24,7 @@ context = ray.get_runtime_context()
 assert context.gcs_address == address and context.get_actor_id() is None and context.namespace == "default"
 assert context.get_job_id() and context.get_node_id()
 assert context.worker.mode != WORKER_MODE  # ROLL's is_driver()
+assert context.runtime_env.to_dict() == {} and context.get_runtime_env_string() == "{}"  # vLLM's read
 
 
 @ray.remote(num_cpus=1)
@@ -34,7 +38,8 @@ class Probe:
         ctx = ray_there.get_runtime_context()
         return {"mode": there.mode, "worker_mode": ray_there.WORKER_MODE, "gcs": there.gcs_client.address,
                 "actor_id": ctx.get_actor_id(), "name": ctx.get_actor_name(), "task_id": ctx.get_task_id(),
-                "resources": ctx.get_assigned_resources(), "node": ctx.get_node_id(), "ip": there.node.node_ip_address}
+                "resources": ctx.get_assigned_resources(), "node": ctx.get_node_id(), "ip": there.node.node_ip_address,
+                "runtime_env": ctx.runtime_env.to_dict()}
 
 
 @ray.remote
@@ -45,13 +50,14 @@ def task_view() -> tuple:
     return ctx.get_actor_id(), ctx.gcs_address
 
 
-probe = Probe.options(name="probe").remote()
+probe = Probe.options(name="probe", runtime_env={"working_dir": HERE}).remote()
 seen = ray.get(probe.look.remote())
 assert seen["mode"] == seen["worker_mode"] == WORKER_MODE, seen
 assert seen["gcs"] == address, (seen, address)
 assert seen["actor_id"] == probe._actor_id.hex() and seen["name"] == "probe", seen
 assert seen["resources"] == {"CPU": 1.0} and seen["task_id"] and seen["ip"], seen
 assert seen["node"] in {n["NodeID"] for n in ray.nodes()}, seen
+assert seen["runtime_env"] == {"working_dir": HERE}, seen  # the actor's own runtime_env
 actor_in_task, gcs_in_task = ray.get(task_view.remote())
 assert actor_in_task is None and gcs_in_task == address, (actor_in_task, gcs_in_task)
 
