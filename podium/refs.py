@@ -34,22 +34,30 @@ from podium.errors import (ArgumentMismatchError, FailedPreconditionError, Inval
                            ObjectLostError, OutOfRangeError, OwnerDiedError, UnavailableError)
 
 __all__ = ["ObjectRef", "BorrowedRef", "DataProtoFuture", "Resolver", "set_resolver", "get_resolver", "on_loop",
-           "exporting", "keep_if_exported",
+           "exporting", "keep_if_exported", "own",
            "materialize", "is_ref", "concat_values", "rows_of", "slice_rows", "inline_value", "lost_error"]
 
 
-#: Set while a worker encodes what leaves it for good (a result, a held value).
-_exporting: contextvars.ContextVar[bool] = contextvars.ContextVar("podium_exporting", default=False)
+#: While a worker encodes what leaves it for good (a result, a held value): the list that
+#: keeps the refs found inside it.
+_exporting: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("podium_exporting", default=None)
 #: Refs this process owns or borrows that left it inside a result: kept until the process
 #: ends. A result may be fetched (and so borrowed) long after the method returned, or never,
 #: so nothing tells when its receivers are done; the hold budget bounds what this keeps.
 _exported: list[Any] = []
+#: The refs of values this process holds for ``put``, by object id, while one lives: a ref
+#: to one of them unpickled here (from a value fetched back) is that same ref, so it keeps
+#: the value alive as the first one does (:func:`own`).
+_owned: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
 @contextlib.contextmanager
-def exporting():
-    """Mark the encoding of a value that leaves this process inside a result."""
-    token = _exporting.set(True)
+def exporting(kept: list[Any] | None = None):
+    """Mark the encoding of a value that leaves this process: the refs inside it are kept in
+    ``kept`` (a ``put`` value's, for as long as that value is held) or, by default, until the
+    process ends (a result's). Nested, the outer list wins."""
+    outer = _exporting.get()
+    token = _exporting.set(outer if outer is not None else _exported if kept is None else kept)
     try:
         yield
     finally:
@@ -57,10 +65,16 @@ def exporting():
 
 
 def keep_if_exported(ref: Any) -> None:
-    """Called as a ref this process owns or borrows is pickled: inside a result, keep it (and
-    so its value) alive until the process ends."""
-    if _exporting.get():
-        _exported.append(ref)
+    """Called as a ref this process owns or borrows is pickled: inside a value that leaves
+    this process (:func:`exporting`), keep it (and so its value) alive as long as needed."""
+    kept = _exporting.get()
+    if kept is not None:
+        kept.append(ref)
+
+
+def own(ref: Any) -> None:
+    """Register the ref of a value this process holds (see :data:`_owned`)."""
+    _owned[ref.object_id] = ref
 
 
 async def on_loop(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
@@ -129,7 +143,8 @@ def _received(object_id: str, worker_id: str, owner_address: str, owner_rank: in
     resolver = _resolver
     owns = getattr(resolver, "owns", None)
     if owns is None or owns(owner_address):
-        return ObjectRef(object_id, worker_id, owner_address, owner_rank, size_bytes, rows)
+        mine = _owned.get(object_id)  # (a value put here, its ref unpickled here: the same ref)
+        return mine if mine is not None else ObjectRef(object_id, worker_id, owner_address, owner_rank, size_bytes, rows)
     ref = BorrowedRef(object_id, worker_id, owner_address, owner_rank, size_bytes, rows)
     BORROWS.add(owner_address, object_id, resolver)
     weakref.finalize(ref, BORROWS.drop, owner_address, object_id, resolver).atexit = False

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from podium.errors import InvalidArgumentError
-from podium.refs import DataProtoFuture, ObjectRef, keep_if_exported
+from podium.refs import DataProtoFuture, ObjectRef, keep_if_exported, own
 from podium.worker.host import ObjectStore, StoreServer, object_store
 
 if TYPE_CHECKING:
@@ -40,8 +40,10 @@ class OwnedRef(ObjectRef):
     """An ObjectRef whose value this process holds: released when this ref is garbage.
 
     Pickled (into call arguments, to other processes) it is a plain ObjectRef; pickled into a
-    worker's result it is kept, with its value, until this process ends
-    (:func:`podium.refs.keep_if_exported`)."""
+    ``put`` value it is kept, with its value, as long as that value is held (Ray's refs
+    contained in an object), and into a worker's result until this process ends
+    (:func:`podium.refs.keep_if_exported`). Unpickled here again (a value fetched back) it is
+    this same ref (:func:`podium.refs.own`)."""
 
     def __reduce__(self):
         keep_if_exported(self)
@@ -77,7 +79,8 @@ _releasers: dict[int, _LocalReleaser] = {}
 
 
 def hold(store: ObjectStore, value: Any) -> OwnedRef:
-    """Hold a snapshot of ``value`` in ``store`` and return the ref that releases it."""
+    """Hold a snapshot of ``value`` in ``store`` and return the ref that releases it. The refs
+    inside ``value`` are kept, with their values, until this one is released."""
     if isinstance(value, (ObjectRef, DataProtoFuture)) or type(value).__name__ in (
             "PendingRef", "PendingDataProtoFuture"):
         raise InvalidArgumentError(f"put() takes a value, not a ref ({type(value).__name__}): pass the "
@@ -89,6 +92,7 @@ def hold(store: ObjectStore, value: Any) -> OwnedRef:
     ref = OwnedRef(info.object_id, info.worker_id, info.owner_address, info.owner_rank, info.size_bytes,
                    info.rows, info.inline_value or None)
     weakref.finalize(ref, releaser.add, info.object_id).atexit = False
+    own(ref)
     return ref
 
 

@@ -64,6 +64,9 @@ class HeldObject:
     encoded: Any
     size_bytes: int
     rows: int
+    #: The refs inside the value (a ``put`` value's): kept, and so their values, for as long
+    #: as this value is held, as Ray keeps the refs an object contains.
+    contains: list | None = None
 
 
 class HeldStore:

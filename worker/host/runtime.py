@@ -120,8 +120,12 @@ class HostRuntime:
     def hold_value(self, value: Any) -> worker_pb2.ObjectRefInfo:
         """Hold a snapshot of ``value`` in this host's store (``podium.put`` in a worker, the
         controller's object server) and return its ref's description."""
-        ref = self.invoker.package(value, worker_pb2.CallHeader(hold_result=True)).ref
+        contains: list[Any] = []
+        with refs.exporting(contains):  # the refs inside live as long as the value is held
+            ref = self.invoker.package(value, worker_pb2.CallHeader(hold_result=True)).ref
         assert ref is not None  # a held result always has one
+        if contains:
+            self.held.get(ref.object_id).contains = contains
         return ref
 
     def release_held(self, object_ids: list[str]) -> int:

@@ -105,4 +105,14 @@ def test_a_ref_keeps_its_value_alive_in_whichever_process_holds_it():
     assert lines["kept for the doomed borrower"] == "True"
     assert lines["freed when its borrower died"] == "True True"
     assert lines["kept by a constructor"] == "given to a constructor"
+    # A ref inside a put value lives as long as that value, wherever it is kept.
+    assert lines["kept by the value holding it"] == "True True"
+    assert lines["read through the outer value here"] == "inner value"
+    assert lines["outer kept for its borrower"] == "True True"
+    assert lines["borrower reads the nested ref"] == "inner value"
+    assert lines["freed with the outer value"] == "True True"  # both, back to the baseline
+    assert lines["nested ref kept alone"] == "True"
+    assert lines["outer freed, inner borrowed"] == "True True inner kept alone"
+    assert lines["inner freed with its borrow"] == "True True"
+    assert lines["nested in a worker's store"] == "('inner put by a worker', True)"
     assert lines["borrowed from a worker"] == "[0, 1, 2]"
