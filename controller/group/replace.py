@@ -8,7 +8,8 @@ strategy) and replaces rank ``i``:
    process too, and reaps it) before anything takes its place, and its client is closed,
    so its process is never live twice and nothing reaches it again;
 2. handover: a standby (or, with none left, a fresh worker on the old one's bundle) gets
-   rank ``i``'s place in the rank table, so dispatch and collect reach it;
+   rank ``i``'s place in the rank table, so dispatch and collect reach it, and the
+   scheduler records it in the group with rank ``i`` (AssignWorkers);
 3. rendezvous: version + 1, a new MASTER_PORT bound by rank 0 outside the ephemeral range,
    and every rank, old and new, adopts it (:mod:`podium.worker.rendezvous`: env, rank,
    then its ``@on_rendezvous`` hooks, all ranks at once).
@@ -141,12 +142,16 @@ class RankReplacer:
             else:
                 new = await self._fresh_worker(old)
                 sources.append("fresh worker")
-            handle = WorkerHandle(_with_rank(new.info, rank, members.world_size), new.client)
+            handle = WorkerHandle(_with_rank(new.info, self._prefix, rank, members.world_size), new.client)
             if handle.client is not None:  # its errors name its new rank
                 handle.client.channel.rank = rank
             members.workers[rank] = handle
             members.names[rank] = handle.name
             handles.append(handle)
+        # The scheduler's record follows: `podium status`, the dashboard and an attach by
+        # name_prefix see the newcomer in the group, with its rank, not under ".standby".
+        await self._rt.scheduler.assign_workers(
+            [(h.worker_id, self._prefix, h.rank, members.world_size) for h in handles])
         t2 = time.perf_counter()
         await self.rendezvous()
         members.broken = None  # every rank took the new rendezvous
@@ -211,11 +216,13 @@ def spare_pool(rt: Session, pool: Any, count: int, bin_pack: bool, name_prefix: 
     return spare, strategy
 
 
-def _with_rank(info: Any, rank: int, world_size: int) -> Any:
-    """A copy of a WorkerInfo that names ``rank`` of ``world_size`` (the handle's rank)."""
+def _with_rank(info: Any, group: str, rank: int, world_size: int) -> Any:
+    """A copy of a WorkerInfo that names ``rank`` of ``world_size`` in ``group`` (the handle's
+    rank, as the scheduler records it after AssignWorkers)."""
     from podium.v1 import common_pb2
     out = common_pb2.WorkerInfo()
     out.CopyFrom(info)
+    out.spec.group = group
     out.spec.rank = rank
     out.spec.world_size = world_size
     return out

@@ -151,6 +151,11 @@ def disturbed(wg, how):
     # The standby holds rank VICTIM; a new rendezvous (version, port) reached every rank.
     assert wg.workers[VICTIM].worker_id == standby.worker_id and not wg.standby_workers
     assert wg.master_port != port and wg.rendezvous_version >= 1
+    # The scheduler's record followed the handover: the standby is in the group, with its rank.
+    group = rt.run(rt.scheduler.get_workers(group=wg.name_prefix))
+    assert [(w.spec.rank, w.spec.world_size) for w in group] == [(r, 4) for r in range(4)]
+    assert group[VICTIM].id == standby.worker_id
+    assert rt.run(rt.scheduler.get_workers(group=f"{wg.name_prefix}.standby")) == []
     ids = wg.identity()
     assert [i[0] for i in ids] == [i[1] for i in ids] == [0, 1, 2, 3]
     assert {i[2] for i in ids} == {int(wg.master_port)}
@@ -191,6 +196,9 @@ def test_replace_rank_without_a_standby_starts_a_fresh_worker(cluster):
         handle = wg.replace_rank(1)
         assert handle.rank == 1 and handle.pid != old and not alive(old)
         assert [i[0] for i in wg.identity()] == [0, 1]
+        rt = get_runtime()
+        group = rt.run(rt.scheduler.get_workers(group=wg.name_prefix))
+        assert [(w.id, w.spec.rank) for w in group] == [(wg.workers[0].worker_id, 0), (handle.worker_id, 1)]
         wg.reset()  # every rank from the same seed: the step runs on the new membership
         assert wg.step(0) == [0, 0]
         with pytest.raises(errors.InvalidArgumentError, match="ranks 0..1"):
