@@ -10,7 +10,8 @@ strategy) and replaces rank ``i``:
 2. handover: a standby (or, with none left, a fresh worker on the old one's bundle) gets
    rank ``i``'s place in the rank table, so dispatch and collect reach it, and the
    scheduler records it in the group with rank ``i`` (AssignWorkers);
-3. rendezvous: version + 1, a new MASTER_PORT bound by rank 0 outside the ephemeral range,
+3. rendezvous: version + 1, a new MASTER_PORT bound by rank 0 outside the ephemeral range
+   and a new Podium store served by rank 0 on its node address (``Rendezvous.store()``),
    and every rank, old and new, adopts it (:mod:`podium.worker.rendezvous`: env, rank,
    then its ``@on_rendezvous`` hooks, all ranks at once).
 
@@ -182,12 +183,13 @@ class RankReplacer:
         self.version += 1
         first = members.workers[0]
         addr = first.node_address  # rank 0's node: it may be a new process on another node
-        port = await first.client.call("__ray_call__", (rdzv.open_port, addr), {}, timeout=self._rt.call_timeout)
+        port, store_port, key = await first.client.call("__ray_call__", (rdzv.open_port, addr), {},
+                                                        timeout=self._rt.call_timeout)
         members.master_addr, members.master_port = addr, str(port)
         name = f"{self._prefix}.v{self.version}"
         calls = [w.client.call("__ray_call__", (rdzv.adopt, rdzv.Rendezvous(
-            self.version, w.rank, members.world_size, addr, port, name)), {}, timeout=self._rt.call_timeout)
-            for w in members.workers]
+            self.version, w.rank, members.world_size, addr, port, name, store_port, key)), {},
+            timeout=self._rt.call_timeout) for w in members.workers]
         results = await asyncio.gather(*calls, return_exceptions=True)
         for w, result in zip(members.workers, results):
             if isinstance(result, BaseException):

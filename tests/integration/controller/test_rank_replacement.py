@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -46,13 +47,23 @@ class Trainer(Worker):
     def __init__(self):
         super().__init__()
         self.hooks: list[int] = []
+        self.stores: list[tuple[int, str, int]] = []
         self.reset()
+
+    #: Re-form on the Podium store of each rendezvous (``rdzv.store()``), not env://.
+    podium_store = False
 
     def _form(self, rdzv: Rendezvous | None = None):
         import torch.distributed as dist
         if dist.is_initialized():
             dist.destroy_process_group()
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        timeout = datetime.timedelta(seconds=60)
+        if rdzv is not None and self.podium_store:
+            dist.init_process_group("gloo", store=rdzv.store(), rank=rdzv.rank, world_size=rdzv.world_size,
+                                    timeout=timeout)
+            self.stores.append((rdzv.version, rdzv.master_addr, rdzv.store_port))
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def reset(self):
@@ -104,7 +115,14 @@ class Trainer(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def identity(self):
-        return (self.rank, int(os.environ["RANK"]), int(os.environ["MASTER_PORT"]), os.getpid(), self.hooks)
+        return (self.rank, int(os.environ["RANK"]), int(os.environ["MASTER_PORT"]), os.getpid(), self.hooks,
+                self.stores)
+
+
+class StoreTrainer(Trainer):
+    """Trainer whose ranks re-form gloo on the Podium store of each new rendezvous."""
+
+    podium_store = True
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +178,13 @@ def disturbed(wg, how):
     assert [i[0] for i in ids] == [i[1] for i in ids] == [0, 1, 2, 3]
     assert {i[2] for i in ids} == {int(wg.master_port)}
     assert all(i[4][-1] == wg.rendezvous_version for i in ids)
+    if ids[0][5]:  # re-formed on the Podium store: rank 0 serves it on its node address only
+        [(version, addr, store_port)] = {i[5][-1] for i in ids}
+        assert version == wg.rendezvous_version and addr == wg.workers[0].node_address and store_port > 0
+        other = "127.0.0.3" if addr == "127.0.0.2" else "127.0.0.2"  # another address of this host
+        with pytest.raises(ConnectionRefusedError):  # torch's TCPStore (every interface) would accept
+            socket.create_connection((other, store_port), timeout=5).close()
+        socket.create_connection((addr, store_port), timeout=5).close()
     # Fenced: the replaced process is gone, and a SIGCONT brings nothing back.
     with_cont = how == signal.SIGSTOP
     if with_cont:
@@ -171,14 +196,16 @@ def disturbed(wg, how):
     return wg.params()
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
-def test_a_dead_rank_is_replaced_and_training_matches_bit_for_bit(cluster, how):
+@pytest.mark.parametrize("how,cls", [(signal.SIGKILL, StoreTrainer), (signal.SIGSTOP, Trainer)],
+                         ids=["sigkill-podium-store", "sigstop-env"])
+def test_a_dead_rank_is_replaced_and_training_matches_bit_for_bit(cluster, how, cls):
     pool = ResourcePool([4], use_gpu=False)
-    wg = WorkerGroup(pool, ClassWithInitArgs(Trainer), standby=1, on_rank_death="replace")
+    wg = WorkerGroup(pool, ClassWithInitArgs(cls), standby=1, on_rank_death="replace")
     try:
         assert wg.form() == [0, 1, 2, 3]
         reference = undisturbed(wg)
         after = disturbed(wg, how)
+        assert all(i[5] for i in wg.identity()) == (cls is StoreTrainer)  # which store the ranks re-formed on
         for ref_rank, got_rank in zip(reference, after):
             for a, b in zip(ref_rank, got_rank):
                 assert torch.equal(a, b)
