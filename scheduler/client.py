@@ -266,6 +266,14 @@ class SchedulerClient:
             ids=list(ids), grace_seconds=grace_seconds), timeout=self.timeout + grace_seconds)
         return reply.stopped
 
+    async def assign_workers(self, assignments: Sequence[tuple[str, str, int, int]]) -> list[common_pb2.WorkerInfo]:
+        """Hand live workers to a group: ``(worker_id, group, rank, world_size)`` each (all or
+        none); returns their records as they are now."""
+        reply = await self.call("AssignWorkers", scheduler_pb2.AssignWorkersRequest(assignments=[
+            scheduler_pb2.WorkerAssignment(worker_id=i, group=g, rank=r, world_size=n)
+            for i, g, r, n in assignments]))
+        return list(reply.workers)
+
     async def cluster_state(self) -> scheduler_pb2.ClusterState:
         """Nodes, placement groups and workers."""
         return await self.call("GetClusterState", scheduler_pb2.GetClusterStateRequest())

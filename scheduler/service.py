@@ -38,7 +38,7 @@ from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.state import (LIVE_WORKER_STATES, RESTORE_GRACE_SECONDS, ClusterModel, Dirty,
                                     Effects)
 from podium.scheduler.store import Store
-from podium.scheduler.workerwait import WorkerFeed
+from podium.scheduler.workerwait import WorkerFeed, died_error
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -454,7 +454,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             await self._wait_until(settled, seconds)
         for worker in workers:
             if worker.state not in LIVE_WORKER_STATES:
-                raise _died(worker)
+                raise died_error(worker)
         starting = [w for w in workers if w.state != common_pb2.WORKER_RUNNING]
         if starting:
             names = ", ".join(f"{w.spec.name} ({common_pb2.WorkerState.Name(w.state)} on "
@@ -481,19 +481,16 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.RemoveWorkersResponse(stopped=stopped)
 
     @rpc
+    async def AssignWorkers(self, request, context):
+        """Hands live workers to a group, rank and world size (a standby taking a rank)."""
+        workers = self.model.assign_workers(request.assignments)
+        await self._commit()
+        return scheduler_pb2.AssignWorkersResponse(workers=workers)
+
+    @rpc
     async def GetClusterState(self, request, context):
         """Everything the scheduler knows."""
         nodes, groups, workers = self.model.cluster_state()
         return scheduler_pb2.ClusterState(scheduler_id=self.scheduler_id, nodes=nodes,
                                           placement_groups=groups, workers=workers)
 
-
-def _died(worker: common_pb2.WorkerInfo) -> errors.WorkerDiedError:
-    exit_info = worker.exit
-    state = common_pb2.WorkerState.Name(worker.state)
-    reason = exit_info.reason or state
-    return errors.WorkerDiedError(
-        f"worker {worker.spec.name!r} ({worker.id}, rank {worker.spec.rank}) is {state}: {reason}",
-        exit_code=None if exit_info.signal or exit_info.exit_code < 0 else exit_info.exit_code,
-        signal=exit_info.signal or None, stderr_tail=exit_info.stderr_tail,
-        node=worker.node_id, rank=worker.spec.rank)

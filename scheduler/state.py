@@ -277,6 +277,10 @@ class ClusterModel:
         """Stop workers and release their slots now; (workers that were live, effects)."""
         return self.workers.remove(worker_ids)
 
+    def assign_workers(self, assignments: Sequence[scheduler_pb2.WorkerAssignment]) -> list[common_pb2.WorkerInfo]:
+        """Hand live workers to a group, rank and world size (all or none)."""
+        return self.workers.assign(assignments)
+
     # ------------------------------------------------------------ sessions
 
     def open_session(self, description: str, lease_seconds: float, now: float) -> Session:

@@ -295,6 +295,39 @@ class WorkerTable(RecordTable[common_pb2.WorkerInfo]):
                 stopped += 1
         return stopped, effects
 
+    def assign(self, assignments: Sequence[scheduler_pb2.WorkerAssignment]) -> list[common_pb2.WorkerInfo]:
+        """Hand live workers to a group, rank and world size (all or none): a standby that
+        took over a dead rank. A rank held by a STARTING or RUNNING worker of that group is
+        refused; a STOPPING holder (a fenced rank whose agent has not confirmed) is not."""
+        taken = {(w.spec.group, w.spec.rank): w for w in self._records.values() if w.state in _STOPPABLE}
+        moving = {a.worker_id for a in assignments}
+        wanted: set[tuple[str, int]] = set()
+        workers = []
+        for a in assignments:
+            worker = self.lookup(a.worker_id)
+            label = f"worker {worker.spec.name!r} ({worker.id})"
+            if worker.state not in _STOPPABLE:
+                raise errors.FailedPreconditionError(
+                    f"{label} is {common_pb2.WorkerState.Name(worker.state)}: only a live worker joins a group")
+            if not a.group:
+                raise errors.InvalidArgumentError(f"{label}: group is required")
+            if not 0 <= a.rank < a.world_size:
+                raise errors.InvalidArgumentError(
+                    f"{label}: rank = {a.rank} must be in [0, world_size={a.world_size})")
+            place = f"rank {a.rank} of group {a.group!r}"
+            if (a.group, a.rank) in wanted:
+                raise errors.InvalidArgumentError(f"{label}: {place} is assigned twice in one request")
+            holder = taken.get((a.group, a.rank))
+            if holder is not None and holder.id not in moving:
+                raise errors.FailedPreconditionError(
+                    f"{label}: {place} is held by live worker {holder.spec.name!r} ({holder.id})")
+            wanted.add((a.group, a.rank))
+            workers.append(worker)
+        for worker, a in zip(workers, assignments):
+            worker.spec.group, worker.spec.rank, worker.spec.world_size = a.group, a.rank, a.world_size
+        self._touch([w.id for w in workers])
+        return workers
+
     def stop(self, worker: common_pb2.WorkerInfo, reason: str, effects: Effects) -> None:
         """Queue a live worker's stop on its node. One that has a process stays STOPPING,
         holding its name, rank and slot, until its node's agent answers the stop

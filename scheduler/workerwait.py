@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from podium import errors
 from podium.scheduler.records import LIVE_WORKER_STATES
 from podium.v1 import common_pb2
 
-__all__ = ["WorkerFeed"]
+__all__ = ["WorkerFeed", "died_error"]
 
 
 class WorkerFeed:
@@ -64,3 +65,15 @@ class WorkerFeed:
             if not self._readers:  # nobody reads them any more: forget the ids
                 self._base += len(self._ids)
                 self._ids.clear()
+
+
+def died_error(worker: common_pb2.WorkerInfo) -> errors.WorkerDiedError:
+    """The WorkerDiedError of a worker that ended (its exit, node and rank), as WaitWorkers raises it."""
+    exit_info = worker.exit
+    state = common_pb2.WorkerState.Name(worker.state)
+    reason = exit_info.reason or state
+    return errors.WorkerDiedError(
+        f"worker {worker.spec.name!r} ({worker.id}, rank {worker.spec.rank}) is {state}: {reason}",
+        exit_code=None if exit_info.signal or exit_info.exit_code < 0 else exit_info.exit_code,
+        signal=exit_info.signal or None, stderr_tail=exit_info.stderr_tail,
+        node=worker.node_id, rank=worker.spec.rank)

@@ -8,6 +8,13 @@ rank), then calls each method of the hosted class marked ``@on_rendezvous`` with
 :class:`Rendezvous`, on every rank at once, so user code re-forms its ``torch.distributed``
 group there (``destroy_process_group()``, then ``init_process_group(...)``).
 
+The store of each version: ``init_process_group(store=rdzv.store(), rank=rdzv.rank,
+world_size=rdzv.world_size)``. Rank 0 serves it (:mod:`podium.transport.authstore`: it
+listens on the node address only, and every connection proves the version's key, which
+travels only inside Podium's authenticated calls); a new version gets a new store. With
+``env://`` (``MASTER_ADDR``/``MASTER_PORT``), torch's own TCPStore listens on every interface
+of rank 0's host and serves anyone who connects.
+
 The hook runs on each rank's execution thread, after the call in hand. A survivor still
 blocked in a collective with the dead rank (gloo has no abort) delays it until that
 collective fails, so: give ``init_process_group`` a ``timeout``, and have a rank whose
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import socket
 from typing import Any, Callable, TypeVar
 
@@ -31,6 +39,12 @@ MARK = "__podium_on_rendezvous__"
 
 #: The port rank 0 bound for the next rendezvous (held until :func:`adopt` releases it).
 _held: socket.socket | None = None
+#: Rank 0: the store it serves for the newest version (the one before is closed).
+_server: Any = None
+#: This rank's client of the newest version's store, with its (version, port): torch calls
+#: back into the Python object, so it lives here until the next version replaces it.
+_client: tuple[tuple[int, int], Any] | None = None
+_client_lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +63,32 @@ class Rendezvous:
     master_port: int
     #: A name for this version's collective group: the group's name and the version.
     group_name: str
+    #: The port of this version's store on ``master_addr`` (0: none; see :meth:`store`).
+    store_port: int = 0
+    #: The store's key (hex); it travels only in Podium's authenticated calls.
+    store_key: str = dataclasses.field(default="", repr=False)
+
+    def store(self, timeout: float = 300.0) -> Any:
+        """This version's store, for ``init_process_group(store=..., rank=..., world_size=...)``:
+        a ``torch.distributed.Store`` connected to the one rank 0 serves on the node address
+        (HMAC-authenticated, :mod:`podium.transport.authstore`). One per version and process:
+        a second call returns the same client; the next version's closes it. ``timeout``
+        bounds each wait in the store (seconds)."""
+        global _client
+        from podium.errors import FailedPreconditionError
+        if not self.store_port:
+            raise FailedPreconditionError(
+                f"rendezvous version {self.version} has no Podium store (torch was not importable in rank 0); "
+                "use init_method=rdzv.init_method (torch's TCPStore, on every interface)")
+        from podium.transport.authstore import connect_store
+        with _client_lock:
+            if _client is not None and _client[0] == (self.version, self.store_port):
+                return _client[1]
+            client = connect_store(self.master_addr, self.store_port, self.store_key, timeout)
+            old, _client = _client, ((self.version, self.store_port), client)
+        if old is not None:
+            old[1].close()
+        return client
 
     @property
     def init_method(self) -> str:
@@ -63,15 +103,26 @@ def on_rendezvous(fn: F) -> F:
     return fn
 
 
-def open_port(_obj: Any, host: str) -> int:
+def open_port(_obj: Any, host: str) -> tuple[int, int, str]:
     """Run in rank 0 (``__ray_call__``): bind a rendezvous port on ``host`` (outside the
-    ephemeral range, podium.worker.agent.ports) and hold it until :func:`adopt`."""
-    global _held
+    ephemeral range, podium.worker.agent.ports) and hold it until :func:`adopt`, and serve
+    a new store on ``host`` (the previous version's is closed). Returns (MASTER_PORT, the
+    store's port, its key); without torch, the store's port is 0."""
+    global _held, _server
     from podium.worker.agent.ports import bind_rendezvous_port
     if _held is not None:
         _held.close()
     _held = bind_rendezvous_port(host)
-    return _held.getsockname()[1]
+    if _server is not None:
+        _server.close()
+        _server = None
+    try:
+        from podium.transport.authstore import StoreServer, new_key
+    except ImportError:  # torch is missing: env:// is all this group has
+        return _held.getsockname()[1], 0, ""
+    key = new_key()
+    _server = StoreServer(host, key)
+    return _held.getsockname()[1], _server.port, key
 
 
 def adopt(obj: Any, rdzv: Rendezvous) -> int:

@@ -8,8 +8,10 @@ strategy) and replaces rank ``i``:
    process too, and reaps it) before anything takes its place, and its client is closed,
    so its process is never live twice and nothing reaches it again;
 2. handover: a standby (or, with none left, a fresh worker on the old one's bundle) gets
-   rank ``i``'s place in the rank table, so dispatch and collect reach it;
-3. rendezvous: version + 1, a new MASTER_PORT bound by rank 0 outside the ephemeral range,
+   rank ``i``'s place in the rank table, so dispatch and collect reach it, and the
+   scheduler records it in the group with rank ``i`` (AssignWorkers);
+3. rendezvous: version + 1, a new MASTER_PORT bound by rank 0 outside the ephemeral range
+   and a new Podium store served by rank 0 on its node address (``Rendezvous.store()``),
    and every rank, old and new, adopts it (:mod:`podium.worker.rendezvous`: env, rank,
    then its ``@on_rendezvous`` hooks, all ranks at once).
 
@@ -141,12 +143,16 @@ class RankReplacer:
             else:
                 new = await self._fresh_worker(old)
                 sources.append("fresh worker")
-            handle = WorkerHandle(_with_rank(new.info, rank, members.world_size), new.client)
+            handle = WorkerHandle(_with_rank(new.info, self._prefix, rank, members.world_size), new.client)
             if handle.client is not None:  # its errors name its new rank
                 handle.client.channel.rank = rank
             members.workers[rank] = handle
             members.names[rank] = handle.name
             handles.append(handle)
+        # The scheduler's record follows: `podium status`, the dashboard and an attach by
+        # name_prefix see the newcomer in the group, with its rank, not under ".standby".
+        await self._rt.scheduler.assign_workers(
+            [(h.worker_id, self._prefix, h.rank, members.world_size) for h in handles])
         t2 = time.perf_counter()
         await self.rendezvous()
         members.broken = None  # every rank took the new rendezvous
@@ -177,12 +183,13 @@ class RankReplacer:
         self.version += 1
         first = members.workers[0]
         addr = first.node_address  # rank 0's node: it may be a new process on another node
-        port = await first.client.call("__ray_call__", (rdzv.open_port, addr), {}, timeout=self._rt.call_timeout)
+        port, store_port, key = await first.client.call("__ray_call__", (rdzv.open_port, addr), {},
+                                                        timeout=self._rt.call_timeout)
         members.master_addr, members.master_port = addr, str(port)
         name = f"{self._prefix}.v{self.version}"
         calls = [w.client.call("__ray_call__", (rdzv.adopt, rdzv.Rendezvous(
-            self.version, w.rank, members.world_size, addr, port, name)), {}, timeout=self._rt.call_timeout)
-            for w in members.workers]
+            self.version, w.rank, members.world_size, addr, port, name, store_port, key)), {},
+            timeout=self._rt.call_timeout) for w in members.workers]
         results = await asyncio.gather(*calls, return_exceptions=True)
         for w, result in zip(members.workers, results):
             if isinstance(result, BaseException):
@@ -211,11 +218,13 @@ def spare_pool(rt: Session, pool: Any, count: int, bin_pack: bool, name_prefix: 
     return spare, strategy
 
 
-def _with_rank(info: Any, rank: int, world_size: int) -> Any:
-    """A copy of a WorkerInfo that names ``rank`` of ``world_size`` (the handle's rank)."""
+def _with_rank(info: Any, group: str, rank: int, world_size: int) -> Any:
+    """A copy of a WorkerInfo that names ``rank`` of ``world_size`` in ``group`` (the handle's
+    rank, as the scheduler records it after AssignWorkers)."""
     from podium.v1 import common_pb2
     out = common_pb2.WorkerInfo()
     out.CopyFrom(info)
+    out.spec.group = group
     out.spec.rank = rank
     out.spec.world_size = world_size
     return out

@@ -699,6 +699,84 @@ class RemoveWorkersResponse(_message.Message):
 Global___RemoveWorkersResponse: _TypeAlias = RemoveWorkersResponse  # noqa: Y015
 
 @_typing.final
+class WorkerAssignment(_message.Message):
+    """One worker's new place (AssignWorkers)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """Worker id."""
+    group: _builtins.str
+    """The group (WG_PREFIX) it now belongs to."""
+    rank: _builtins.int
+    """Its rank there."""
+    world_size: _builtins.int
+    """The group's ranks."""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        group: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "rank", b"rank", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerAssignment: _TypeAlias = WorkerAssignment  # noqa: Y015
+
+@_typing.final
+class AssignWorkersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerAssignment]:
+        """The workers and their new places."""
+
+    def __init__(
+        self,
+        *,
+        assignments: _abc.Iterable[Global___WorkerAssignment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AssignWorkersRequest: _TypeAlias = AssignWorkersRequest  # noqa: Y015
+
+@_typing.final
+class AssignWorkersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]:
+        """The workers as recorded now."""
+
+    def __init__(
+        self,
+        *,
+        workers: _abc.Iterable[_common_pb2.WorkerInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AssignWorkersResponse: _TypeAlias = AssignWorkersResponse  # noqa: Y015
+
+@_typing.final
 class GetClusterStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -111,6 +111,11 @@ class SchedulerStub:
                 request_serializer=podium_dot_v1_dot_scheduler__pb2.RemoveWorkersRequest.SerializeToString,
                 response_deserializer=podium_dot_v1_dot_scheduler__pb2.RemoveWorkersResponse.FromString,
                 _registered_method=True)
+        self.AssignWorkers = channel.unary_unary(
+                '/podium.v1.Scheduler/AssignWorkers',
+                request_serializer=podium_dot_v1_dot_scheduler__pb2.AssignWorkersRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_scheduler__pb2.AssignWorkersResponse.FromString,
+                _registered_method=True)
         self.GetClusterState = channel.unary_unary(
                 '/podium.v1.Scheduler/GetClusterState',
                 request_serializer=podium_dot_v1_dot_scheduler__pb2.GetClusterStateRequest.SerializeToString,
@@ -243,6 +248,16 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AssignWorkers(self, request, context):
+        """Hands live workers to a group: each takes the group name, rank and world size
+        given (a standby that took over a dead rank of a WorkerGroup). A rank that a
+        STARTING or RUNNING worker of that group holds is refused (FAILED_PRECONDITION);
+        all or none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterState(self, request, context):
         """The whole state: nodes, placement groups, workers (what /v1/placement shows).
         """
@@ -327,6 +342,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.RemoveWorkers,
                     request_deserializer=podium_dot_v1_dot_scheduler__pb2.RemoveWorkersRequest.FromString,
                     response_serializer=podium_dot_v1_dot_scheduler__pb2.RemoveWorkersResponse.SerializeToString,
+            ),
+            'AssignWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.AssignWorkers,
+                    request_deserializer=podium_dot_v1_dot_scheduler__pb2.AssignWorkersRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_scheduler__pb2.AssignWorkersResponse.SerializeToString,
             ),
             'GetClusterState': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterState,
@@ -740,6 +760,33 @@ class Scheduler:
             '/podium.v1.Scheduler/RemoveWorkers',
             podium_dot_v1_dot_scheduler__pb2.RemoveWorkersRequest.SerializeToString,
             podium_dot_v1_dot_scheduler__pb2.RemoveWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AssignWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/podium.v1.Scheduler/AssignWorkers',
+            podium_dot_v1_dot_scheduler__pb2.AssignWorkersRequest.SerializeToString,
+            podium_dot_v1_dot_scheduler__pb2.AssignWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,13 +57,15 @@ class Where(Worker):
 class NetCluster:
     """A scheduler and node agents on lab hosts, and this process connected as controller."""
 
-    def __init__(self, lab: NetLab, tmp_path, token: str, nodes: tuple[str, ...]) -> None:
+    def __init__(self, lab: NetLab, tmp_path, token: str, nodes: tuple[str, ...],
+                 gpus: dict[str, int] | None = None) -> None:
         self.lab, self.token = lab, token
         host = lab.add_host("sched")
         self.scheduler = SchedulerProcess(tmp_path / "scheduler.db", token, tmp_path, *SCHEDULER_FLAGS,
                                           host=host.address, launch=functools.partial(lab.popen, host)).start()
         self.hosts = {name: lab.add_host(name) for name in nodes}
         self.agents = {name: AgentProcess(tmp_path, self.scheduler.address, h.address, token, "--cpus", "8",
+                                          *(("--fake-gpus", str(gpus[name])) if gpus and name in gpus else ()),
                                           launch=functools.partial(lab.popen, h))
                        for name, h in self.hosts.items()}
         for name, agent in self.agents.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -46,13 +47,23 @@ class Trainer(Worker):
     def __init__(self):
         super().__init__()
         self.hooks: list[int] = []
+        self.stores: list[tuple[int, str, int]] = []
         self.reset()
+
+    #: Re-form on the Podium store of each rendezvous (``rdzv.store()``), not env://.
+    podium_store = False
 
     def _form(self, rdzv: Rendezvous | None = None):
         import torch.distributed as dist
         if dist.is_initialized():
             dist.destroy_process_group()
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        timeout = datetime.timedelta(seconds=60)
+        if rdzv is not None and self.podium_store:
+            dist.init_process_group("gloo", store=rdzv.store(), rank=rdzv.rank, world_size=rdzv.world_size,
+                                    timeout=timeout)
+            self.stores.append((rdzv.version, rdzv.master_addr, rdzv.store_port))
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def reset(self):
@@ -104,7 +115,14 @@ class Trainer(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def identity(self):
-        return (self.rank, int(os.environ["RANK"]), int(os.environ["MASTER_PORT"]), os.getpid(), self.hooks)
+        return (self.rank, int(os.environ["RANK"]), int(os.environ["MASTER_PORT"]), os.getpid(), self.hooks,
+                self.stores)
+
+
+class StoreTrainer(Trainer):
+    """Trainer whose ranks re-form gloo on the Podium store of each new rendezvous."""
+
+    podium_store = True
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +169,22 @@ def disturbed(wg, how):
     # The standby holds rank VICTIM; a new rendezvous (version, port) reached every rank.
     assert wg.workers[VICTIM].worker_id == standby.worker_id and not wg.standby_workers
     assert wg.master_port != port and wg.rendezvous_version >= 1
+    # The scheduler's record followed the handover: the standby is in the group, with its rank.
+    group = rt.run(rt.scheduler.get_workers(group=wg.name_prefix))
+    assert [(w.spec.rank, w.spec.world_size) for w in group] == [(r, 4) for r in range(4)]
+    assert group[VICTIM].id == standby.worker_id
+    assert rt.run(rt.scheduler.get_workers(group=f"{wg.name_prefix}.standby")) == []
     ids = wg.identity()
     assert [i[0] for i in ids] == [i[1] for i in ids] == [0, 1, 2, 3]
     assert {i[2] for i in ids} == {int(wg.master_port)}
     assert all(i[4][-1] == wg.rendezvous_version for i in ids)
+    if ids[0][5]:  # re-formed on the Podium store: rank 0 serves it on its node address only
+        [(version, addr, store_port)] = {i[5][-1] for i in ids}
+        assert version == wg.rendezvous_version and addr == wg.workers[0].node_address and store_port > 0
+        other = "127.0.0.3" if addr == "127.0.0.2" else "127.0.0.2"  # another address of this host
+        with pytest.raises(ConnectionRefusedError):  # torch's TCPStore (every interface) would accept
+            socket.create_connection((other, store_port), timeout=5).close()
+        socket.create_connection((addr, store_port), timeout=5).close()
     # Fenced: the replaced process is gone, and a SIGCONT brings nothing back.
     with_cont = how == signal.SIGSTOP
     if with_cont:
@@ -166,14 +196,16 @@ def disturbed(wg, how):
     return wg.params()
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
-def test_a_dead_rank_is_replaced_and_training_matches_bit_for_bit(cluster, how):
+@pytest.mark.parametrize("how,cls", [(signal.SIGKILL, StoreTrainer), (signal.SIGSTOP, Trainer)],
+                         ids=["sigkill-podium-store", "sigstop-env"])
+def test_a_dead_rank_is_replaced_and_training_matches_bit_for_bit(cluster, how, cls):
     pool = ResourcePool([4], use_gpu=False)
-    wg = WorkerGroup(pool, ClassWithInitArgs(Trainer), standby=1, on_rank_death="replace")
+    wg = WorkerGroup(pool, ClassWithInitArgs(cls), standby=1, on_rank_death="replace")
     try:
         assert wg.form() == [0, 1, 2, 3]
         reference = undisturbed(wg)
         after = disturbed(wg, how)
+        assert all(i[5] for i in wg.identity()) == (cls is StoreTrainer)  # which store the ranks re-formed on
         for ref_rank, got_rank in zip(reference, after):
             for a, b in zip(ref_rank, got_rank):
                 assert torch.equal(a, b)
@@ -191,6 +223,9 @@ def test_replace_rank_without_a_standby_starts_a_fresh_worker(cluster):
         handle = wg.replace_rank(1)
         assert handle.rank == 1 and handle.pid != old and not alive(old)
         assert [i[0] for i in wg.identity()] == [0, 1]
+        rt = get_runtime()
+        group = rt.run(rt.scheduler.get_workers(group=wg.name_prefix))
+        assert [(w.id, w.spec.rank) for w in group] == [(wg.workers[0].worker_id, 0), (handle.worker_id, 1)]
         wg.reset()  # every rank from the same seed: the step runs on the new membership
         assert wg.step(0) == [0, 0]
         with pytest.raises(errors.InvalidArgumentError, match="ranks 0..1"):

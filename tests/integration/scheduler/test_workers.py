@@ -224,3 +224,35 @@ def test_wait_workers_follows_each_report_and_a_death_after_running_fails_it(tok
                 await asyncio.wait_for(wait, 30)
             assert info.value.exit_code == 5 and "late crash" in info.value.stderr_tail
     arun(scenario())
+
+
+def test_assign_workers_hands_a_standby_a_dead_ranks_place(token, arun):
+    """A WorkerGroup's standby that took over rank 1 is recorded in the group with rank 1
+    (what `podium status`, the dashboard and an attach by group read); a rank a live worker
+    holds, a bad rank, a rank given twice or an ended worker is refused and changes nothing."""
+    async def scenario():
+        async with Cluster(token, agents=1) as c:
+            pg = await c.client.create_placement_group("p", [{"CPU": 1, "GPU": 1}] * 3, "PACK")
+            ranks = await c.client.create_workers(_specs(pg.id, 2))
+            [spare] = await c.client.create_workers(_specs(pg.id, 1, group="wg.standby", bundles=[2]))
+            await c.client.wait_workers([w.id for w in [*ranks, spare]], timeout=10)
+            with pytest.raises(errors.FailedPreconditionError, match="held by live worker 'wg_1'"):
+                await c.client.assign_workers([(spare.id, "wg", 1, 2)])
+            with pytest.raises(errors.InvalidArgumentError, match=r"rank = 2 must be in \[0, world_size=2\)"):
+                await c.client.assign_workers([(spare.id, "wg", 2, 2)])
+            with pytest.raises(errors.InvalidArgumentError, match="group is required"):
+                await c.client.assign_workers([(spare.id, "", 0, 1)])
+            [still] = await c.client.get_workers(group="wg.standby")
+            assert (still.id, still.spec.group, still.spec.rank) == (spare.id, "wg.standby", 0)
+
+            await c.client.remove_workers([ranks[1].id])
+            with pytest.raises(errors.InvalidArgumentError, match="assigned twice"):
+                await c.client.assign_workers([(spare.id, "wg", 1, 2), (ranks[0].id, "wg", 1, 2)])
+            [moved] = await c.client.assign_workers([(spare.id, "wg", 1, 2)])
+            assert (moved.spec.group, moved.spec.rank, moved.spec.world_size) == ("wg", 1, 2)
+            group = await c.client.get_workers(group="wg")
+            assert [(w.id, w.spec.rank) for w in group] == [(ranks[0].id, 0), (spare.id, 1)]
+            assert await c.client.get_workers(group="wg.standby") == []
+            with pytest.raises(errors.FailedPreconditionError, match="WORKER_EXITED: only a live worker"):
+                await c.client.assign_workers([(ranks[1].id, "other", 0, 1)])
+    arun(scenario())
