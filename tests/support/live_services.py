@@ -141,7 +141,9 @@ class LiveServices:
                 if service == "podium.v1.Scheduler":
                     state = scheduler_pb2_grpc.SchedulerStub(channel).GetClusterState(
                         scheduler_pb2.GetClusterStateRequest(), metadata=self.metadata(), timeout=10)
-                    assert [n.info.node_id for n in state.nodes] == ["node-live"]
+                    # (a generated RegisterNode that happens to be valid adds a node: that is
+                    # the service working; the live node must still be there)
+                    assert "node-live" in [n.info.node_id for n in state.nodes], state.nodes
                 elif service == "podium.v1.NodeAgent":
                     info = node_pb2_grpc.NodeAgentStub(channel).GetNodeInfo(
                         node_pb2.GetNodeInfoRequest(), metadata=self.metadata(), timeout=10)
