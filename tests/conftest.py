@@ -8,6 +8,14 @@ import secrets
 
 import pytest
 
+from tests.support.shmfiles import mark_test_start
+
+
+@pytest.fixture(autouse=True)
+def _shm_files_of_this_test():
+    """Leak checks count the segment files this test made (tests.support.shmfiles)."""
+    mark_test_start()
+
 
 @pytest.fixture
 def token() -> str:

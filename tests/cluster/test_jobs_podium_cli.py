@@ -38,7 +38,7 @@ def test_podium_job_flow(cluster, tmp_path):
     ppo = podium("job", "submit", "--address", url, "--runtime-env", "trainer/runtime_env.yaml", "--", "python3",
                  "-m", "trainer.main_ppo", "trainer.nnodes=2", env=env, cwd=repo, timeout=300)
     assert ppo.returncode == 0, ppo.stdout[-3000:] + ppo.stderr[-3000:]
-    assert "MAIN_PPO ['trainer.nnodes=2'] 1 ['CPU', 'GPU', 'node:" in ppo.stdout
+    assert "MAIN_PPO ['trainer.nnodes=2'] 1 ['CPU', 'GPU', 'memory', 'node:" in ppo.stdout
     extra = write_py_module(tmp_path / "modules")
     runtime_env = {"env_vars": {"WHO": "podium-cli", "WITH_PY_MODULE": "1"}, "py_modules": [str(extra)]}
     done = podium("job", "submit", "--address", url, "--submission-id", "first", "--working-dir", str(work),

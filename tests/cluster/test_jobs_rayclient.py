@@ -181,4 +181,4 @@ def test_verls_multinode_command_with_the_token_header(cluster, tmp_path):
     job = cluster.wait_job("ppo", {"SUCCEEDED", "FAILED", "STOPPED"})
     assert job["status"] == "SUCCEEDED", job["message"]
     assert job["runtime_env"]["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
-    assert "MAIN_PPO ['trainer.nnodes=2', 'trainer.n_gpus_per_node=1'] 1 ['CPU', 'GPU', 'node:" in cluster.logs("ppo")
+    assert "MAIN_PPO ['trainer.nnodes=2', 'trainer.n_gpus_per_node=1'] 1 ['CPU', 'GPU', 'memory', 'node:" in cluster.logs("ppo")
