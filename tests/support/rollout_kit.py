@@ -117,3 +117,4 @@ def receive_in_thread(receiver, downstream=None, step=None):
     thread = threading.Thread(target=run)
     thread.start()
     return thread, out
+

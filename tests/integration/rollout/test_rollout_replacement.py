@@ -20,22 +20,6 @@ pytestmark = [*vllm_marks, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from podium.rollout.recipes.tinymodel import build_tiny_llama
-
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny"), words=[f"w{i}" for i in range(8)], seed=1)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import podium
-
-    podium.init(num_cpus=8)
-    yield
-    podium.shutdown()
-
-
-@pytest.fixture(scope="module")
 def holder(cluster):
     from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 

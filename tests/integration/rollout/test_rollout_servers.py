@@ -81,22 +81,6 @@ class SteppedServer(RolloutServer):
         self.engine.llm.llm_engine.__dict__.pop("step", None)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from podium.rollout.recipes.tinymodel import build_tiny_llama
-
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny"), words=[f"w{i}" for i in range(8)], seed=1)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import podium
-
-    podium.init(num_cpus=8)
-    yield
-    podium.shutdown()
-
-
 def _config(model_dir):
     return dict(model_path=model_dir, n=4, max_tokens=MAX_TOKENS, max_model_len=128, ignore_eos=True,
                 kv_cache_memory_bytes=16 << 20, seed=5)
