@@ -118,12 +118,18 @@ class RankReplacer:
 
     # ---- replacement ----------------------------------------------------------------------
 
-    async def replace(self, ranks: list[int]) -> list[WorkerHandle]:
-        """Replace ``ranks`` (fence, handover each; then one rendezvous): the new handles."""
+    async def replace(self, ranks: list[int], chosen: WorkerHandle | None = None) -> list[WorkerHandle]:
+        """Replace ``ranks`` (fence, handover each; then one rendezvous): the new handles.
+        ``chosen``, one of :attr:`standbys`, takes the (single) rank instead of the first one."""
         members = self._members
         for rank in ranks:
             if not 0 <= rank < members.world_size:
                 raise InvalidArgumentError(f"replace_rank({rank}): the group has ranks 0..{members.world_size - 1}")
+        if chosen is not None and (len(ranks) != 1 or chosen not in self.standbys):
+            # Checked before the fence: a refused call leaves the group as it was.
+            raise InvalidArgumentError(f"replace_worker({ranks}, {chosen!r}): the new worker must be one of the "
+                                       f"group's standbys (wg.standby_workers; WorkerGroup(..., standby=k) makes "
+                                       f"them), or None for the next standby or a fresh worker")
         t0 = time.perf_counter()
         # Fenced: killed and reaped before anyone takes their place.
         await self._remove([members.workers[rank] for rank in ranks])
@@ -137,7 +143,11 @@ class RankReplacer:
             if gone:  # a standby that died meanwhile is no standby
                 self.standbys = [w for w in self.standbys if w not in gone]
                 await self._remove(gone)
-            if self.standbys:
+            if chosen is not None:
+                self.standbys.remove(chosen)
+                new = chosen
+                sources.append("standby")
+            elif self.standbys:
                 new = self.standbys.pop(0)
                 sources.append("standby")
             else:

@@ -299,12 +299,18 @@ class WorkerGroup:
         (:mod:`podium.worker.rendezvous`). Returns the new rank's handle."""
         return self._replace([rank])[0]
 
-    def _replace(self, ranks: list[int]) -> list[WorkerHandle]:
+    def replace_worker(self, rank: int, new_worker_handle: WorkerHandle | None = None) -> WorkerHandle:
+        """verl's name for :meth:`replace_rank` (its fault-tolerance pull request, #7910):
+        ``new_worker_handle`` is one of :attr:`standby_workers` (None: the next standby, or a
+        fresh worker when none is left); any other handle is refused before anything changes."""
+        return self._replace([rank], new_worker_handle)[0]
+
+    def _replace(self, ranks: list[int], chosen: WorkerHandle | None = None) -> list[WorkerHandle]:
         replacer = self._replacer
         if replacer is None or self._calls.closed:
             raise replace.not_replaceable(self.name_prefix)
         try:
-            return self._rt.run(replacer.replace(ranks), timeout=self._rt.placement_timeout + 120,
+            return self._rt.run(replacer.replace(ranks, chosen), timeout=self._rt.placement_timeout + 120,
                                 what=f"replacing ranks {ranks} of {self.name_prefix!r}")
         finally:
             if self._life is not None:

@@ -234,6 +234,26 @@ def test_replace_rank_without_a_standby_starts_a_fresh_worker(cluster):
         wg.shutdown()
 
 
+def test_replace_worker_hands_the_rank_to_the_chosen_standby(cluster):
+    """verl's ``replace_worker(rank, new_worker_handle)``: the handle is one of the standbys."""
+    wg = WorkerGroup(ResourcePool([2], use_gpu=False), ClassWithInitArgs(Trainer), standby=2)
+    try:
+        wg.form()
+        first, second = wg.standby_workers
+        before = [w.worker_id for w in wg.workers]
+        with pytest.raises(errors.InvalidArgumentError, match="one of the group's standbys"):
+            wg.replace_worker(1, wg.workers[0])  # a rank is no standby: refused, nothing changed
+        assert [w.worker_id for w in wg.workers] == before and alive(wg.workers[1].pid)
+        assert wg.rendezvous_version == 0 and len(wg.standby_workers) == 2
+        handle = wg.replace_worker(1, second)
+        assert handle.worker_id == second.worker_id and wg.workers[1].worker_id == second.worker_id
+        assert [w.worker_id for w in wg.standby_workers] == [first.worker_id]
+        assert wg.replace_worker(0).worker_id == first.worker_id  # None: the next standby
+        assert [i[0] for i in wg.identity()] == [0, 1] and wg.rendezvous_version == 2
+    finally:
+        wg.shutdown()
+
+
 class Squatted(Trainer):
     """Rank 0's rendezvous fails: something else listens on MASTER_PORT (EADDRINUSE); the
     other ranks wait in it with torch's default 30-minute timeout."""
