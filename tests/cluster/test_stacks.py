@@ -25,7 +25,7 @@ import podium
 from podium import rpc
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.session.runtime import get_runtime
-from podium.process import STATE_NAMES
+from podium.process import STATE_NAMES, kernel_state
 from podium.v1 import node_pb2, node_pb2_grpc, worker_pb2, worker_pb2_grpc
 from podium.worker import Dispatch, Worker, register
 from tests.support.clusters import two_node_processes
@@ -105,6 +105,8 @@ def test_a_stopped_rank_is_named_with_its_proc_state(group):
     pids = group.pid()
     os.kill(pids[1], signal.SIGSTOP)
     try:
+        # The kernel stops it when it next runs: on a loaded machine that can take a moment.
+        eventually(lambda: kernel_state(pids[1])[0] == "T", "rank 1 stopped by the kernel")
         report = podium.stacks(group=group, timeout=1.0)
     finally:
         os.kill(pids[1], signal.SIGCONT)
