@@ -58,7 +58,7 @@ from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
 from podium.worker.agent.adoption import adopted_worker, record_of
 from podium.worker.agent.managed import ManagedWorker, parse_ready, ready_cap
 from podium.runtimeenv import check_spec
-from podium.worker.agent.workerenv import (ALLOCATOR_DEFAULTS, foreign_command, launch_argv, link_modules,
+from podium.worker.agent.workerenv import (ALLOCATOR_DEFAULTS, launch_argv, link_modules, runtime_command,
                                            runtime_env_vars, with_allocator_defaults, worker_env)
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class Spawner:
         the fork server has read its allocator setting (ALLOCATOR_DEFAULTS) once and for all,
         so a worker that wants another one starts as a new process."""
         spec = info.spec  # a runtime_env (its interpreter, sys.path, cwd) needs a fresh process
-        return (not (spec.python_command or spec.working_dir or spec.py_modules)
+        return (not (spec.python_command or spec.working_dir or spec.py_modules or spec.pip.packages)
                 and all(info.env.get(key, self._base_env[key]) == self._base_env[key] for key in ALLOCATOR_DEFAULTS))
 
     def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
@@ -288,7 +288,7 @@ class Spawner:
                                     f"on node {self.node_id}")
         modules = link_modules(self.log_dir / "py_modules", tuple(spec.py_modules))
         env.update(runtime_env_vars(env, spec, modules))
-        command = foreign_command(spec.python_command) if spec.python_command else self.command
+        command = runtime_command(spec, self.command, self.log_dir)
         return command, spec.working_dir or os.getcwd()
 
     @contextlib.contextmanager

@@ -11,12 +11,13 @@ from typing import Mapping, Sequence
 
 from podium.auth import TlsConfig
 from podium.process import die_with_parent_argv
-from podium.runtimeenv import ENV_KEY, to_env
+from podium.runtimeenv import ENV_KEY, pip_fields, to_env
+from podium.worker.agent.pipenv import CACHE_DIR, launcher_command
 from podium.v1 import common_pb2
 
 __all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "NOSET_CUDA_VISIBLE_DEVICES", "ASSIGNED_GPUS",
            "launch_argv", "with_allocator_defaults", "worker_env", "foreign_command", "runtime_env_vars",
-           "link_modules"]
+           "link_modules", "runtime_command"]
 
 #: Ray's switch (slime and SkyRL set it): the worker sees every GPU of its node, not only its own.
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
@@ -116,6 +117,17 @@ def foreign_command(python_command: Sequence[str]) -> tuple[str, ...]:
     return (*python_command, "-c", code)
 
 
+def runtime_command(spec: common_pb2.WorkerSpec, default: Sequence[str], state_dir: pathlib.Path) -> tuple[str, ...]:
+    """The command (``--ready-fd N`` is appended) that starts a worker with ``spec``'s runtime
+    environment: ``default`` (the agent's), its py_executable, or the launcher of its ``pip``
+    virtualenv, cached under ``state_dir`` (podium.worker.agent.pipenv), which then runs the
+    same foreign host as a py_executable does."""
+    pip = pip_fields(spec)
+    if pip:
+        return foreign_command(launcher_command(state_dir / CACHE_DIR, pip))
+    return foreign_command(spec.python_command) if spec.python_command else tuple(default)
+
+
 def runtime_env_vars(base: Mapping[str, str], spec: common_pb2.WorkerSpec, modules_dir: str) -> dict[str, str]:
     """Variables of a worker with ``spec``'s runtime environment (podium.runtimeenv): its
     working_dir and its py_modules folder (``modules_dir``) first on ``PYTHONPATH`` (Ray puts
@@ -125,7 +137,7 @@ def runtime_env_vars(base: Mapping[str, str], spec: common_pb2.WorkerSpec, modul
     front = [p for p in (spec.working_dir, modules_dir) if p]
     if front:
         out["PYTHONPATH"] = os.pathsep.join([*front, *filter(None, [base.get("PYTHONPATH", "")])])
-    out[ENV_KEY] = to_env(tuple(spec.python_command), spec.working_dir, tuple(spec.py_modules))
+    out[ENV_KEY] = to_env(tuple(spec.python_command), spec.working_dir, tuple(spec.py_modules), pip_fields(spec))
     return out
 
 
