@@ -115,7 +115,7 @@ def _uv_binary() -> str:
     if found:
         return found
     try:
-        from uv import find_uv_bin  # type: ignore[import-not-found]
+        from uv import find_uv_bin
         return str(find_uv_bin())
     except (ImportError, FileNotFoundError):
         raise SetupFailed(f"runtime_env 'uv' needs the uv binary on this node: no `uv` on PATH and no uv "
