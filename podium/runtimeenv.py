@@ -32,7 +32,7 @@ from podium.errors import InvalidArgumentError, UnimplementedError
 __all__ = ["ENV_KEY", "MAX_COMMAND_ARGS", "MAX_COMMAND_CHARS", "MAX_PATH_CHARS", "MAX_PY_MODULES",
            "REFUSED", "RuntimeFields", "parse_runtime_env", "inherited", "to_env", "check_fields",
            "check_spec", "spec_kwargs", "parse_py_executable", "driver_env", "parse_pip", "MAX_PIP_PACKAGES",
-           "MAX_PIP_CHARS", "PIP_INSTALLERS", "pip_fields", "merged_env", "PipFields"]
+           "MAX_PIP_CHARS", "PIP_INSTALLERS", "HONOURED_NOTE", "pip_fields", "merged_env", "PipFields"]
 
 #: Environment variable holding a process's inherited runtime environment (JSON).
 ENV_KEY = "PODIUM_RUNTIME_ENV"
@@ -60,7 +60,12 @@ REFUSED = {
     "java_jars": "Podium runs Python workers only",
     "mpi": "use torch.distributed in the workers (MASTER_ADDR and MASTER_PORT are set)",
 }
-#: Keys accepted with no effect: they tune how Ray builds an environment, which Podium never does.
+#: The keys Podium honours, as the Ray options table (podium.compat.rayoptions) states them.
+HONOURED_NOTE = ("env_vars, py_executable, working_dir and py_modules (local paths), pip and uv (a "
+                 "virtualenv per requirement set, made and cached on each node)")
+#: Keys accepted with no effect: they tune how Ray builds an environment (``config``'s
+#: ``setup_timeout_seconds`` among them: a pip set's install is bounded by Ray's default, 600 s,
+#: podium.worker.agent.pipenv.SETUP_SECONDS).
 _NO_EFFECT = {"config", "eager_install", "_inject_current_ray"}
 
 
