@@ -3,7 +3,9 @@
 Podium honours ``env_vars``, ``py_executable`` (the command that starts the worker, split into
 argv: an interpreter, or a prefix ending in one such as ``uv run --frozen python``),
 ``working_dir`` and ``py_modules`` (local paths, which must exist at the same place on the
-worker's node: a shared filesystem or the same checkout), and ``pip`` / ``uv`` (a list of
+worker's node: a shared filesystem or the same checkout; or package URIs, ``gcs://`` ones
+uploaded to the cluster and ``https://`` zips, which the worker's node fetches and unpacks once:
+:mod:`podium.worker.agent.packages`), and ``pip`` / ``uv`` (a list of
 requirements, ``{"packages": [...], ...}``, or a requirements.txt path read here, as Ray reads
 it on the driver): the worker's node makes one virtualenv per requirement set, inheriting its
 base environment, and starts the worker by that virtualenv's python
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from typing import Any, Mapping, Sequence
 
@@ -32,7 +35,7 @@ from podium.errors import InvalidArgumentError, UnimplementedError
 __all__ = ["ENV_KEY", "MAX_COMMAND_ARGS", "MAX_COMMAND_CHARS", "MAX_PATH_CHARS", "MAX_PY_MODULES",
            "REFUSED", "RuntimeFields", "parse_runtime_env", "inherited", "to_env", "check_fields",
            "check_spec", "spec_kwargs", "parse_py_executable", "driver_env", "parse_pip", "MAX_PIP_PACKAGES",
-           "MAX_PIP_CHARS", "PIP_INSTALLERS", "HONOURED_NOTE", "pip_fields", "merged_env", "PipFields"]
+           "MAX_PIP_CHARS", "PIP_INSTALLERS", "HONOURED_NOTE", "package_uri", "pip_fields", "merged_env", "PipFields"]
 
 #: Environment variable holding a process's inherited runtime environment (JSON).
 ENV_KEY = "PODIUM_RUNTIME_ENV"
@@ -45,6 +48,8 @@ MAX_PY_MODULES = 64
 #: (a requirements.txt given by path is read up to this size).
 MAX_PIP_PACKAGES = 256
 MAX_PIP_CHARS = 65536
+#: A package uploaded to the cluster (what Ray's clients name it).
+_GCS_PACKAGE = re.compile(r"^gcs://_ray_pkg_[0-9a-f]{16,64}\.zip$")
 #: The runtime_env keys that name a virtualenv's requirements, and the installer of each.
 PIP_INSTALLERS = ("pip", "uv")
 #: Keys of the dict form of each (Ray's), and the field each fills.
@@ -61,7 +66,8 @@ REFUSED = {
     "mpi": "use torch.distributed in the workers (MASTER_ADDR and MASTER_PORT are set)",
 }
 #: The keys Podium honours, as the Ray options table (podium.compat.rayoptions) states them.
-HONOURED_NOTE = ("env_vars, py_executable, working_dir and py_modules (local paths), pip and uv (a "
+HONOURED_NOTE = ("env_vars, py_executable, working_dir and py_modules (local paths, or packages: "
+                 "gcs://_ray_pkg_<hash>.zip uploaded to the cluster, https://...zip), pip and uv (a "
                  "virtualenv per requirement set, made and cached on each node)")
 #: Keys accepted with no effect: they tune how Ray builds an environment (``config``'s
 #: ``setup_timeout_seconds`` among them: a pip set's install is bounded by Ray's default, 600 s,
@@ -150,15 +156,31 @@ def _command(value: Any) -> tuple[str, ...]:
     return argv
 
 
+def package_uri(key: str, text: str) -> str:
+    """``text`` if it is a package URI Podium fetches (``gcs://_ray_pkg_<hash>.zip``, uploaded to
+    the cluster, or ``https://...zip``); UnimplementedError for another scheme,
+    InvalidArgumentError for a malformed one."""
+    scheme = text.partition("://")[0]
+    if scheme not in ("gcs", "https"):
+        raise UnimplementedError(
+            f"runtime_env[{key!r}] = {text[:200]!r}: Podium fetches packages uploaded to the cluster "
+            f"(gcs://_ray_pkg_<hash>.zip: `ray job submit --working-dir DIR` uploads one) and https:// "
+            f"zip files, not {scheme}://; download it to a shared filesystem and give the local path, or "
+            f"serve it over https")
+    if len(text) > MAX_PATH_CHARS or any(c.isspace() or c == "\0" for c in text) or not (
+            _GCS_PACKAGE.match(text) if scheme == "gcs" else text.split("?", 1)[0].endswith(".zip")):
+        raise InvalidArgumentError(f"runtime_env[{key!r}] = {text[:200]!r} is not a package URI Podium takes: "
+                                   f"gcs://_ray_pkg_<hex hash>.zip or https://HOST/PATH.zip (at most "
+                                   f"{MAX_PATH_CHARS} characters)")
+    return text
+
+
 def _local_path(key: str, value: Any, *, directory: bool) -> str:
     if not isinstance(value, (str, os.PathLike)):
-        raise InvalidArgumentError(f"runtime_env[{key!r}] must be a local path, got {value!r}")
+        raise InvalidArgumentError(f"runtime_env[{key!r}] must be a local path or a package URI, got {value!r}")
     text = os.fspath(value)
     if "://" in text:
-        raise UnimplementedError(
-            f"runtime_env[{key!r}] = {text!r}: Podium takes a local path (present at the same place "
-            f"on every node, e.g. a shared filesystem), not a package URI; a submitted job "
-            f"(`ray job submit --working-dir`) already runs in its unpacked working_dir")
+        return package_uri(key, text)  # fetched and unpacked by the worker's node
     path = os.path.abspath(os.path.expanduser(text))
     if len(path) > MAX_PATH_CHARS or "\0" in path:
         raise InvalidArgumentError(f"runtime_env[{key!r}] path is longer than {MAX_PATH_CHARS} characters")
@@ -307,7 +329,12 @@ def check_fields(python_command: Sequence[str], working_dir: str, py_modules: Se
     if len(py_modules) > MAX_PY_MODULES:
         raise InvalidArgumentError(f"{label}: more than {MAX_PY_MODULES} py_modules")
     for path in (working_dir, *py_modules):
-        if len(path) > MAX_PATH_CHARS or "\0" in path or (path and not os.path.isabs(path)):
+        if "://" in path:
+            try:
+                package_uri("working_dir/py_modules", path)
+            except (InvalidArgumentError, UnimplementedError) as exc:
+                raise InvalidArgumentError(f"{label}: {exc}") from None
+        elif len(path) > MAX_PATH_CHARS or "\0" in path or (path and not os.path.isabs(path)):
             raise InvalidArgumentError(f"{label}: runtime path {path[:100]!r} is not an absolute path "
                                        f"of at most {MAX_PATH_CHARS} characters")
 

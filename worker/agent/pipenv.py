@@ -2,11 +2,11 @@
 that first needs it, then reused.
 
 A worker whose spec has ``pip`` starts as a ``py_executable`` worker does (the spawner's exec
-path, :func:`podium.worker.agent.workerenv.foreign_command`), by the command
-:func:`launcher_command`: this module, run by the agent's own interpreter, makes sure the
-virtualenv exists and then ``exec``s its python with the worker host's arguments, so the pid,
-the ready pipe and the log files stay the worker's. A failed install ends that process with
-pip's last lines on stderr: the worker is FAILED and its creator gets a ``WorkerDiedError``
+path, :func:`podium.worker.agent.workerenv.foreign_command`) behind the launcher
+(:mod:`podium.worker.agent.envlauncher`): run by the agent's own interpreter, it calls
+:func:`ensure` and then ``exec``s the virtualenv's python with the worker host's arguments, so
+the pid, the ready pipe and the log files stay the worker's. A failed install ends that process
+with pip's last lines on stderr: the worker is FAILED and its creator gets a ``WorkerDiedError``
 carrying them (Ray raises ``RuntimeEnvSetupError``).
 
 The cache (:data:`CACHE_DIR` under the node's log folder, private) holds, per set:
@@ -41,8 +41,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from podium.private import private_dir
 
-__all__ = ["CACHE_DIR", "MAX_ENVS", "SETUP_SECONDS", "READY_NAME", "env_key", "launcher_command",
-           "ensure", "SetupFailed", "main"]
+__all__ = ["CACHE_DIR", "MAX_ENVS", "SETUP_SECONDS", "READY_NAME", "env_key", "open_lock", "ensure",
+           "SetupFailed"]
 
 #: The cache's folder under the node agent's log folder.
 CACHE_DIR = "runtime_envs/pip"
@@ -70,14 +70,7 @@ def env_key(pip: Mapping[str, Any], python: str = sys.executable) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def launcher_command(cache: str | os.PathLike, pip: Mapping[str, Any]) -> tuple[str, ...]:
-    """The interpreter command (as a ``py_executable``) of a worker in ``pip``'s virtualenv:
-    what follows it is handed to that virtualenv's python."""
-    spec = json.dumps({**pip, "packages": list(pip["packages"])}, sort_keys=True)
-    return (sys.executable, "-m", "podium.worker.agent.pipenv", os.fspath(cache), spec, "--")
-
-
-def _open_lock(path: pathlib.Path, how: int) -> int:
+def open_lock(path: pathlib.Path, how: int) -> int:
     """A descriptor of ``path`` locked ``how`` (LOCK_SH / LOCK_EX); reopened when an eviction
     removed the file while we waited, so the lock held is the one the path names."""
     while True:
@@ -188,7 +181,7 @@ def _evict(cache: pathlib.Path, keep: str, limit: int) -> None:
             continue  # in use
         try:
             shutil.rmtree(folder, ignore_errors=True)
-            lock.unlink(missing_ok=True)  # waiters reopen (see _open_lock)
+            lock.unlink(missing_ok=True)  # waiters reopen (see open_lock)
             excess -= 1
         finally:
             os.close(fd)
@@ -196,7 +189,7 @@ def _evict(cache: pathlib.Path, keep: str, limit: int) -> None:
 
 @contextlib.contextmanager
 def _exclusive(lock: pathlib.Path) -> Iterator[int]:
-    fd = _open_lock(lock, fcntl.LOCK_EX)
+    fd = open_lock(lock, fcntl.LOCK_EX)
     try:
         yield fd
     except BaseException:
@@ -212,7 +205,7 @@ def ensure(cache: str | os.PathLike, pip: Mapping[str, Any], limit: int = MAX_EN
     key = env_key(pip)
     target, lock = folder / key, folder / f"{key}.lock"
     python = str(target / "bin" / "python")
-    fd = _open_lock(lock, fcntl.LOCK_SH)
+    fd = open_lock(lock, fcntl.LOCK_SH)
     if (target / READY_NAME).exists():
         os.utime(target / READY_NAME)  # recently used: evicted last
         return python, fd
@@ -231,24 +224,3 @@ def ensure(cache: str | os.PathLike, pip: Mapping[str, Any], limit: int = MAX_EN
                              f"({len(pip['packages'])} requirement(s))\n")
         fcntl.flock(fd, fcntl.LOCK_SH)  # made: from now on only used
     return python, fd
-
-
-def main(argv: Sequence[str]) -> int:
-    """``python -m podium.worker.agent.pipenv CACHE SPEC -- ARGS...``: exec ARGS with the
-    virtualenv's python (its pid stays the worker's)."""
-    cache, spec, dash, *rest = argv
-    pip = json.loads(spec)
-    try:
-        python, fd = ensure(cache, pip)
-    except SetupFailed as exc:
-        sys.stderr.write(f"podium: runtime_env {pip['installer']!r} could not set up the virtualenv of "
-                         f"{pip['packages']} on this node: {exc}\n")
-        return 1
-    os.set_inheritable(fd, True)  # held shared by the worker for its life (eviction skips it)
-    sys.stderr.flush()
-    os.execv(python, [python, *rest])
-    return 1  # not reached
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.worker.agent import pipenv
+from podium.worker.agent import envlauncher, pipenv
 from tests.support.wheels import tiny_wheel
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,9 +68,10 @@ def test_a_failed_install_names_pips_lines_and_leaves_nothing(tmp_path):
     assert "pip install failed" in str(caught.value) and "podium_missing" in str(caught.value)
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []
     # The launcher says so on stderr and exits 1 (the worker's FAILED report carries it).
-    run = subprocess.run([*pipenv.launcher_command(cache, bad), "-c", "print('never')"],
+    run = subprocess.run([*envlauncher.launcher_command(tmp_path, bad, "", ()), "-c", "print('never')"],
                          capture_output=True, text=True)
-    assert run.returncode == 1 and "could not set up the virtualenv" in run.stderr
+    assert run.returncode == 1 and "runtime_env could not be set up" in run.stderr
+    assert "pip install failed" in run.stderr
     assert "podium_missing" in run.stderr and "never" not in run.stdout
 
 

@@ -136,8 +136,16 @@ def test_runtime_env_keys_set_to_none_ask_for_the_default_and_others_are_refused
     for key in ("conda", "container", "nsight"):
         with pytest.raises(NotImplementedError, match=f"runtime_env key '{key}' is not supported by Podium: "):
             parse_options({"runtime_env": {key: ["x"]}}, actor=True)
-    with pytest.raises(NotImplementedError, match="local path"):
-        parse_options({"runtime_env": {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip"}}, actor=True)
+    uris = {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip", "py_modules": ["https://example.org/m.zip"]}
+    assert parse_options({"runtime_env": uris}, actor=True).runtime == {
+        "working_dir": uris["working_dir"], "py_modules": tuple(uris["py_modules"])}  # fetched by the node
+    for scheme in ("s3", "gs", "http", "file"):
+        with pytest.raises(NotImplementedError, match=f"gcs://_ray_pkg_<hash>.zip.*not {scheme}://"):
+            parse_options({"runtime_env": {"working_dir": f"{scheme}://bucket/x.zip"}}, actor=True)
+    from podium.errors import InvalidArgumentError
+    for bad in ("gcs://other.zip", "https://example.org/x.tar", "https://example.org/a b.zip"):
+        with pytest.raises(InvalidArgumentError, match="not a package URI"):
+            parse_options({"runtime_env": {"working_dir": bad}}, actor=True)
 
 
 def test_runtime_env_py_executable_working_dir_and_py_modules_are_checked_and_bounded(tmp_path):
