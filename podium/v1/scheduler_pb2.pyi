@@ -833,6 +833,8 @@ Global___ClusterState: _TypeAlias = ClusterState  # noqa: Y015
 
 @_typing.final
 class ReadPackageRequest(_message.Message):
+    """Which package to read."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     URI_FIELD_NUMBER: _builtins.int
@@ -853,6 +855,8 @@ Global___ReadPackageRequest: _TypeAlias = ReadPackageRequest  # noqa: Y015
 
 @_typing.final
 class PackageChunk(_message.Message):
+    """One piece of a package being read."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DATA_FIELD_NUMBER: _builtins.int

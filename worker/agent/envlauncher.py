@@ -16,15 +16,17 @@ worker's FAILED report carries (its creator's ``WorkerDiedError``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
+import shutil
 import sys
 from typing import Any, Mapping, Sequence
 
 from podium.worker.agent import packages, pipenv
 
-__all__ = ["needs_launcher", "launcher_command", "main"]
+__all__ = ["needs_launcher", "launcher_command", "link_modules", "main"]
 
 
 def needs_launcher(pip: Mapping[str, Any] | None, working_dir: str, py_modules: Sequence[str]) -> bool:
@@ -41,9 +43,32 @@ def launcher_command(state_dir: str | os.PathLike, pip: Mapping[str, Any] | None
             json.dumps(spec, sort_keys=True), "--")
 
 
+def link_modules(folder: pathlib.Path, py_modules: Sequence[str]) -> str:
+    """A folder (under ``folder``, one per set of modules) holding a link named like each of
+    ``py_modules`` to it, so each imports by its name and nothing beside it does; "" for none.
+    FileNotFoundError naming the module when one is not on this node."""
+    if not py_modules:
+        return ""
+    for path in py_modules:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"runtime_env py_modules entry {path!r} does not exist on this node")
+    key = hashlib.sha256("\0".join(py_modules).encode()).hexdigest()[:16]
+    target = folder / key
+    if not target.is_dir():
+        staging = folder / f".{key}.{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for path in py_modules:
+            (staging / os.path.basename(path.rstrip("/"))).symlink_to(path)
+        try:
+            staging.rename(target)
+        except OSError:  # another spawn made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
 def _setup(state_dir: pathlib.Path, spec: Mapping[str, Any], argv: list[str]) -> tuple[list[str], list[int]]:
     """Set this process up as ``spec`` asks; the argv to exec and the lock descriptors held."""
-    from podium.worker.agent.workerenv import link_modules
     held: list[int] = []
     working_dir = spec.get("working_dir") or ""
     if packages.is_uri(working_dir):

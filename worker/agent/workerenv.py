@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
-import shutil
 import signal
 from typing import Mapping, Sequence
 
 from podium.auth import TlsConfig
 from podium.process import die_with_parent_argv
 from podium.runtimeenv import ENV_KEY, pip_fields, to_env
-from podium.worker.agent.envlauncher import launcher_command, needs_launcher
+from podium.worker.agent.envlauncher import launcher_command, link_modules, needs_launcher
 from podium.worker.agent.packages import is_uri
 from podium.v1 import common_pb2
 
@@ -151,27 +149,3 @@ def runtime_env_vars(base: Mapping[str, str], spec: common_pb2.WorkerSpec, modul
         out["PYTHONPATH"] = os.pathsep.join([*front, *filter(None, [base.get("PYTHONPATH", "")])])
     out[ENV_KEY] = to_env(tuple(spec.python_command), spec.working_dir, tuple(spec.py_modules), pip_fields(spec))
     return out
-
-
-def link_modules(folder: pathlib.Path, py_modules: Sequence[str]) -> str:
-    """A folder (under ``folder``, one per set of modules) holding a link named like each of
-    ``py_modules`` to it, so each imports by its name and nothing beside it does; "" for none.
-    FileNotFoundError naming the module when one is not on this node."""
-    if not py_modules:
-        return ""
-    for path in py_modules:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"runtime_env py_modules entry {path!r} does not exist on this node")
-    key = hashlib.sha256("\0".join(py_modules).encode()).hexdigest()[:16]
-    target = folder / key
-    if not target.is_dir():
-        staging = folder / f".{key}.{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for path in py_modules:
-            (staging / os.path.basename(path.rstrip("/"))).symlink_to(path)
-        try:
-            staging.rename(target)
-        except OSError:  # another spawn made it first
-            shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
