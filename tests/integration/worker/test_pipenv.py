@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,15 +78,30 @@ def test_a_failed_install_names_pips_lines_and_leaves_nothing(tmp_path):
 
 def test_uv_without_uv_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no uv binary here
-    try:
-        import uv  # noqa: F401
-        pytest.skip("the uv package is installed in this interpreter, so uv is available")
-    except ImportError:
-        pass
+    monkeypatch.setitem(sys.modules, "uv", None)  # and no uv package: its import fails
     uv_set = {**_set("anything"), "installer": "uv"}
     with pytest.raises(pipenv.SetupFailed, match="needs the uv binary.*pip install uv"):
         pipenv.ensure(tmp_path / "cache", uv_set)
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == []
+
+
+def _has_uv() -> bool:
+    try:
+        import uv  # noqa: F401
+        return True
+    except ImportError:
+        return shutil.which("uv") is not None
+
+
+@pytest.mark.skipif(not _has_uv(), reason="needs uv (the uv binary on PATH or `pip install uv`)")
+def test_uv_makes_the_env_with_uv(tmp_path):
+    wheel = tiny_wheel(tmp_path / "w", "podium_pipdemo", "3.0", "three")
+    python, fd = pipenv.ensure(tmp_path / "cache", {**_set(str(wheel)), "installer": "uv", "pip_check": True})
+    os.close(fd)
+    probe = subprocess.run([python, "-c", "import podium_pipdemo, podium.worker.host; print(podium_pipdemo.VALUE)"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "three"
+    assert not Path(python).parent.joinpath("pip").exists()  # uv installs; the env has no pip of its own
 
 
 def test_the_cache_is_bounded_and_keeps_sets_in_use(tmp_path):
