@@ -17,10 +17,13 @@ from pathlib import Path, PurePosixPath
 
 from podium.errors import InvalidArgumentError, PayloadTooLargeError
 
-__all__ = ["MAX_UNPACKED_BYTES", "MAX_PACKAGE_ENTRIES", "MAX_DRIVER_PACKAGES_BYTES", "check_zip", "unpack"]
+__all__ = ["MAX_UNPACKED_BYTES", "MAX_PACKAGE_BYTES", "MAX_PACKAGE_ENTRIES", "MAX_DRIVER_PACKAGES_BYTES", "check_zip", "unpack"]
 
 #: Largest sum of a package's unpacked file sizes, and most entries in one.
 MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
+#: Largest package (Ray's own limit is its gRPC message size, 512 MiB): an upload to the
+#: scheduler, and a package a node fetches for a worker's runtime_env.
+MAX_PACKAGE_BYTES = 256 * 1024 * 1024
 MAX_PACKAGE_ENTRIES = 100_000
 #: A job's packages together when its driver runs on another node: they travel in one gRPC
 #: message (whose limit is 64 MiB) to that node's agent.

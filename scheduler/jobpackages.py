@@ -21,14 +21,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from podium.errors import InvalidArgumentError, NotFoundError, PayloadTooLargeError
-from podium.zippackage import MAX_PACKAGE_ENTRIES, MAX_UNPACKED_BYTES, check_zip, unpack
+from podium.zippackage import MAX_PACKAGE_BYTES, MAX_PACKAGE_ENTRIES, MAX_UNPACKED_BYTES, check_zip, unpack
 from podium.private import open_private, private_dir
 
 __all__ = ["PackageStore", "check_zip", "unpack", "package_name_of", "MAX_PACKAGE_BYTES",
            "MAX_UNPACKED_BYTES", "MAX_PACKAGE_ENTRIES", "MAX_STORED_BYTES"]
 
-#: Largest package upload (Ray's own limit is its gRPC message size, 512 MiB).
-MAX_PACKAGE_BYTES = 256 * 1024 * 1024
 #: Stored packages together, at most.
 MAX_STORED_BYTES = 2 * 1024 * 1024 * 1024
 #: What Ray's clients upload: a zip named by its hash (``gcs`` is the protocol they use).

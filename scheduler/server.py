@@ -26,6 +26,7 @@ from podium.private import write_private_atomic
 from podium.rpc import bind, make_server, start_server, use_uvloop
 from podium.scheduler.http import HttpServer
 from podium.scheduler.jobnodes import JobNodes
+from podium.scheduler import packageserve
 from podium.scheduler.jobs import JobManager
 from podium.scheduler.records import DEFAULT_NODE_LEASE
 from podium.scheduler.service import SchedulerConfig, SchedulerService
@@ -104,12 +105,14 @@ async def run_scheduler(config: SchedulerConfig) -> RunningScheduler:
     service = SchedulerService(config, store)
     server, health = make_server(config.token)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(service, server)
+    packages = packageserve.add_to_server(server)  # runtime_env package URIs, for the nodes
     port = bind(server, config.host, config.port, config.tls)
     await start_server(server, health)
     service.start()
     folder, jobs_tmp = _jobs_folder(config)
     jobs = JobManager(folder, store, service.close_sessions, token=config.token, tls=config.tls,
                       nodes=JobNodes(service))
+    packages.store = jobs.packages
     http = HttpServer(service, config, jobs)
     try:
         host = _connect_host(config.host)

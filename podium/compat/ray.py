@@ -71,8 +71,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
     """``ray.init``: join the cluster at ``address`` ("auto" or None: ``PODIUM_ADDRESS``, else
     an embedded cluster on this machine). ``namespace`` sets the default for named actors;
     ``runtime_env``: ``env_vars`` are set for the embedded cluster's workers and (through the
-    stand-in's ``remote``) for every worker; ``py_executable``, ``working_dir`` and ``py_modules``
-    are inherited by every actor and task of the job (:mod:`podium.runtimeenv`); other keys are
+    stand-in's ``remote``) for every worker; ``py_executable``, ``working_dir``, ``py_modules``, ``pip``
+    and ``uv`` are inherited by every actor and task of the job (:mod:`podium.runtimeenv`); other keys are
     refused naming the alternative. Every other keyword of Ray's is answered by
     :data:`podium.compat.rayoptions.INIT`: refused with the alternative, or accepted where it
     cannot matter on Podium."""
@@ -81,10 +81,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
     os.environ.update(env_vars)  # the embedded node agent passes them on
     _raycontext.set_job_env_vars(dict(env_vars))  # the stand-in's remote() passes them on
     if fields:  # every actor and task of this job (and theirs) inherits them, as in Ray
-        merged = {**_runtimeenv.inherited(), **fields}
-        os.environ[_runtimeenv.ENV_KEY] = _runtimeenv.to_env(merged.get("py_executable", ()),
-                                                             merged.get("working_dir", ""),
-                                                             merged.get("py_modules", ()))
+        os.environ[_runtimeenv.ENV_KEY] = _runtimeenv.merged_env(fields)
     _raycontext.set_namespace(kwargs.get("namespace"))
     if is_initialized() and not ignore_reinit_error:
         raise RuntimeError("Maybe you called ray.init twice by accident? (pass ignore_reinit_error=True)")

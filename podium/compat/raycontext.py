@@ -195,13 +195,18 @@ class RuntimeContext:
     def runtime_env(self) -> RuntimeEnv:
         """The runtime_env this process runs under (Ray's ``RuntimeEnv``): what Podium passes
         on to the actors and tasks it starts (``py_executable``, ``working_dir``,
-        ``py_modules``) and ``ray.init``'s ``env_vars``."""
+        ``py_modules``, ``pip``/``uv``) and ``ray.init``'s ``env_vars``."""
         fields = runtimeenv.inherited()
         env = RuntimeEnv(working_dir=fields.get("working_dir") or None,
                          py_modules=list(fields["py_modules"]) if fields.get("py_modules") else None,
                          env_vars=job_env_vars() or None)
         if fields.get("py_executable"):
             env["py_executable"] = shlex.join(fields["py_executable"])
+        if fields.get("pip"):
+            pip = fields["pip"]
+            env[pip["installer"]] = {"packages": list(pip["packages"]),
+                                     **({"pip_check": pip["pip_check"], "pip_version": pip["pip_version"]}
+                                        if pip["installer"] == "pip" else {"uv_check": pip["pip_check"]})}
         return env
 
     @property

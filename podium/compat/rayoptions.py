@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from podium.errors import InvalidArgumentError, UnimplementedError
+from podium.runtimeenv import HONOURED_NOTE
 
 __all__ = ["Answer", "HONOURED", "REFUSED", "NO_EFFECT", "RAY_VERSION", "INIT", "ACTOR", "TASK",
            "PLACEMENT_GROUP", "METHOD", "METHOD_CALL", "PUT", "TABLES", "check", "markdown"]
@@ -80,8 +81,8 @@ INIT: dict[str, Answer] = {
     "logging_config": _moot(_NO_DAEMONS, probe="config"),
     "log_to_driver": _ok("workers' output is streamed to the driver, or not"),
     "namespace": _ok("the default namespace of named actors", probe="ns"),
-    "runtime_env": _ok("env_vars, py_executable, working_dir and py_modules, for every worker of the job "
-                       "(other keys are refused naming the alternative)",
+    "runtime_env": _ok(f"{HONOURED_NOTE}, for every worker of the job (other keys are refused naming "
+                       "the alternative)",
                        probe={"env_vars": {"A": "1"}}),
     "enable_resource_isolation": _no("run Podium's daemons on cores of their own (taskset)", defaults=(None, False)),
     "cgroup_path": _no("run Podium's daemons on cores of their own (taskset)", probe="/sys/fs/cgroup/x"),
@@ -123,7 +124,7 @@ _COMMON: dict[str, Answer] = {
     "placement_group_bundle_index": _ok("runs in that bundle (-1: the first with room)", probe=0),
     "placement_group_capture_child_tasks": _ok(
         "what it starts without a placement of its own lands in its placement group"),
-    "runtime_env": _ok("env_vars, py_executable, working_dir and py_modules; other keys are refused",
+    "runtime_env": _ok(f"{HONOURED_NOTE}; other keys are refused",
                        probe={"env_vars": {"A": "1"}}),
     "scheduling_strategy": _ok("'DEFAULT', PlacementGroupSchedulingStrategy, NodeAffinitySchedulingStrategy "
                                "(soft too); 'SPREAD' is placed by Podium's scheduler, not spread", probe="DEFAULT"),

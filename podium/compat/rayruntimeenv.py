@@ -12,7 +12,8 @@ __all__ = ["RuntimeEnv", "RuntimeEnvConfig"]
 
 class RuntimeEnvConfig(dict):
     """``RuntimeEnvConfig(setup_timeout_seconds=..., eager_install=...)``: how Ray builds an
-    environment; accepted with no effect, since Podium builds none."""
+    environment; accepted with no effect (a ``pip`` set's install is bounded by Ray's default
+    600 s, and built when its first worker starts)."""
 
     def __init__(self, setup_timeout_seconds: int = 600, eager_install: bool = True,
                  log_files: list[str] | None = None) -> None:

@@ -593,6 +593,7 @@ class WorkerSpec(_message.Message):
     PYTHON_COMMAND_FIELD_NUMBER: _builtins.int
     WORKING_DIR_FIELD_NUMBER: _builtins.int
     PY_MODULES_FIELD_NUMBER: _builtins.int
+    PIP_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     MAX_TASK_RETRIES_FIELD_NUMBER: _builtins.int
@@ -647,6 +648,12 @@ class WorkerSpec(_message.Message):
         """
 
     @_builtins.property
+    def pip(self) -> Global___PipEnv:
+        """runtime_env.pip / runtime_env.uv: the requirements of the virtualenv the worker runs in,
+        made (once per set) on its node. Unset: none.
+        """
+
+    @_builtins.property
     def resources(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Custom resources taken from the bundle (name to amount), as num_cpus is."""
 
@@ -666,18 +673,57 @@ class WorkerSpec(_message.Message):
         python_command: _abc.Iterable[_builtins.str] | None = ...,
         working_dir: _builtins.str = ...,
         py_modules: _abc.Iterable[_builtins.str] | None = ...,
+        pip: Global___PipEnv | None = ...,
         restarts: _builtins.int = ...,
         max_restarts: _builtins.int = ...,
         max_task_retries: _builtins.int = ...,
         resources: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pip", b"pip"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "max_restarts", b"max_restarts", "max_task_retries", b"max_task_retries", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "resources", b"resources", "restarts", b"restarts", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_index", b"bundle_index", "detached", b"detached", "env", b"env", "group", b"group", "max_restarts", b"max_restarts", "max_task_retries", b"max_task_retries", "name", b"name", "num_cpus", b"num_cpus", "num_gpus", b"num_gpus", "pip", b"pip", "placement_group_id", b"placement_group_id", "py_modules", b"py_modules", "python_command", b"python_command", "rank", b"rank", "resources", b"resources", "restarts", b"restarts", "working_dir", b"working_dir", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerSpec: _TypeAlias = WorkerSpec  # noqa: Y015
+
+@_typing.final
+class PipEnv(_message.Message):
+    """runtime_env.pip or runtime_env.uv (podium.runtimeenv): a virtualenv per requirement set,
+    inheriting the node's base environment, cached on the node (worker/agent/pipenv.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTALLER_FIELD_NUMBER: _builtins.int
+    PACKAGES_FIELD_NUMBER: _builtins.int
+    PIP_CHECK_FIELD_NUMBER: _builtins.int
+    PIP_VERSION_FIELD_NUMBER: _builtins.int
+    installer: _builtins.str
+    """"pip" or "uv": the installer."""
+    pip_check: _builtins.bool
+    """Run `pip check` after the install (pip only)."""
+    pip_version: _builtins.str
+    """The pip to install in the virtualenv first (pip only), e.g. "==23.2.1"; "" keeps its own."""
+    @_builtins.property
+    def packages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Requirement lines (a name with a version, a local path, a URL): at most 256, 64 KiB together."""
+
+    def __init__(
+        self,
+        *,
+        installer: _builtins.str = ...,
+        packages: _abc.Iterable[_builtins.str] | None = ...,
+        pip_check: _builtins.bool = ...,
+        pip_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["installer", b"installer", "packages", b"packages", "pip_check", b"pip_check", "pip_version", b"pip_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PipEnv: _TypeAlias = PipEnv  # noqa: Y015
 
 @_typing.final
 class WorkerInfo(_message.Message):

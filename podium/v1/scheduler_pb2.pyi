@@ -830,3 +830,51 @@ class ClusterState(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterState: _TypeAlias = ClusterState  # noqa: Y015
+
+@_typing.final
+class ReadPackageRequest(_message.Message):
+    """Which package to read."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URI_FIELD_NUMBER: _builtins.int
+    uri: _builtins.str
+    """gcs://_ray_pkg_<hex hash>.zip"""
+    def __init__(
+        self,
+        *,
+        uri: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["uri", b"uri"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadPackageRequest: _TypeAlias = ReadPackageRequest  # noqa: Y015
+
+@_typing.final
+class PackageChunk(_message.Message):
+    """One piece of a package being read."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The next bytes of the package."""
+    size: _builtins.int
+    """The package's size in bytes (every chunk says it)."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackageChunk: _TypeAlias = PackageChunk  # noqa: Y015

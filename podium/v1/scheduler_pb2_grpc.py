@@ -823,3 +823,89 @@ class Scheduler:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PackagesStub:
+    """Packages uploaded to the cluster (gcs://_ray_pkg_<hash>.zip: what `ray job submit
+    --working-dir` and `podium job submit` upload), for the workers whose runtime_env
+    working_dir or py_modules names one: the node hosting such a worker reads it here once and
+    unpacks it into its own cache (worker/agent/packages.py). Needs the cluster token.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ReadPackage = channel.unary_stream(
+                '/podium.v1.Packages/ReadPackage',
+                request_serializer=podium_dot_v1_dot_scheduler__pb2.ReadPackageRequest.SerializeToString,
+                response_deserializer=podium_dot_v1_dot_scheduler__pb2.PackageChunk.FromString,
+                _registered_method=True)
+
+
+class PackagesServicer:
+    """Packages uploaded to the cluster (gcs://_ray_pkg_<hash>.zip: what `ray job submit
+    --working-dir` and `podium job submit` upload), for the workers whose runtime_env
+    working_dir or py_modules names one: the node hosting such a worker reads it here once and
+    unpacks it into its own cache (worker/agent/packages.py). Needs the cluster token.
+    """
+
+    def ReadPackage(self, request, context):
+        """The stored package's bytes in order, in chunks of at most 1 MiB (at most 256 MiB in all);
+        NOT_FOUND when it was never uploaded, INVALID_ARGUMENT for a URI that is not such a name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PackagesServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ReadPackage': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadPackage,
+                    request_deserializer=podium_dot_v1_dot_scheduler__pb2.ReadPackageRequest.FromString,
+                    response_serializer=podium_dot_v1_dot_scheduler__pb2.PackageChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'podium.v1.Packages', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('podium.v1.Packages', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Packages:
+    """Packages uploaded to the cluster (gcs://_ray_pkg_<hash>.zip: what `ray job submit
+    --working-dir` and `podium job submit` upload), for the workers whose runtime_env
+    working_dir or py_modules names one: the node hosting such a worker reads it here once and
+    unpacks it into its own cache (worker/agent/packages.py). Needs the cluster token.
+    """
+
+    @staticmethod
+    def ReadPackage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/podium.v1.Packages/ReadPackage',
+            podium_dot_v1_dot_scheduler__pb2.ReadPackageRequest.SerializeToString,
+            podium_dot_v1_dot_scheduler__pb2.PackageChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -8,7 +8,8 @@
   the held MASTER_PORTs, :mod:`~podium.worker.agent.logtail` TailLog's file reading.
 - :mod:`~podium.worker.agent.spawner`: starting, watching and stopping worker processes;
   :mod:`~podium.worker.agent.managed` (one tracked worker), :mod:`~podium.worker.agent.workerenv`
-  (its argv and environment), :mod:`~podium.worker.agent.exitinfo` (log tails, exit records).
+  (its argv and environment), :mod:`~podium.worker.agent.exitinfo` (log tails, exit records),
+  :mod:`~podium.worker.agent.pipenv` (runtime_env pip/uv: the node's cached virtualenvs).
 - :mod:`~podium.worker.agent.forkserver`: a pre-imported parent that forks workers fast.
 - :mod:`~podium.worker.agent.metrics`: the agent's Prometheus metrics.
 

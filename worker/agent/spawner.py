@@ -58,8 +58,8 @@ from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
 from podium.worker.agent.adoption import adopted_worker, record_of
 from podium.worker.agent.managed import ManagedWorker, parse_ready, ready_cap
 from podium.runtimeenv import check_spec
-from podium.worker.agent.workerenv import (ALLOCATOR_DEFAULTS, foreign_command, launch_argv, link_modules,
-                                           runtime_env_vars, with_allocator_defaults, worker_env)
+from podium.worker.agent.workerenv import (ALLOCATOR_DEFAULTS, launch_argv, launch_plan, runtime_env_vars,
+                                           with_allocator_defaults, worker_env)
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class Spawner:
         the fork server has read its allocator setting (ALLOCATOR_DEFAULTS) once and for all,
         so a worker that wants another one starts as a new process."""
         spec = info.spec  # a runtime_env (its interpreter, sys.path, cwd) needs a fresh process
-        return (not (spec.python_command or spec.working_dir or spec.py_modules)
+        return (not (spec.python_command or spec.working_dir or spec.py_modules or spec.pip.packages)
                 and all(info.env.get(key, self._base_env[key]) == self._base_env[key] for key in ALLOCATOR_DEFAULTS))
 
     def _new_worker(self, info: common_pb2.WorkerInfo) -> tuple["ManagedWorker", dict[str, str]]:
@@ -280,16 +280,9 @@ class Spawner:
 
     def _launch(self, info: common_pb2.WorkerInfo, env: dict[str, str]) -> tuple[tuple[str, ...], str]:
         """The command and cwd that start ``info`` as a new process, with ``env`` completed for
-        its runtime_env (podium.runtimeenv); FileNotFoundError when its working_dir or a
-        py_module is not on this node."""
-        spec = info.spec
-        if spec.working_dir and not os.path.isdir(spec.working_dir):
-            raise FileNotFoundError(f"runtime_env working_dir {spec.working_dir!r} is not a directory "
-                                    f"on node {self.node_id}")
-        modules = link_modules(self.log_dir / "py_modules", tuple(spec.py_modules))
-        env.update(runtime_env_vars(env, spec, modules))
-        command = foreign_command(spec.python_command) if spec.python_command else self.command
-        return command, spec.working_dir or os.getcwd()
+        its runtime_env (podium.runtimeenv, workerenv.launch_plan); FileNotFoundError when its
+        working_dir or a py_module is not on this node."""
+        return launch_plan(info.spec, env, self.command, self.log_dir)
 
     @contextlib.contextmanager
     def _log_files(self, worker: "ManagedWorker"):

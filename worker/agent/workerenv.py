@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
-import shutil
 import signal
 from typing import Mapping, Sequence
 
 from podium.auth import TlsConfig
 from podium.process import die_with_parent_argv
-from podium.runtimeenv import ENV_KEY, to_env
+from podium.runtimeenv import ENV_KEY, pip_fields, to_env
+from podium.worker.agent.envlauncher import launcher_command, link_modules, needs_launcher
+from podium.worker.agent.packages import is_uri
 from podium.v1 import common_pb2
 
 __all__ = ["ALLOCATOR_DEFAULTS", "TLS_ENV_KEYS", "NOSET_CUDA_VISIBLE_DEVICES", "ASSIGNED_GPUS",
            "launch_argv", "with_allocator_defaults", "worker_env", "foreign_command", "runtime_env_vars",
-           "link_modules"]
+           "link_modules", "launch_plan"]
 
 #: Ray's switch (slime and SkyRL set it): the worker sees every GPU of its node, not only its own.
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
@@ -102,18 +102,40 @@ try:
     from podium.worker.host import process
 except ImportError as exc:
     sys.stderr.write("podium: Podium's worker host (podium.worker.host) does not import in the "
-                     "interpreter %s, started by runtime_env py_executable %s: %s: install podium "
+                     "interpreter %s, started by %s: %s: install podium "
                      "(the cluster's version) in that environment\\n" % (sys.executable, COMMAND, exc))
     sys.exit(1)
 sys.exit(process.main(sys.argv[1:]))
 """
 
 
-def foreign_command(python_command: Sequence[str]) -> tuple[str, ...]:
+def foreign_command(python_command: Sequence[str], label: str = "") -> tuple[str, ...]:
     """The worker command (``--ready-fd N`` is appended) for a worker started by the
-    interpreter command ``python_command`` (its last word is the interpreter)."""
-    code = _FOREIGN_HOST.replace("COMMAND", repr(" ".join(python_command)))
+    interpreter command ``python_command`` (its last word is the interpreter); ``label`` names
+    the interpreter in the error when it is not that command (a pip virtualenv)."""
+    code = _FOREIGN_HOST.replace("COMMAND", repr(label or f"runtime_env py_executable {' '.join(python_command)}"))
     return (*python_command, "-c", code)
+
+
+def launch_plan(spec: common_pb2.WorkerSpec, env: dict[str, str], default: Sequence[str],
+                state_dir: pathlib.Path) -> tuple[tuple[str, ...], str]:
+    """The command (``--ready-fd N`` is appended) and cwd that start a worker with ``spec``'s
+    runtime environment, with ``env`` completed for it: ``default`` (the agent's command) or its
+    py_executable, in its working_dir with its py_modules on ``PYTHONPATH``. A ``pip`` set or a
+    package URI puts the launcher in front (podium.worker.agent.envlauncher), which sets those
+    up on this node and then execs the same foreign host a py_executable runs.
+    FileNotFoundError when a local working_dir or py_module is not on this node."""
+    pip = pip_fields(spec)
+    if needs_launcher(pip, spec.working_dir, spec.py_modules):
+        inner = (foreign_command((), "a pip virtualenv") if pip
+                 else foreign_command(spec.python_command) if spec.python_command else tuple(default))
+        return (*launcher_command(state_dir, pip, spec.working_dir, spec.py_modules), *inner), os.getcwd()
+    if spec.working_dir and not os.path.isdir(spec.working_dir):
+        raise FileNotFoundError(f"runtime_env working_dir {spec.working_dir!r} is not a directory on this node")
+    modules = link_modules(state_dir / "py_modules", tuple(spec.py_modules))
+    env.update(runtime_env_vars(env, spec, modules))
+    command = foreign_command(spec.python_command) if spec.python_command else tuple(default)
+    return command, spec.working_dir or os.getcwd()
 
 
 def runtime_env_vars(base: Mapping[str, str], spec: common_pb2.WorkerSpec, modules_dir: str) -> dict[str, str]:
@@ -122,32 +144,8 @@ def runtime_env_vars(base: Mapping[str, str], spec: common_pb2.WorkerSpec, modul
     both on sys.path), and the runtime environment its own actors and tasks inherit
     (``PODIUM_RUNTIME_ENV``; empty for a worker without one)."""
     out: dict[str, str] = {}
-    front = [p for p in (spec.working_dir, modules_dir) if p]
+    front = [p for p in (spec.working_dir, modules_dir) if p and not is_uri(p)]  # URIs: the launcher
     if front:
         out["PYTHONPATH"] = os.pathsep.join([*front, *filter(None, [base.get("PYTHONPATH", "")])])
-    out[ENV_KEY] = to_env(tuple(spec.python_command), spec.working_dir, tuple(spec.py_modules))
+    out[ENV_KEY] = to_env(tuple(spec.python_command), spec.working_dir, tuple(spec.py_modules), pip_fields(spec))
     return out
-
-
-def link_modules(folder: pathlib.Path, py_modules: Sequence[str]) -> str:
-    """A folder (under ``folder``, one per set of modules) holding a link named like each of
-    ``py_modules`` to it, so each imports by its name and nothing beside it does; "" for none.
-    FileNotFoundError naming the module when one is not on this node."""
-    if not py_modules:
-        return ""
-    for path in py_modules:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"runtime_env py_modules entry {path!r} does not exist on this node")
-    key = hashlib.sha256("\0".join(py_modules).encode()).hexdigest()[:16]
-    target = folder / key
-    if not target.is_dir():
-        staging = folder / f".{key}.{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for path in py_modules:
-            (staging / os.path.basename(path.rstrip("/"))).symlink_to(path)
-        try:
-            staging.rename(target)
-        except OSError:  # another spawn made it first
-            shutil.rmtree(staging, ignore_errors=True)
-    return str(target)

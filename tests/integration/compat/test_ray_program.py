@@ -44,7 +44,7 @@ def test_unsupported_names_say_what_to_use():
     with pytest.raises(AttributeError):
         ray.__wrapped__
     with pytest.raises(NotImplementedError, match="runtime_env"):
-        ray.init(runtime_env={"pip": ["x"]})
+        ray.init(runtime_env={"conda": "env"})
     assert ray.exceptions.RayActorError.__name__ == "WorkerDiedError"
     assert ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy is \
         ray.util.PlacementGroupSchedulingStrategy

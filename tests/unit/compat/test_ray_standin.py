@@ -133,11 +133,19 @@ def test_runtime_env_keys_set_to_none_ask_for_the_default_and_others_are_refused
                          actor=True)
     assert opts.env == {"A": "1"}
     assert not opts.runtime
-    for key in ("pip", "uv", "conda", "container", "nsight"):
+    for key in ("conda", "container", "nsight"):
         with pytest.raises(NotImplementedError, match=f"runtime_env key '{key}' is not supported by Podium: "):
             parse_options({"runtime_env": {key: ["x"]}}, actor=True)
-    with pytest.raises(NotImplementedError, match="local path"):
-        parse_options({"runtime_env": {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip"}}, actor=True)
+    uris = {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip", "py_modules": ["https://example.org/m.zip"]}
+    assert parse_options({"runtime_env": uris}, actor=True).runtime == {
+        "working_dir": uris["working_dir"], "py_modules": tuple(uris["py_modules"])}  # fetched by the node
+    for scheme in ("s3", "gs", "http", "file"):
+        with pytest.raises(NotImplementedError, match=f"gcs://_ray_pkg_<hash>.zip.*not {scheme}://"):
+            parse_options({"runtime_env": {"working_dir": f"{scheme}://bucket/x.zip"}}, actor=True)
+    from podium.errors import InvalidArgumentError
+    for bad in ("gcs://other.zip", "https://example.org/x.tar", "https://example.org/a b.zip"):
+        with pytest.raises(InvalidArgumentError, match="not a package URI"):
+            parse_options({"runtime_env": {"working_dir": bad}}, actor=True)
 
 
 def test_runtime_env_py_executable_working_dir_and_py_modules_are_checked_and_bounded(tmp_path):
@@ -154,6 +162,35 @@ def test_runtime_env_py_executable_working_dir_and_py_modules_are_checked_and_bo
                 {"py_modules": [str(tmp_path)] * (MAX_PY_MODULES + 1)}, {"py_modules": [str(tmp_path / "absent")]}):
         with pytest.raises(InvalidArgumentError):
             parse_options({"runtime_env": bad}, actor=True)
+
+
+def test_runtime_env_pip_and_uv_in_rays_forms_become_one_sorted_set(tmp_path, monkeypatch):
+    from podium import runtimeenv
+    from podium.errors import InvalidArgumentError
+    listed = parse_options({"runtime_env": {"pip": ["b==2", " a ", "b==2"]}}, actor=True).runtime["pip"]
+    assert listed == {"installer": "pip", "packages": ("a", "b==2"), "pip_check": False, "pip_version": ""}
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# pinned\nb==2\n\na  # first\n")
+    assert parse_options({"runtime_env": {"pip": str(requirements)}}, actor=True).runtime["pip"] == listed
+    as_dict = parse_options({"runtime_env": {"pip": {"packages": ["a", "b==2"], "pip_check": True,
+                                                     "pip_version": "==23.2.1"}}}, actor=True).runtime["pip"]
+    assert as_dict == {**listed, "pip_check": True, "pip_version": "==23.2.1"}
+    uv = parse_options({"runtime_env": {"uv": {"packages": ["a"], "uv_check": True}}}, actor=True).runtime["pip"]
+    assert uv == {"installer": "uv", "packages": ("a",), "pip_check": True, "pip_version": ""}
+    assert hash(uv) == hash(runtimeenv.PipFields(uv))  # task pools key on it
+    for bad in ({"pip": []}, {"pip": [f"x{i}" for i in range(runtimeenv.MAX_PIP_PACKAGES + 1)]}, {"pip": 3},
+                {"pip": ["a\nb"]}, {"pip": {"packages": ["a"], "pip_install_options": ["-U"]}},
+                {"pip": str(tmp_path / "absent.txt")}, {"pip": ["a"], "uv": ["a"]},
+                {"pip": ["a"], "py_executable": "python3"}, {"pip": {"packages": ["a"], "pip_check": "yes"}}):
+        with pytest.raises(InvalidArgumentError):
+            parse_options({"runtime_env": bad}, actor=True)
+    # A child's own pip replaces an inherited py_executable (one process, one interpreter).
+    monkeypatch.setenv(runtimeenv.ENV_KEY, runtimeenv.to_env(("python3",), "", ()))
+    kwargs = runtimeenv.spec_kwargs({"pip": listed})
+    assert kwargs["python_command"] == [] and kwargs["pip"]["packages"] == ["a", "b==2"]
+    monkeypatch.setenv(runtimeenv.ENV_KEY, runtimeenv.to_env((), "", (), listed))
+    assert runtimeenv.inherited()["pip"] == listed
+    assert "pip" not in runtimeenv.spec_kwargs({"py_executable": ("python3",)})
 
 
 def test_native_verl_mode_is_asked_for_in_the_environment_and_inherited_by_workers():
