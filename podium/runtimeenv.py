@@ -55,7 +55,12 @@ _GCS_PACKAGE = re.compile(r"^gcs://_ray_pkg_[0-9a-f]{16,64}\.zip$")
 #: The runtime_env keys that name a virtualenv's requirements, and the installer of each.
 PIP_INSTALLERS = ("pip", "uv")
 #: Keys of the dict form of each (Ray's), and the field each fills.
-_PIP_OPTIONS = {"pip": {"packages", "pip_check", "pip_version"}, "uv": {"packages", "uv_check"}}
+_PIP_OPTIONS = {"pip": {"packages", "pip_check", "pip_version", "pip_install_options"},
+                "uv": {"packages", "uv_check", "uv_pip_install_options"}}
+#: The installer options Ray's client fills in by default (``RuntimeEnv`` adds them): accepted, as
+#: they change no installed file (Podium installs with its own options); any other is refused.
+_DEFAULT_INSTALL_OPTIONS = {"pip_install_options": ["--disable-pip-version-check", "--no-cache-dir"],
+                            "uv_pip_install_options": ["--no-cache"]}
 
 #: How the launcher (podium.worker.agent.envlauncher) ends when a runtime environment cannot be
 #: set up (sysexits' EX_CONFIG), and the line it writes on stderr first: a job's supervisor
@@ -124,6 +129,11 @@ def parse_pip(key: str, value: Any) -> PipFields:
             raise InvalidArgumentError(f"runtime_env[{key!r}] keys {unknown} are not supported by Podium "
                                        f"(it honours {sorted(_PIP_OPTIONS[key])})")
         options, packages = value, value.get("packages")
+        for name, default in _DEFAULT_INSTALL_OPTIONS.items():
+            if value.get(name) not in (None, [], default):
+                raise InvalidArgumentError(f"runtime_env[{key!r}][{name!r}] = {value[name]!r}: Podium installs with "
+                                           f"its own options and takes only Ray's default {default} here; put "
+                                           f"index or constraint options in the requirement lines instead")
     if isinstance(packages, (str, os.PathLike)):
         packages = _requirements_file(key, os.fspath(packages))
     if not isinstance(packages, (list, tuple)) or not all(isinstance(p, str) for p in packages):

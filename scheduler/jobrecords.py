@@ -48,8 +48,10 @@ MAX_TEXT_CHARS = 16 * 1024
 MESSAGE_TAIL = 20_000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 #: The runtime_env fields a job may set; anything else is refused, naming what to do instead.
+#: ``_ray_commit`` is what Ray's client adds beside a pip/uv set (the Ray version to pin there; the
+#: virtualenv sees Podium's stand-in instead): accepted with no effect.
 _RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config", "py_executable",
-                                 *PIP_INSTALLERS})
+                                 *PIP_INSTALLERS, "_ray_commit"})
 _REFUSED_RUNTIME_ENV = ("conda", "container", "image_uri", "java_jars", "nsight",
                         "worker_process_setup_hook", "mpi", "rocprof_sys", "_nsight")
 

@@ -55,6 +55,8 @@ def test_submit_body_checks_name_the_problem():
            ({"entrypoint": "x", "runtime_env": {"pip": [str(i) for i in range(300)]}}, "1 to 256"),
            ({"entrypoint": "x", "runtime_env": {"pip": {"packages": ["a"], "extra": 1}}}, "not supported"),
            ({"entrypoint": "x", "runtime_env": {"pip": [3]}}, "list of requirements"),
+           ({"entrypoint": "x", "runtime_env": {"uv": {"packages": ["a"], "uv_pip_install_options": ["-U"]}}},
+            "takes only Ray's default"),
            ({"entrypoint": "x", "runtime_env": {"wat": 1}}, "not known"),
            ({"entrypoint": "x", "entrypoint_memory": 1}, "entrypoint_memory is not supported"),
            ({"entrypoint": "x", "entrypoint_num_cpus": -1}, ">= 0"),
@@ -66,9 +68,12 @@ def test_submit_body_checks_name_the_problem():
 
 
 def test_a_jobs_pip_set_in_rays_forms():
-    # The list form, and the dict Ray's job client sends (RuntimeEnv.to_dict: pip_check added).
+    # The list form, and the dicts Ray's job client sends (RuntimeEnv.to_dict adds pip_check/uv_check
+    # and, for uv, its default install options).
     for key, value in (("pip", ["b==1", " a ", "b==1"]), ("pip", {"packages": ["a", "b==1"], "pip_check": False}),
-                       ("uv", {"packages": ["a", "b==1"], "uv_check": False})):
+                       ("uv", {"packages": ["a", "b==1"], "uv_check": False, "uv_pip_install_options": ["--no-cache"]}),
+                       ("pip", {"packages": ["a", "b==1"], "pip_check": False,
+                                "pip_install_options": ["--disable-pip-version-check", "--no-cache-dir"]})):
         request = parse_submit({"entrypoint": "python x.py", "runtime_env": {key: value}})
         assert request.runtime_env[key] == value  # kept as given (the job's details show it)
         assert pip_of(request.runtime_env) == {"installer": key, "packages": ("a", "b==1"),
