@@ -4,17 +4,21 @@ the virtualenv's python (its entrypoint's ``python`` is the virtualenv's) on the
 machine and, when it asks for a GPU, on the node that holds one through its agent, each from that
 machine's cache; the actors it creates in the same set; and a requirement that cannot be
 installed failing the job as ``RUNTIME_ENV_SETUP_FAILURE`` with pip's lines in its message and
-logs, wherever its driver runs."""
+logs, wherever its driver runs; and a job stopped while its set installs ending STOPPED with
+nothing of its driver (the launcher, pip) left."""
 
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.jobkit import podium, start_up, stop_up
+from tests.support.proctable import members_of_groups
 from tests.support.wheels import tiny_wheel
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -83,3 +87,25 @@ def test_a_jobs_pip_set_runs_its_driver_and_actors(cluster, tmp_path):
         assert (job["status"], job["error_type"]) == ("FAILED", "RUNTIME_ENV_SETUP_FAILURE"), job
         assert "pip install failed" in job["message"] and "podium_missing" in job["message"], job["message"]
         assert "pip install failed" in cluster.logs(job_id)
+
+    # A stop while the set installs: pip waits on a server that accepts and never answers.
+    with socket.socket() as stall:
+        stall.bind(("127.0.0.1", 0))
+        stall.listen(8)
+        stall.settimeout(180)
+        stalled = f"podium_stalled @ http://127.0.0.1:{stall.getsockname()[1]}/podium_stalled-1.0-py3-none-any.whl"
+        submitted = podium("job", "submit", "--address", url, "--no-wait", "--submission-id", "stalled",
+                           "--runtime-env-json", json.dumps({"pip": [stalled]}), "--", "python", "-c", "print(1)",
+                           env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        connection, _ = stall.accept()  # pip is fetching: the install is under way
+        with connection:
+            pgid = int(cluster.wait_job("stalled", {"RUNNING"})["driver_info"]["pid"])
+            assert members_of_groups({pgid})
+            stop = podium("job", "stop", "stalled", "--address", url, env=env)
+            assert stop.returncode == 0 and "Job 'stalled' stopped" in stop.stdout, stop.stdout + stop.stderr
+            assert cluster.wait_job("stalled", {"STOPPED", "FAILED", "SUCCEEDED"})["status"] == "STOPPED"
+            deadline = time.monotonic() + 30
+            while members_of_groups({pgid}):
+                assert time.monotonic() < deadline, members_of_groups({pgid})
+                time.sleep(0.2)
