@@ -2,10 +2,10 @@
 
 The scheduler (:mod:`podium.scheduler.jobs`) runs a job's driver here when the job asks for
 GPUs or resources this node holds (it reserved them with a placement group first). The agent
-runs ``podium run -- ARGV`` with its own interpreter, or, for a job with a ``pip``/``uv`` set (in
-the ``PODIUM_RUNTIME_ENV`` its variables carry), behind the launcher by that set's virtualenv
-from the cache its workers use (:func:`podium.runtimeenv.driver_command`), behind the exec shim (the driver dies
-with the agent, as an exec'd worker does), in a session and process group of its own, in a
+runs ``podium run -- ARGV`` with its own interpreter (for a job with a ``pip``/``uv`` set, in the
+``PODIUM_RUNTIME_ENV`` its variables carry: behind the launcher, by that set's virtualenv from
+the cache its workers use, :func:`podium.runtimeenv.driver_command`), behind the exec shim (the
+driver dies with the agent, as an exec'd worker does), in a session and process group of its own, in a
 private folder per driver where the job's packages were unpacked (checked again:
 :mod:`podium.zippackage`). stdout and stderr go to one log file in that folder, which the
 scheduler reads with ReadDriverLog into the job's log. When the driver ends, what is left of
