@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+import sys
 from typing import Any, Mapping, Sequence
 
 from podium.errors import InvalidArgumentError, UnimplementedError
@@ -35,7 +36,8 @@ from podium.errors import InvalidArgumentError, UnimplementedError
 __all__ = ["ENV_KEY", "MAX_COMMAND_ARGS", "MAX_COMMAND_CHARS", "MAX_PATH_CHARS", "MAX_PY_MODULES",
            "REFUSED", "RuntimeFields", "parse_runtime_env", "inherited", "to_env", "check_fields",
            "check_spec", "spec_kwargs", "parse_py_executable", "driver_env", "parse_pip", "MAX_PIP_PACKAGES",
-           "MAX_PIP_CHARS", "PIP_INSTALLERS", "HONOURED_NOTE", "package_uri", "pip_fields", "merged_env", "PipFields"]
+           "MAX_PIP_CHARS", "PIP_INSTALLERS", "HONOURED_NOTE", "package_uri", "pip_fields", "merged_env", "PipFields",
+           "launcher_command", "driver_command", "SETUP_FAILED_EXIT", "SETUP_FAILED_LINE"]
 
 #: Environment variable holding a process's inherited runtime environment (JSON).
 ENV_KEY = "PODIUM_RUNTIME_ENV"
@@ -53,7 +55,18 @@ _GCS_PACKAGE = re.compile(r"^gcs://_ray_pkg_[0-9a-f]{16,64}\.zip$")
 #: The runtime_env keys that name a virtualenv's requirements, and the installer of each.
 PIP_INSTALLERS = ("pip", "uv")
 #: Keys of the dict form of each (Ray's), and the field each fills.
-_PIP_OPTIONS = {"pip": {"packages", "pip_check", "pip_version"}, "uv": {"packages", "uv_check"}}
+_PIP_OPTIONS = {"pip": {"packages", "pip_check", "pip_version", "pip_install_options"},
+                "uv": {"packages", "uv_check", "uv_pip_install_options"}}
+#: The installer options Ray's client fills in by default (``RuntimeEnv`` adds them): accepted, as
+#: they change no installed file (Podium installs with its own options); any other is refused.
+_DEFAULT_INSTALL_OPTIONS = {"pip_install_options": ["--disable-pip-version-check", "--no-cache-dir"],
+                            "uv_pip_install_options": ["--no-cache"]}
+
+#: How the launcher (podium.worker.agent.envlauncher) ends when a runtime environment cannot be
+#: set up (sysexits' EX_CONFIG), and the line it writes on stderr first: a job's supervisor
+#: tells a failed setup from a failed entrypoint by both.
+SETUP_FAILED_EXIT = 78
+SETUP_FAILED_LINE = "podium: the runtime_env could not be set up on this node:"
 
 #: runtime_env keys Podium does not provide, and what to use instead.
 REFUSED = {
@@ -116,6 +129,11 @@ def parse_pip(key: str, value: Any) -> PipFields:
             raise InvalidArgumentError(f"runtime_env[{key!r}] keys {unknown} are not supported by Podium "
                                        f"(it honours {sorted(_PIP_OPTIONS[key])})")
         options, packages = value, value.get("packages")
+        for name, default in _DEFAULT_INSTALL_OPTIONS.items():
+            if value.get(name) not in (None, [], default):
+                raise InvalidArgumentError(f"runtime_env[{key!r}][{name!r}] = {value[name]!r}: Podium installs with "
+                                           f"its own options and takes only Ray's default {default} here; put "
+                                           f"index or constraint options in the requirement lines instead")
     if isinstance(packages, (str, os.PathLike)):
         packages = _requirements_file(key, os.fspath(packages))
     if not isinstance(packages, (list, tuple)) or not all(isinstance(p, str) for p in packages):
@@ -307,10 +325,32 @@ def to_env(python_command: Sequence[str], working_dir: str, py_modules: Sequence
     return json.dumps(doc)
 
 
-def driver_env(py_executable: str | None) -> dict[str, str]:
-    """The variables of a submitted job's driver whose runtime_env sets ``py_executable``: the
-    actors and tasks it creates inherit it ({} without one)."""
-    return {ENV_KEY: to_env(_command(py_executable), "", ())} if py_executable else {}
+def driver_env(py_executable: str | None, pip: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The variables of a submitted job's driver whose runtime_env sets ``py_executable`` or a
+    ``pip``/``uv`` set: the actors and tasks it creates inherit it ({} without either)."""
+    if not (py_executable or pip):
+        return {}
+    return {ENV_KEY: to_env(_command(py_executable) if py_executable else (), "", (), pip)}
+
+
+def launcher_command(state_dir: str | os.PathLike, pip: Mapping[str, Any] | None, working_dir: str,
+                     py_modules: Sequence[str]) -> tuple[str, ...]:
+    """The command prefix (ARGV follows) that sets a runtime environment up on this node and
+    then execs ARGV (podium.worker.agent.envlauncher; named here, not imported, so the
+    scheduler's job drivers start by it too). ``state_dir`` holds the node's caches."""
+    spec = {"pip": {**pip, "packages": list(pip["packages"])} if pip else None,
+            "working_dir": working_dir, "py_modules": list(py_modules)}
+    return (sys.executable, "-m", "podium.worker.agent.envlauncher", os.fspath(state_dir),
+            json.dumps(spec, sort_keys=True), "--")
+
+
+def driver_command(state_dir: str | os.PathLike, pip: Mapping[str, Any] | None, argv: Sequence[str]) -> list[str]:
+    """How a submitted job's driver ``argv`` starts: ``podium run -- ARGV`` by this interpreter,
+    or, with a ``pip``/``uv`` set, by the python of that set's virtualenv in ``state_dir``'s
+    cache (the launcher makes or finds it, as for a worker, and activates it: the entrypoint's
+    ``python`` is the virtualenv's)."""
+    run = ["-m", "podium.cli", "run", "--", *argv]
+    return [*launcher_command(state_dir, pip, "", ()), *run] if pip else [sys.executable, *run]
 
 
 def check_fields(python_command: Sequence[str], working_dir: str, py_modules: Sequence[str],

@@ -16,12 +16,14 @@ import string
 from dataclasses import asdict, dataclass, field
 
 from podium.errors import InvalidArgumentError
-from podium.runtimeenv import parse_py_executable
+from podium.runtimeenv import (PIP_INSTALLERS, SETUP_FAILED_EXIT, SETUP_FAILED_LINE, PipFields, parse_pip,
+                               parse_py_executable)
 
 __all__ = ["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED", "TERMINAL", "JobRecord",
            "SubmitRequest", "parse_submit", "new_submission_id", "MAX_LIVE_JOBS", "MAX_JOB_RECORDS",
            "MAX_ENTRYPOINT_CHARS", "MAX_METADATA_ITEMS", "MAX_ENV_VARS", "MAX_TEXT_CHARS",
-           "SUPERVISOR_DIED", "ENTRYPOINT_ERROR", "START_ERROR", "RUNTIME_ENV_FAILURE"]
+           "SUPERVISOR_DIED", "ENTRYPOINT_ERROR", "START_ERROR", "RUNTIME_ENV_FAILURE", "pip_of",
+           "failure_of", "MESSAGE_TAIL"]
 
 PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = "PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"
 #: Statuses a job never leaves (Ray's ``JobStatus.is_terminal``).
@@ -42,10 +44,15 @@ MAX_METADATA_ITEMS = 64
 MAX_ENV_VARS = 256
 #: Longest metadata key or value, env variable name or value, package URI.
 MAX_TEXT_CHARS = 16 * 1024
+#: Characters of the log's end a FAILED job's message quotes (Ray quotes 20,000).
+MESSAGE_TAIL = 20_000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 #: The runtime_env fields a job may set; anything else is refused, naming what to do instead.
-_RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config", "py_executable"})
-_REFUSED_RUNTIME_ENV = ("pip", "uv", "conda", "container", "image_uri", "java_jars", "nsight",
+#: ``_ray_commit`` is what Ray's client adds beside a pip/uv set (the Ray version to pin there; the
+#: virtualenv sees Podium's stand-in instead): accepted with no effect.
+_RUNTIME_ENV_FIELDS = frozenset({"working_dir", "py_modules", "env_vars", "excludes", "config", "py_executable",
+                                 *PIP_INSTALLERS, "_ray_commit"})
+_REFUSED_RUNTIME_ENV = ("conda", "container", "image_uri", "java_jars", "nsight",
                         "worker_process_setup_hook", "mpi", "rocprof_sys", "_nsight")
 
 
@@ -181,8 +188,9 @@ def _runtime_env(value) -> dict:
     if refused:
         raise InvalidArgumentError(
             f"runtime_env {', '.join(refused)} is not supported by Podium: the driver runs in its "
-            f"node's Python environment; install packages into the cluster's image or a virtualenv "
-            f"(its actors start under runtime_env py_executable), and ship your own code with "
+            f"node's Python environment; install packages with runtime_env pip or uv (a virtualenv "
+            f"per set on the driver's node, inherited by its actors), into the cluster's image, or into "
+            f"a virtualenv given as runtime_env py_executable, and ship your own code with "
             f"working_dir or py_modules")
     unknown = sorted(k for k in value if k not in _RUNTIME_ENV_FIELDS and k not in _REFUSED_RUNTIME_ENV)
     if unknown:
@@ -200,10 +208,41 @@ def _runtime_env(value) -> dict:
             _text(uri, "runtime_env.py_modules entry")
     if env.get("py_executable") is not None:  # the driver's actors and tasks start under it
         parse_py_executable(env["py_executable"])
+    pip_of(env)
     env["env_vars"] = _str_dict(env.get("env_vars"), "runtime_env.env_vars", MAX_ENV_VARS)
     if not env["env_vars"]:
         del env["env_vars"]
     return env
+
+
+def pip_of(runtime_env: dict | None) -> PipFields | None:
+    """The ``pip``/``uv`` set of a job's runtime_env (None without one); InvalidArgumentError for
+    one out of bounds, a requirements.txt path (its client reads it: ``ray job submit`` and
+    ``podium job submit`` send its lines), both keys, or one with ``py_executable``."""
+    env = runtime_env or {}
+    given = [k for k in PIP_INSTALLERS if env.get(k)]
+    if not given:
+        return None
+    named = given + (["py_executable"] if env.get("py_executable") else [])
+    if len(named) > 1:
+        raise InvalidArgumentError(f"runtime_env sets {' and '.join(named)}: give one (the driver runs in "
+                                   f"the virtualenv Podium makes or by the given interpreter, not both)")
+    value = env[given[0]]
+    if isinstance(value, str) or isinstance(value, dict) and isinstance(value.get("packages"), str):
+        raise InvalidArgumentError(f"runtime_env.{given[0]} names a requirements file ({str(value)[:200]!r}), "
+                                   f"which the scheduler does not read: give its lines as a list (the ray and "
+                                   f"podium job clients read a local file and send them)")
+    return parse_pip(given[0], value)
+
+
+def failure_of(job: JobRecord, code: int, tail: str) -> tuple[str, str]:
+    """Ray's error type and message of a job whose driver exited with ``code`` != 0, ``tail``
+    the end of its log: a runtime_env setup that failed (the launcher's exit status and line,
+    podium.runtimeenv.SETUP_FAILED_EXIT) or the entrypoint's failure."""
+    if code == SETUP_FAILED_EXIT and pip_of(job.runtime_env) and SETUP_FAILED_LINE in tail:
+        return RUNTIME_ENV_FAILURE, f"runtime_env setup failed, last available logs:\n{tail}"
+    return ENTRYPOINT_ERROR, (f"Job entrypoint command failed with exit code {code}, last available logs "
+                              f"(truncated to {MESSAGE_TAIL} chars):\n{tail}")
 
 
 def parse_submit(doc) -> SubmitRequest:

@@ -28,7 +28,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,15 +35,15 @@ import grpc
 
 from podium import errors
 from podium.private import private_dir
-from podium.runtimeenv import driver_env
+from podium.runtimeenv import driver_command, driver_env
 from podium.scheduler.joblog import READ_CHUNK, JobLog
 from podium.scheduler.jobnodes import bundle_of, driver_request, wants_node
 from podium.zippackage import MAX_DRIVER_PACKAGES_BYTES
 from podium.scheduler.jobpackages import PackageStore, package_name_of, unpack
-from podium.scheduler.jobrecords import (ENTRYPOINT_ERROR, FAILED, MAX_JOB_RECORDS, MAX_LIVE_JOBS,
+from podium.scheduler.jobrecords import (FAILED, MESSAGE_TAIL, MAX_JOB_RECORDS, MAX_LIVE_JOBS,
                                          PENDING, RUNNING, RUNTIME_ENV_FAILURE, START_ERROR, STOPPED,
                                          SUCCEEDED, SUPERVISOR_DIED, JobRecord, SubmitRequest,
-                                         new_submission_id)
+                                         failure_of, new_submission_id, pip_of)
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,6 @@ __all__ = ["JobManager", "STOP_GRACE_SECONDS", "session_prefix"]
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped (Ray's default is 3).
 STOP_GRACE_SECONDS = 3.0
-#: Characters of the log's end a FAILED job's message quotes (Ray quotes 20,000).
-_MESSAGE_TAIL = 20_000
 #: After the driver exits, how long output still held by its leftovers is read.
 _DRAIN_SECONDS = 2.0
 
@@ -338,7 +335,9 @@ class JobManager:
         if job.driver_group:
             await self._supervise_placed(job, logfile, cwd, env)
             return
-        command = [sys.executable, "-m", "podium.cli", "run", "--", "/bin/sh", "-c", job.entrypoint]
+        # With pip/uv, the launcher makes the virtualenv in this machine's cache (a failed
+        # install is the driver's exit: _ended tells it apart) and runs the driver by its python.
+        command = driver_command(self.folder, pip_of(job.runtime_env), ["/bin/sh", "-c", job.entrypoint])
         try:
             # The stdlib's vfork+exec, not the event loop's own spawn (uvloop forks: in a
             # process with gRPC's threads that runs its fork handlers and copies the page
@@ -377,10 +376,7 @@ class JobManager:
         elif code == 0:
             self._end(job, SUCCEEDED, None, None)
         else:
-            tail = logfile.tail(_MESSAGE_TAIL).decode(errors="replace")
-            self._end(job, FAILED, ENTRYPOINT_ERROR,
-                      f"Job entrypoint command failed with exit code {code}, last available logs "
-                      f"(truncated to {_MESSAGE_TAIL} chars):\n{tail}")
+            self._end(job, FAILED, *failure_of(job, code, logfile.tail(MESSAGE_TAIL).decode(errors="replace")))
 
     async def _supervise_placed(self, job: JobRecord, logfile: JobLog, cwd: str, env: dict[str, str]) -> None:
         """Run the driver on the node its reservation is on (podium.scheduler.jobnodes)."""
@@ -447,7 +443,7 @@ class JobManager:
         if self.tls is not None:
             env.update({"PODIUM_TLS_CERT": self.tls.cert, "PODIUM_TLS_KEY": self.tls.key,
                         "PODIUM_TLS_CA": self.tls.ca})
-        env.update(driver_env(env_spec.get("py_executable")))  # its actors and tasks inherit it
+        env.update(driver_env(env_spec.get("py_executable"), pip_of(env_spec)))  # its actors and tasks inherit it
         env.update(env_spec.get("env_vars") or {})
         return str(cwd), env
 

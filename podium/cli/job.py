@@ -138,6 +138,19 @@ def _runtime_env(args: argparse.Namespace) -> dict:
     return env
 
 
+def _read_requirements(env: dict) -> dict:
+    """``env`` with a ``pip``/``uv`` requirements.txt path replaced by its lines: read here, as
+    Ray's job client reads it (the scheduler does not read its own files)."""
+    from podium.runtimeenv import PIP_INSTALLERS, parse_pip
+
+    for key in PIP_INSTALLERS:
+        value = env.get(key)
+        if isinstance(value, str) or isinstance(value, dict) and isinstance(value.get("packages"), str):
+            lines = list(parse_pip(key, value)["packages"])
+            env[key] = {**value, "packages": lines} if isinstance(value, dict) else lines
+    return env
+
+
 async def _packaged(client: _Client, env: dict) -> dict:
     """``env`` with its local working_dir and py_modules folders uploaded (URIs instead)."""
     excludes = env.pop("excludes", None) or []
@@ -163,7 +176,7 @@ async def _run(args: argparse.Namespace, address: str, token: str) -> int:
                 raise errors.InvalidArgumentError("give the entrypoint after --, e.g. -- python train.py")
             # Joined as `ray job submit` joins it.
             body = {"entrypoint": subprocess.list2cmdline(entrypoint), "submission_id": args.submission_id,
-                    "runtime_env": await _packaged(client, _runtime_env(args)) or None,
+                    "runtime_env": await _packaged(client, _read_requirements(_runtime_env(args))) or None,
                     "metadata": json.loads(args.metadata_json) if args.metadata_json else None,
                     "entrypoint_num_cpus": args.entrypoint_num_cpus,
                     "entrypoint_num_gpus": args.entrypoint_num_gpus}

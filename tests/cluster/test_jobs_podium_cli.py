@@ -95,9 +95,9 @@ def test_podium_job_flow(cluster, tmp_path):
         assert gone.returncode == 1 and "404" in gone.stderr and "does not exist" in gone.stderr, gone.stderr
     wrong = podium("job", "list", "--address", url, env=dict(env, PODIUM_TOKEN="wrong"))
     assert wrong.returncode == 1 and "401" in wrong.stderr
-    bad = podium("job", "submit", "--address", url, "--runtime-env-json", '{"pip": ["requests"]}', "--",
+    bad = podium("job", "submit", "--address", url, "--runtime-env-json", '{"conda": "env"}', "--",
                  "python", "x.py", env=env)
-    assert bad.returncode == 1 and "400" in bad.stderr and "pip is not supported" in bad.stderr
+    assert bad.returncode == 1 and "400" in bad.stderr and "conda is not supported" in bad.stderr
 
     # `podium down` while a job runs: the scheduler stops it first, nothing of it is left.
     podium("job", "submit", "--address", url, "--no-wait", "--submission-id", "at-down", "--",

@@ -2,7 +2,9 @@
 ``ray job submit --working-dir`` (logs tailed to the end), ``ray job list``, ``ray job status``,
 ``ray job logs --follow`` and ``ray job stop`` on a long job (which leaves no placement group,
 worker or process behind), a verl-style driver that runs on after its submitting client was
-killed, ``JobSubmissionClient`` from Python, Ray's own token auth, and no token at all.
+killed, ``JobSubmissionClient`` from Python, Ray's own token auth, no token at all, and a job's
+``pip``/``uv`` set (a requirements.txt the client reads, a wheel built here, a requirement that
+cannot be installed).
 
 Ray is in its own virtualenv (tools/install-ray-client.sh .venv-ray, or $PODIUM_RAY_CLIENT_VENV);
 the cluster and the drivers use Podium's (their ``import ray`` is the stand-in).
@@ -23,6 +25,7 @@ import pytest
 
 from tests.support.jobkit import start_up, stop_up, write_py_module, write_verl_layout, write_working_dir
 from tests.support.waiting import REPO
+from tests.support.wheels import tiny_wheel
 
 VENV = Path(os.environ.get("PODIUM_RAY_CLIENT_VENV", REPO / ".venv-ray"))
 RAY = VENV / "bin" / "ray"
@@ -182,3 +185,66 @@ def test_verls_multinode_command_with_the_token_header(cluster, tmp_path):
     assert job["status"] == "SUCCEEDED", job["message"]
     assert job["runtime_env"]["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert "MAIN_PPO ['trainer.nnodes=2', 'trainer.n_gpus_per_node=1'] 1 ['CPU', 'GPU', 'memory', 'node:" in cluster.logs("ppo")
+
+
+#: A driver that shows where it runs and where its actor runs.
+PIP_PROGRAM = textwrap.dedent("""
+    import shutil, sys
+    import ray
+    import podium_raypip
+
+    ray.init()
+
+    @ray.remote(num_cpus=1)
+    class Where:
+        def get(self):
+            import podium_raypip
+            return podium_raypip.VALUE, sys.prefix
+
+    print("DRIVER", podium_raypip.VALUE, sys.prefix, shutil.which("python"), flush=True)
+    print("ACTOR", *ray.get(Where.remote().get.remote()), flush=True)
+""")
+
+
+def test_a_jobs_pip_and_uv_sets_from_rays_client(cluster, tmp_path):
+    wheel = tiny_wheel(tmp_path / "wheels", "podium_raypip", "1.0", "from-the-wheel")
+    work = tmp_path / "wd"
+    work.mkdir()
+    (work / "script.py").write_text(PIP_PROGRAM)
+    (work / "requirements.txt").write_text(f"{wheel}\n")
+    # `ray job submit` reads the requirements file here and sends its lines (RuntimeEnv.to_dict).
+    code, out = _ray(cluster, "submit", "--submission-id", "pip", "--working-dir", str(work), "--runtime-env-json",
+                     json.dumps({"pip": str(work / "requirements.txt")}), "--", "python", "script.py", timeout=400)
+    assert code == 0 and "Job 'pip' succeeded" in out, out[-4000:]
+    driver = next(line.split() for line in out.splitlines() if line.startswith("DRIVER"))
+    actor = next(line.split() for line in out.splitlines() if line.startswith("ACTOR"))
+    assert driver[1] == "from-the-wheel" and "runtime_envs/pip/" in driver[2] and driver[3] == f"{driver[2]}/bin/python"
+    assert actor[1] == "from-the-wheel" and Path(actor[2]).name == Path(driver[2]).name
+    assert cluster.job("pip")["runtime_env"]["pip"] == {"packages": [str(wheel)], "pip_check": False}
+
+    missing = tmp_path / "nowhere" / "podium_missing-1.0-py3-none-any.whl"
+    sdk = textwrap.dedent(f'''
+        import json, time
+        from ray.job_submission import JobSubmissionClient
+        client = JobSubmissionClient({cluster.http_url!r}, headers={{"Authorization": "Bearer {cluster.token}"}})
+        out = {{}}
+        for name, env in (("uv", {{"uv": [{str(wheel)!r}]}}), ("broken", {{"pip": [{str(missing)!r}]}})):
+            job = client.submit_job(entrypoint="python script.py", submission_id=name,
+                                    runtime_env={{**env, "working_dir": {str(work)!r}}})
+            while not client.get_job_status(job).is_terminal():
+                time.sleep(0.2)
+            info = client.get_job_info(job)
+            out[name] = {{"status": str(info.status), "error_type": info.error_type, "message": info.message,
+                         "logs": client.get_job_logs(job)}}
+        print(json.dumps(out))
+    ''')
+    run = subprocess.run([str(VENV / "bin" / "python"), "-c", sdk], env=_ray_env(cluster), capture_output=True,
+                         text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    uv, broken = result["uv"], result["broken"]
+    assert uv["status"] == "SUCCEEDED", uv
+    assert "DRIVER from-the-wheel" in uv["logs"] and "ACTOR from-the-wheel" in uv["logs"]
+    assert (broken["status"], broken["error_type"]) == ("FAILED", "RUNTIME_ENV_SETUP_FAILURE"), broken
+    assert "pip install failed" in broken["message"] and "podium_missing" in broken["message"]
+    assert "pip install failed" in broken["logs"]

@@ -2,8 +2,10 @@
 
 The scheduler (:mod:`podium.scheduler.jobs`) runs a job's driver here when the job asks for
 GPUs or resources this node holds (it reserved them with a placement group first). The agent
-runs ``podium run -- ARGV`` with its own interpreter, behind the exec shim (the driver dies
-with the agent, as an exec'd worker does), in a session and process group of its own, in a
+runs ``podium run -- ARGV`` with its own interpreter (for a job with a ``pip``/``uv`` set, in the
+``PODIUM_RUNTIME_ENV`` its variables carry: behind the launcher, by that set's virtualenv from
+the cache its workers use, :func:`podium.runtimeenv.driver_command`), behind the exec shim (the
+driver dies with the agent, as an exec'd worker does), in a session and process group of its own, in a
 private folder per driver where the job's packages were unpacked (checked again:
 :mod:`podium.zippackage`). stdout and stderr go to one log file in that folder, which the
 scheduler reads with ReadDriverLog into the job's log. When the driver ends, what is left of
@@ -21,13 +23,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 
 from podium.auth import TlsConfig
 from podium.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from podium.private import open_private, private_dir
 from podium.process import die_with_parent_argv
 from podium.resources import check_env_entries
+from podium.runtimeenv import ENV_KEY, check_fields, driver_command, inherited
 from podium.v1 import node_pb2
 from podium.worker.agent.workerenv import TLS_ENV_KEYS
 from podium.zippackage import MAX_DRIVER_PACKAGES_BYTES, unpack
@@ -64,8 +66,12 @@ class _Driver:
 class Drivers:
     """The drivers of one node (all methods on the agent's event loop thread)."""
 
-    def __init__(self, folder: str | os.PathLike, tls: TlsConfig | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike, tls: TlsConfig | None = None,
+                 state_dir: str | os.PathLike | None = None) -> None:
         self.folder = pathlib.Path(folder)
+        #: The node's folder of runtime_env caches (the agent's log folder, as its workers'):
+        #: a driver with a pip/uv set runs in the virtualenv its workers share.
+        self.state_dir = pathlib.Path(state_dir) if state_dir is not None else self.folder
         #: The agent's mutual TLS files: its drivers call the scheduler with them.
         self.tls = tls
         self._drivers: dict[str, _Driver] = {}
@@ -92,6 +98,13 @@ class Drivers:
             raise InvalidArgumentError(f"a driver's argv must have 1 to {MAX_ARGS} arguments, "
                                        f"{MAX_ARG_CHARS} characters together, no NUL")
         check_env_entries(request.env, f"driver {driver_id}: env")
+        # The job's pip/uv set travels as its actors' does: in the runtime env it passes on.
+        try:
+            pip = inherited(request.env).get("pip") if request.env.get(ENV_KEY) else None
+        except (KeyError, TypeError, AttributeError):
+            raise InvalidArgumentError(f"driver {driver_id}: env {ENV_KEY} holds a malformed pip set") from None
+        if pip:
+            check_fields((), "", (), f"driver {driver_id}", pip)
         if sum(len(p.zip) for p in request.packages) > MAX_PACKAGE_BYTES:
             raise InvalidArgumentError(f"a driver's packages are over {MAX_PACKAGE_BYTES} bytes together")
         relative = [request.cwd, *request.python_path]
@@ -114,7 +127,7 @@ class Drivers:
             env.pop(key, None)
         if self.tls is not None:
             env.update(zip(TLS_ENV_KEYS, (self.tls.cert, self.tls.key, self.tls.ca)))
-        command = [sys.executable, "-m", "podium.cli", "run", "--", *argv]
+        command = driver_command(self.state_dir, pip, argv)
         with open_private(folder / "driver.log") as out:
             proc = subprocess.Popen(die_with_parent_argv(command, signal.SIGKILL), cwd=folder / request.cwd,
                                     env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -8,10 +8,12 @@ spawner's one exec path). The launcher fetches and unpacks the packages, makes o
 virtualenv, enters the working_dir (the cwd, first on ``PYTHONPATH``), puts the py_modules on
 ``PYTHONPATH`` (an unpacked package folder itself, as Ray does; a local one through the agent's
 folder of links), and then becomes the worker with ``exec``: ARGV as given (the py_executable or
-the agent's worker command), or, with ``pip``, the virtualenv's python followed by ARGV. The
-locks it holds shared on what it uses stay open across ``exec``, so neither cache evicts them
-while the worker lives. A setup that fails exits 1 with the reason on stderr, which the
-worker's FAILED report carries (its creator's ``WorkerDiedError``).
+the agent's worker command), or, with ``pip``, the virtualenv's python followed by ARGV, with the
+virtualenv activated (``VIRTUAL_ENV``, its ``bin`` first on ``PATH``). The locks it holds shared
+on what it uses stay open across ``exec``, so neither cache evicts them while the worker lives.
+A setup that fails exits :data:`~podium.runtimeenv.SETUP_FAILED_EXIT` with the reason on stderr,
+which the worker's FAILED report carries (its creator's ``WorkerDiedError``). A submitted job's
+driver with ``pip``/``uv`` starts behind it too (:func:`podium.runtimeenv.driver_command`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shutil
 import sys
 from typing import Any, Mapping, Sequence
 
+from podium.runtimeenv import SETUP_FAILED_EXIT, SETUP_FAILED_LINE, launcher_command
 from podium.worker.agent import packages, pipenv
 
 __all__ = ["needs_launcher", "launcher_command", "link_modules", "main"]
@@ -32,15 +35,6 @@ __all__ = ["needs_launcher", "launcher_command", "link_modules", "main"]
 def needs_launcher(pip: Mapping[str, Any] | None, working_dir: str, py_modules: Sequence[str]) -> bool:
     """Whether a worker with these runtime fields starts behind the launcher."""
     return bool(pip) or packages.is_uri(working_dir) or any(packages.is_uri(m) for m in py_modules)
-
-
-def launcher_command(state_dir: str | os.PathLike, pip: Mapping[str, Any] | None, working_dir: str,
-                     py_modules: Sequence[str]) -> tuple[str, ...]:
-    """The command prefix (ARGV follows) of a worker that needs :func:`needs_launcher`."""
-    spec = {"pip": {**pip, "packages": list(pip["packages"])} if pip else None,
-            "working_dir": working_dir, "py_modules": list(py_modules)}
-    return (sys.executable, "-m", "podium.worker.agent.envlauncher", os.fspath(state_dir),
-            json.dumps(spec, sort_keys=True), "--")
 
 
 def link_modules(folder: pathlib.Path, py_modules: Sequence[str]) -> str:
@@ -91,6 +85,11 @@ def _setup(state_dir: pathlib.Path, spec: Mapping[str, Any], argv: list[str]) ->
         python, fd = pipenv.ensure(state_dir / pipenv.CACHE_DIR, spec["pip"])
         held.append(fd)
         argv = [python, *argv]
+        # Activated, as Ray's pip env is: a `python` the process runs (a job's entrypoint) is
+        # the virtualenv's.
+        venv = os.path.dirname(os.path.dirname(python))
+        os.environ["VIRTUAL_ENV"] = venv
+        os.environ["PATH"] = os.pathsep.join([os.path.join(venv, "bin"), *filter(None, [os.environ.get("PATH")])])
     if working_dir:
         os.chdir(working_dir)
     return argv, held
@@ -102,8 +101,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         command, held = _setup(pathlib.Path(state), json.loads(spec_text), list(rest))
     except (pipenv.SetupFailed, OSError) as exc:
-        sys.stderr.write(f"podium: the worker's runtime_env could not be set up on this node: {exc}\n")
-        return 1
+        sys.stderr.write(f"{SETUP_FAILED_LINE} {exc}\n")
+        return SETUP_FAILED_EXIT
     for fd in held:
         os.set_inheritable(fd, True)  # held shared by the worker for its life (eviction skips it)
     sys.stderr.flush()

@@ -210,7 +210,7 @@ class RunningAgent:
         self.metrics: MetricsServer | None = None
         self.ports = PortHolds(config.host)
         #: Submitted jobs' drivers the scheduler placed here (podium.worker.agent.drivers).
-        self.drivers = Drivers(self.log_dir / "drivers", tls=config.tls)
+        self.drivers = Drivers(self.log_dir / "drivers", tls=config.tls, state_dir=self.log_dir)
         #: Where workers leave their application metrics (ray.util.metrics) for /metrics
         #: (podium.worker.usermetrics); only when this agent serves /metrics.
         self.metrics_dir: pathlib.Path | None = None

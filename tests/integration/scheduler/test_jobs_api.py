@@ -141,7 +141,8 @@ def test_submit_run_logs_and_errors_the_ray_way(token, arun, tmp_path):
                         ({"entrypoint": ""}, 400, "entrypoint is empty"),
                         ({"entrypoint": "x", "runtime_env": {"working_dir": "gcs://_ray_pkg_00000000000000ff.zip"}},
                          400, "upload it first"),
-                        ({"entrypoint": "x", "runtime_env": {"pip": ["requests"]}}, 400, "pip is not supported"),
+                        ({"entrypoint": "x", "runtime_env": {"conda": "env"}}, 400, "conda is not supported"),
+                        ({"entrypoint": "x", "runtime_env": {"pip": "requirements.txt"}}, 400, "does not read"),
                         ({"entrypoint": "x", "entrypoint_memory": 10}, 400, "entrypoint_memory is not supported")):
                     async with http.post(base + "/api/jobs/", json=body) as resp:
                         assert resp.status == code and words in await resp.text(), (body, resp.status)

@@ -22,6 +22,7 @@ from aiohttp import web
 from podium import rpc
 from podium.scheduler import packageserve
 from podium.scheduler.jobpackages import PackageStore
+from podium.runtimeenv import SETUP_FAILED_EXIT
 from podium.worker.agent import envlauncher, packages
 from podium.worker.agent.pipenv import SetupFailed
 from tests.support.certs import make_tls
@@ -130,7 +131,7 @@ def test_an_https_zip_is_fetched_with_aiohttp_and_its_failures_are_named(tmp_pat
             assert run.returncode == 0 and run.stdout.strip() == "2", run.stderr
         command = envlauncher.launcher_command(tmp_path, None, f"https://127.0.0.1:{port}/absent.zip", [])
         run = subprocess.run([*command, sys.executable, "-c", "print('never')"], env=env, capture_output=True, text=True)
-        assert run.returncode == 1 and "HTTP 404" in run.stderr
+        assert run.returncode == SETUP_FAILED_EXIT and "HTTP 404" in run.stderr
         with pytest.raises(SetupFailed, match="GET https://127.0.0.1.*CERTIFICATE_VERIFY_FAILED"):
             packages.fetch(tmp_path / "cache2", f"https://127.0.0.1:{port}/m.zip", {})  # not trusted here
     finally:
@@ -150,5 +151,5 @@ def test_the_launcher_enters_an_unpacked_working_dir_and_puts_modules_on_the_pat
     assert cwd == str(tmp_path / packages.CACHE_DIR / packages.cache_key(URI)) and value == "40"
     bad = envlauncher.launcher_command(tmp_path, None, "gcs://_ray_pkg_ffffffffffffffff.zip", [])
     run = subprocess.run([*bad, sys.executable, "-c", "print('never')"], env=env, capture_output=True, text=True)
-    assert run.returncode == 1 and "could not be set up" in run.stderr and "does not exist" in run.stderr
+    assert run.returncode == SETUP_FAILED_EXIT and "could not be set up" in run.stderr and "does not exist" in run.stderr
     assert json.loads(command[4])["working_dir"] == URI

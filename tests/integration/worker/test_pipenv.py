@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from podium.runtimeenv import SETUP_FAILED_EXIT
 from podium.worker.agent import envlauncher, pipenv
 from tests.support.wheels import tiny_wheel
 
@@ -71,7 +72,7 @@ def test_a_failed_install_names_pips_lines_and_leaves_nothing(tmp_path):
     # The launcher says so on stderr and exits 1 (the worker's FAILED report carries it).
     run = subprocess.run([*envlauncher.launcher_command(tmp_path, bad, "", ()), "-c", "print('never')"],
                          capture_output=True, text=True)
-    assert run.returncode == 1 and "runtime_env could not be set up" in run.stderr
+    assert run.returncode == SETUP_FAILED_EXIT and "runtime_env could not be set up" in run.stderr
     assert "pip install failed" in run.stderr
     assert "podium_missing" in run.stderr and "never" not in run.stdout
 

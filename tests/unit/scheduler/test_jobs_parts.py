@@ -1,21 +1,26 @@
-"""The parts of submitted jobs that need no server: a submit body's checks, the package checks
-(sizes, paths, links), unpacking, the package store's bound, the log's bound and follower."""
+"""The parts of submitted jobs that need no server: a submit body's checks (a pip/uv set among
+them), a failed runtime_env setup told from a failed entrypoint, the driver's command and
+variables with a pip set, the CLI reading a requirements file, the package checks (sizes, paths,
+links), unpacking, the package store's bound, the log's bound and follower."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
+import sys
 import stat
 import zipfile
 
 import pytest
 
 from podium import errors
-from podium.cli.job import zip_folder
+from podium.cli.job import _read_requirements, zip_folder
+from podium.runtimeenv import ENV_KEY, SETUP_FAILED_EXIT, SETUP_FAILED_LINE, driver_command, driver_env
 from podium import zippackage
 from podium.scheduler.joblog import JobLog
 from podium.scheduler.jobpackages import PackageStore, check_zip, package_name_of, unpack
-from podium.scheduler.jobrecords import FAILED, PENDING, JobRecord, parse_submit
+from podium.scheduler.jobrecords import FAILED, PENDING, JobRecord, failure_of, parse_submit, pip_of
 
 NAME = "_ray_pkg_0123456789abcdef.zip"
 
@@ -41,7 +46,17 @@ def test_submit_body_checks_name_the_problem():
            ({"entrypoint": 3}, "must be a string"), ([], "JSON object"),
            ({"entrypoint": "x", "submission_id": "../etc"}, "submission_id"),
            ({"entrypoint": "x", "nope": 1}, "unexpected field"),
-           ({"entrypoint": "x", "runtime_env": {"pip": ["torch"]}}, "pip is not supported"),
+           ({"entrypoint": "x", "runtime_env": {"conda": "env"}}, "conda is not supported"),
+           ({"entrypoint": "x", "runtime_env": {"pip": ["a"], "uv": ["b"]}}, "sets pip and uv: give one"),
+           ({"entrypoint": "x", "runtime_env": {"pip": ["a"], "py_executable": "python"}},
+            "sets pip and py_executable"),
+           ({"entrypoint": "x", "runtime_env": {"pip": "requirements.txt"}}, "does not read"),
+           ({"entrypoint": "x", "runtime_env": {"uv": {"packages": "r.txt"}}}, "does not read"),
+           ({"entrypoint": "x", "runtime_env": {"pip": [str(i) for i in range(300)]}}, "1 to 256"),
+           ({"entrypoint": "x", "runtime_env": {"pip": {"packages": ["a"], "extra": 1}}}, "not supported"),
+           ({"entrypoint": "x", "runtime_env": {"pip": [3]}}, "list of requirements"),
+           ({"entrypoint": "x", "runtime_env": {"uv": {"packages": ["a"], "uv_pip_install_options": ["-U"]}}},
+            "takes only Ray's default"),
            ({"entrypoint": "x", "runtime_env": {"wat": 1}}, "not known"),
            ({"entrypoint": "x", "entrypoint_memory": 1}, "entrypoint_memory is not supported"),
            ({"entrypoint": "x", "entrypoint_num_cpus": -1}, ">= 0"),
@@ -50,6 +65,57 @@ def test_submit_body_checks_name_the_problem():
     for body, words in bad:
         with pytest.raises(errors.InvalidArgumentError, match=words):
             parse_submit(body)
+
+
+def test_a_jobs_pip_set_in_rays_forms():
+    # The list form, and the dicts Ray's job client sends (RuntimeEnv.to_dict adds pip_check/uv_check
+    # and, for uv, its default install options).
+    for key, value in (("pip", ["b==1", " a ", "b==1"]), ("pip", {"packages": ["a", "b==1"], "pip_check": False}),
+                       ("uv", {"packages": ["a", "b==1"], "uv_check": False, "uv_pip_install_options": ["--no-cache"]}),
+                       ("pip", {"packages": ["a", "b==1"], "pip_check": False,
+                                "pip_install_options": ["--disable-pip-version-check", "--no-cache-dir"]})):
+        request = parse_submit({"entrypoint": "python x.py", "runtime_env": {key: value}})
+        assert request.runtime_env[key] == value  # kept as given (the job's details show it)
+        assert pip_of(request.runtime_env) == {"installer": key, "packages": ("a", "b==1"),
+                                               "pip_check": False, "pip_version": ""}
+    assert pip_of(None) is None and pip_of({"env_vars": {"A": "1"}}) is None
+
+
+def test_a_failed_setup_is_told_from_a_failed_entrypoint():
+    job = JobRecord(submission_id="j", entrypoint="python x.py", runtime_env={"pip": ["missing"]})
+    tail = f"{SETUP_FAILED_LINE} pip install failed (exit 1): pip install -r req.txt\nERROR: No matching distribution"
+    assert failure_of(job, SETUP_FAILED_EXIT, tail) == (
+        "RUNTIME_ENV_SETUP_FAILURE", f"runtime_env setup failed, last available logs:\n{tail}")
+    # The same exit status from the entrypoint itself, or a job without a set: the entrypoint's.
+    for other, code, text in ((job, SETUP_FAILED_EXIT, "my own exit 78"), (job, 1, tail),
+                              (JobRecord(submission_id="k", entrypoint="e"), SETUP_FAILED_EXIT, tail)):
+        error_type, message = failure_of(other, code, text)
+        assert error_type == "JOB_ENTRYPOINT_COMMAND_ERROR" and f"exit code {code}" in message
+
+
+def test_a_drivers_command_and_variables_with_a_pip_set(tmp_path):
+    pip = pip_of({"pip": ["a"]})
+    plain = driver_command(tmp_path, None, ["/bin/sh", "-c", "python x.py"])
+    assert plain == [sys.executable, "-m", "podium.cli", "run", "--", "/bin/sh", "-c", "python x.py"]
+    launched = driver_command(tmp_path, pip, ["/bin/sh", "-c", "python x.py"])
+    assert launched[:4] == [sys.executable, "-m", "podium.worker.agent.envlauncher", str(tmp_path)]
+    assert json.loads(launched[4])["pip"]["packages"] == ["a"]
+    assert launched[5:] == ["--", "-m", "podium.cli", "run", "--", "/bin/sh", "-c", "python x.py"]
+    # The actors and tasks the driver creates inherit the set (as they inherit py_executable).
+    assert json.loads(driver_env(None, pip)[ENV_KEY])["pip"]["packages"] == ["a"]
+    assert json.loads(driver_env("python3", None)[ENV_KEY])["py_executable"] == ["python3"]
+    assert driver_env(None, None) == {}
+
+
+def test_the_cli_sends_a_requirements_files_lines(tmp_path, monkeypatch):
+    (tmp_path / "requirements.txt").write_text("# pinned\nb==1\n\na\n")
+    monkeypatch.chdir(tmp_path)
+    assert _read_requirements({"pip": "requirements.txt"}) == {"pip": ["a", "b==1"]}
+    assert _read_requirements({"uv": {"packages": str(tmp_path / "requirements.txt"), "uv_check": True}}) == {
+        "uv": {"packages": ["a", "b==1"], "uv_check": True}}
+    assert _read_requirements({"pip": ["c"], "env_vars": {}}) == {"pip": ["c"], "env_vars": {}}
+    with pytest.raises(errors.InvalidArgumentError, match="cannot be read here"):
+        _read_requirements({"pip": "absent.txt"})
 
 
 def test_record_round_trip_and_ray_fields():
