@@ -3,18 +3,20 @@ and async actors), and for the pool workers that run remote functions (tasks).
 
 A worker runs synchronous methods one at a time on its execution thread and ``async def``
 methods concurrently on its loop. :class:`ActorShell` wraps the user's object to change
-that as Ray's ``max_concurrency`` does: synchronous methods run on a pool of that many
-threads (so up to that many at once, in no guaranteed order) and async methods at most
-that many at once. With ``concurrency_groups`` (Ray's meaning) each group has its own limit
-and its own threads (sync methods) or slots (async methods); a method runs in the group
+that as Ray's ``max_concurrency`` does: a threaded actor's synchronous methods run on a pool
+of that many threads (so up to that many at once, in no guaranteed order) and an async
+actor's methods at most that many at once. With ``concurrency_groups`` (Ray's meaning) each
+group has its own limit and its own threads (a threaded actor) or event loop (an async
+actor); a method runs in the group
 ``@ray.method(concurrency_group=...)`` named (:func:`mark_group`), a call may name another
 (:meth:`ActorShell._podium_call_in_group`), and every other method runs in the default
 group, whose limit is ``max_concurrency``. So a control method in a group of its own
 answers while the default group is full. :class:`TaskRunner` is the hosted object of a task worker.
 
 An async actor (one with an ``async def`` method or ``__init__``) runs, as in Ray, each
-group's async methods on an event loop of that group's own, in a thread of its own, made
-when the actor is made (:class:`GroupLoop`; at most :data:`MAX_GROUPS` + 1 per actor). So a
+group's methods on an event loop of that group's own, in a thread of its own, made when the
+actor is made (:class:`GroupLoop`; at most :data:`MAX_GROUPS` + 1 per actor); its sync
+methods run there too, one at a time, blocking that loop (Ray's ``sync_to_async``). So a
 method that blocks its group's loop (``time.sleep`` in ``async def``) stops neither the
 methods of another group nor the worker's own I/O loop, which answers the controller's
 liveness pings and takes the calls: the actor is busy, not dead. Its ``async def __init__``
@@ -291,20 +293,30 @@ class ActorShell:
 
     @staticmethod
     def _podium_wrap(fn: Callable, group: _Group) -> Callable:
-        if inspect.iscoroutinefunction(fn):
-            assert group.loop is not None  # an async method makes the actor async: each group has a loop
+        if group.loop is not None:  # an async actor: every method runs on its group's loop
             run = group.loop.run
+            if inspect.iscoroutinefunction(fn):
+                @functools.wraps(fn)
+                async def on_group_loop(*args: Any, **kwargs: Any) -> Any:
+                    return await run(fn(*args, **kwargs))
+                return on_group_loop
 
             @functools.wraps(fn)
-            async def on_group_loop(*args: Any, **kwargs: Any) -> Any:
-                return await run(fn(*args, **kwargs))
-            return on_group_loop
+            async def sync_on_group_loop(*args: Any, **kwargs: Any) -> Any:
+                # As Ray's sync_to_async: a sync method of an async actor runs on its group's
+                # loop, one at a time there, blocking it meanwhile (not on a pool of threads).
+                return await run(_called(fn, args, kwargs))
+            return sync_on_group_loop
 
         @functools.wraps(fn)
         async def threaded(*args: Any, **kwargs: Any) -> Any:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(group.pool(), functools.partial(fn, *args, **kwargs))
         return threaded
+
+
+async def _called(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    return fn(*args, **kwargs)
 
 
 class TaskRunner:

@@ -1,7 +1,8 @@
 """ActorShell's concurrency groups in one process: the checks of ``concurrency_groups`` and
-``@ray.method(concurrency_group=...)``, each group held to its own limit (sync methods on the
-group's threads, async methods in its slots), and an async actor's loop per group (its
-``async __init__`` on the default group's; a blocked loop stops no other group)."""
+``@ray.method(concurrency_group=...)``, each group held to its own limit (a threaded actor's
+methods on the group's threads, an async actor's on the group's loop), and an async actor's
+loop per group (its ``async __init__`` and sync methods there too; a blocked loop stops no
+other group)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class Counted:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.running: dict[str, int] = {"default": 0, "io": 0, "aio": 0}
+        self.running: dict[str, int] = {"default": 0, "io": 0}
         self.peak = dict(self.running)
         self.release = threading.Event()
 
@@ -69,15 +70,6 @@ class Counted:
     def fetch(self):
         self._hold("io")
 
-    async def agen(self):
-        with self.lock:
-            self.running["aio"] += 1
-            self.peak["aio"] = max(self.peak["aio"], self.running["aio"])
-        while not self.release.is_set():  # (the default group's loop is not the test's)
-            await asyncio.sleep(0.005)
-        with self.lock:
-            self.running["aio"] -= 1
-
     def status(self):
         return threading.current_thread().name
 
@@ -91,10 +83,9 @@ def test_each_group_keeps_its_own_limit():
         shell = ActorShell(Counted, 2, (), {}, {"io": 3, "control": 1})
         actor = shell._podium_actor
         calls = ([asyncio.ensure_future(shell.work()) for _ in range(6)]
-                 + [asyncio.ensure_future(shell.fetch()) for _ in range(6)]
-                 + [asyncio.ensure_future(shell.agen()) for _ in range(5)])
+                 + [asyncio.ensure_future(shell.fetch()) for _ in range(6)])
         for _ in range(2000):  # until both thread groups are full
-            if actor.running["default"] == 2 and actor.running["io"] == 3 and actor.running["aio"] == 2:
+            if actor.running["default"] == 2 and actor.running["io"] == 3:
                 break
             await asyncio.sleep(0.005)
         # The control group answers while the others are full, on a thread of its own.
@@ -104,10 +95,56 @@ def test_each_group_keeps_its_own_limit():
             await shell._podium_call_in_group("nope", "status")
         actor.release.set()
         await asyncio.gather(*calls)
+        return actor.peak
+
+    assert asyncio.run(scenario()) == {"default": 2, "io": 3}
+
+
+class Slots:
+    """An async actor counting its calls running at once per group; they wait until released."""
+
+    def __init__(self):
+        self.running = {"default": 0, "io": 0}
+        self.peak = dict(self.running)
+        self.release = threading.Event()
+
+    async def _hold(self, group):
+        self.running[group] += 1
+        self.peak[group] = max(self.peak[group], self.running[group])
+        while not self.release.is_set():  # (each group's loop is its own, not the test's)
+            await asyncio.sleep(0.005)
+        self.running[group] -= 1
+
+    async def gen(self):
+        await self._hold("default")
+
+    async def fetch(self):
+        await self._hold("io")
+
+    def where(self):  # a sync method of an async actor: on its group's loop, as in Ray
+        return threading.current_thread().name, asyncio.get_running_loop() is not None
+
+
+mark_group(Slots.fetch, "io")
+
+
+def test_each_group_of_an_async_actor_keeps_its_own_limit():
+    async def scenario():
+        shell = ActorShell(Slots, 2, (), {}, {"io": 3})
+        actor = shell._podium_actor
+        calls = ([asyncio.ensure_future(shell.gen()) for _ in range(6)]
+                 + [asyncio.ensure_future(shell.fetch()) for _ in range(6)])
+        for _ in range(2000):  # until both groups are full
+            if actor.running == {"default": 2, "io": 3}:
+                break
+            await asyncio.sleep(0.005)
+        actor.release.set()
+        await asyncio.gather(*calls)
+        assert await shell.where() == (f"podium-loop-{DEFAULT_GROUP}", True)
         shell._podium_close()
         return actor.peak
 
-    assert asyncio.run(scenario()) == {"default": 2, "io": 3, "aio": 2}
+    assert asyncio.run(scenario()) == {"default": 2, "io": 3}
 
 
 def test_the_default_group_keeps_rays_defaults():
