@@ -3,16 +3,28 @@ and async actors), and for the pool workers that run remote functions (tasks).
 
 A worker runs synchronous methods one at a time on its execution thread and ``async def``
 methods concurrently on its loop. :class:`ActorShell` wraps the user's object to change
-that as Ray's ``max_concurrency`` does: synchronous methods run on a pool of that many
-threads (so up to that many at once, in no guaranteed order) and async methods at most
-that many at once. With ``concurrency_groups`` (Ray's meaning) each group has its own limit
-and its own threads (sync methods) or slots (async methods); a method runs in the group
+that as Ray's ``max_concurrency`` does: a threaded actor's synchronous methods run on a pool
+of that many threads (so up to that many at once, in no guaranteed order) and an async
+actor's methods at most that many at once. With ``concurrency_groups`` (Ray's meaning) each
+group has its own limit and its own threads (a threaded actor) or event loop (an async
+actor); a method runs in the group
 ``@ray.method(concurrency_group=...)`` named (:func:`mark_group`), a call may name another
 (:meth:`ActorShell._podium_call_in_group`), and every other method runs in the default
 group, whose limit is ``max_concurrency``. So a control method in a group of its own
 answers while the default group is full. :class:`TaskRunner` is the hosted object of a task worker.
-:func:`construct` builds an actor's object, awaiting an ``async def __init__`` on the worker's
-loop (as Ray does; OpenRLHF's actors have one).
+
+An async actor (one with an ``async def`` method or ``__init__``) runs, as in Ray, each
+group's methods on an event loop of that group's own, in a thread of its own, made when the
+actor is made (:class:`GroupLoop`; at most :data:`MAX_GROUPS` + 1 per actor); its sync
+methods run there too, one at a time, blocking that loop (Ray's ``sync_to_async``). So a
+method that blocks its group's loop (``time.sleep`` in ``async def``) stops neither the
+methods of another group nor the worker's own I/O loop, which answers the controller's
+liveness pings and takes the calls: the actor is busy, not dead. Its ``async def __init__``
+runs on the default group's loop, so what it starts there (tasks, locks, clients) belongs to
+the loop that later runs the default group's methods; it may take as long as it takes (a
+vLLM engine built inside it), as Ray waits for a constructor.
+:func:`construct` builds the object of a worker that has no shell, awaiting an
+``async def __init__`` on the worker's own loop.
 """
 
 from __future__ import annotations
@@ -21,13 +33,14 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import threading
 from typing import Any, Callable
 
 from podium.errors import FailedPreconditionError, InvalidArgumentError
 
-__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "MAX_GROUPS", "DEFAULT_GROUP", "GROUP_CALL",
-           "check_groups", "check_method_groups", "construct", "group_of", "mark_group", "method_groups",
-           "set_host_loop"]
+__all__ = ["ActorShell", "TaskRunner", "MAX_CONCURRENCY", "MAX_GROUPS", "DEFAULT_GROUP", "GROUP_CALL", "READY_CALL",
+           "GroupLoop", "check_groups", "check_method_groups", "construct", "group_of", "is_async_class",
+           "mark_group", "method_groups", "set_host_loop"]
 
 #: Largest ``max_concurrency`` accepted (threads in one worker, or concurrent coroutines).
 MAX_CONCURRENCY = 10_000
@@ -42,6 +55,9 @@ _SYNC_DEFAULT, _ASYNC_DEFAULT = 1, 1000
 _MAX_GROUP_NAME = 100
 #: The method a call that names its concurrency group is sent to (ActorShell._podium_call_in_group).
 GROUP_CALL = "_podium_call_in_group"
+#: Ray's ``actor.__ray_ready__.remote()``: the worker answers True once the constructor ran
+#: (its error if it failed), from its I/O loop; how a caller bounds a constructor's time.
+READY_CALL = "__ray_ready__"
 #: The attribute ``@ray.method(concurrency_group=...)`` sets on a function.
 _GROUP_ATTR = "__ray_concurrency_group__"
 
@@ -115,17 +131,24 @@ def set_host_loop(loop: asyncio.AbstractEventLoop | None) -> None:
     _host_loop = loop
 
 
-def construct(cls: type, args: tuple, kwargs: dict) -> Any:
+def is_async_class(cls: type) -> bool:
+    """Whether ``cls`` makes an async actor (Ray's rule: an ``async def`` method or ``__init__``)."""
+    return any(inspect.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
+               if n == "__init__" or not n.startswith("__"))
+
+
+def construct(cls: type, args: tuple, kwargs: dict, loop: asyncio.AbstractEventLoop | None = None) -> Any:
     """``cls(*args, **kwargs)``; when ``cls.__init__`` is ``async def``, the object is made
-    with ``__new__`` and its ``__init__`` awaited on the host's loop, so what it starts there
-    (tasks, locks, clients) belongs to the loop that later runs the actor's async methods.
-    Called on the execution thread, which may block: the loop is free meanwhile."""
+    with ``__new__`` and its ``__init__`` awaited on ``loop`` (default: the host's loop), so
+    what it starts there (tasks, locks, clients) belongs to the loop that later runs the
+    actor's async methods. Called on the execution thread, which may block: the loop is free
+    meanwhile."""
     init = getattr(cls, "__init__", None)
     if not inspect.iscoroutinefunction(init):
         return cls(*args, **kwargs)
     new: Any = cls.__new__
     obj = new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
-    loop = _host_loop
+    loop = loop or _host_loop
     if loop is None or loop.is_closed():
         asyncio.run(init(obj, *args, **kwargs))  # no host here (a test): a loop of its own
         return obj
@@ -140,27 +163,70 @@ def construct(cls: type, args: tuple, kwargs: dict) -> Any:
     return obj
 
 
-class _Group:
-    """One concurrency group: its limit, its threads (made on first use) and its slots."""
-
-    __slots__ = ("limit", "name", "semaphore", "threads")
+class GroupLoop:
+    """One concurrency group's event loop of an async actor, run by a thread of its own (Ray
+    gives each group its own loop): coroutines handed to :meth:`run` run there, at most
+    ``limit`` at once, and the caller's loop waits for them without being blocked."""
 
     def __init__(self, name: str, limit: int) -> None:
+        self.limit = limit
+        self.loop = asyncio.new_event_loop()
+        #: Made on the group's loop by the first call (a Semaphore belongs to one loop).
+        self._slots: asyncio.Semaphore | None = None
+        started = threading.Event()
+        self.loop.call_soon(started.set)
+        self.thread = threading.Thread(target=self._serve, name=f"podium-loop-{name}", daemon=True)
+        self.thread.start()
+        started.wait()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    async def run(self, coro: Any) -> Any:
+        """Run ``coro`` on this group's loop within its limit and return its value; cancelled
+        here, it is cancelled there."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._limited(coro), self.loop))
+
+    async def _limited(self, coro: Any) -> Any:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        async with self._slots:
+            return await coro
+
+    def stop(self) -> None:
+        """End the loop's thread (a call still running there is abandoned)."""
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread is not threading.current_thread():
+            self.thread.join(5.0)
+
+
+class _Group:
+    """One concurrency group: its limit, its threads (made on first use) and, in an async
+    actor, its own event loop (:class:`GroupLoop`)."""
+
+    __slots__ = ("limit", "name", "threads", "loop")
+
+    def __init__(self, name: str, limit: int, own_loop: bool = False) -> None:
         self.name = name
         self.limit = limit
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self.semaphore: asyncio.Semaphore | None = None
+        self.loop: GroupLoop | None = GroupLoop(name, limit) if own_loop else None
 
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self.threads is None:
             self.threads = concurrent.futures.ThreadPoolExecutor(self.limit, thread_name_prefix=f"podium-{self.name}")
         return self.threads
 
-    def slots(self) -> asyncio.Semaphore:
-        # Made on first use, on the worker's loop (where every call through the shell runs).
-        if self.semaphore is None:
-            self.semaphore = asyncio.Semaphore(self.limit)
-        return self.semaphore
+    def stop(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+        if self.threads is not None:
+            self.threads.shutdown(wait=False)
 
 
 class ActorShell:
@@ -173,14 +239,26 @@ class ActorShell:
                  concurrency_groups: dict[str, int] | None = None) -> None:
         groups = check_groups(concurrency_groups or {})
         self._podium_method_groups = check_method_groups(cls, groups)
+        is_async = is_async_class(cls)
         if max_concurrency is None:
-            is_async = any(inspect.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
-                           if not n.startswith("__"))
             max_concurrency = _ASYNC_DEFAULT if is_async else _SYNC_DEFAULT
-        self._podium_groups = {name: _Group(name, limit) for name, limit in groups.items()}
-        self._podium_default = _Group(DEFAULT_GROUP, max_concurrency)
+        # (An async actor's loops are made now, as in Ray: MAX_GROUPS + 1 threads at most.)
+        self._podium_groups = {name: _Group(name, limit, is_async) for name, limit in groups.items()}
+        self._podium_default = _Group(DEFAULT_GROUP, max_concurrency, is_async)
         self._podium_wrapped: dict[tuple[str, str], Callable] = {}
-        self._podium_actor = construct(cls, args, kwargs)
+        default_loop = self._podium_default.loop
+        try:
+            # An async __init__ runs on the default group's loop: the worker's own loop stays
+            # free to answer (liveness) however long it takes or blocks.
+            self._podium_actor = construct(cls, args, kwargs, default_loop.loop if default_loop else None)
+        except BaseException:
+            self._podium_close()
+            raise
+
+    def _podium_close(self) -> None:
+        """Stop the groups' loops and threads (the worker's process ends them too)."""
+        for group in (self._podium_default, *self._podium_groups.values()):
+            group.stop()
 
     def __getattr__(self, name: str) -> Any:
         # Only names the shell lacks reach here: the user's methods and attributes.
@@ -215,18 +293,30 @@ class ActorShell:
 
     @staticmethod
     def _podium_wrap(fn: Callable, group: _Group) -> Callable:
-        if inspect.iscoroutinefunction(fn):
+        if group.loop is not None:  # an async actor: every method runs on its group's loop
+            run = group.loop.run
+            if inspect.iscoroutinefunction(fn):
+                @functools.wraps(fn)
+                async def on_group_loop(*args: Any, **kwargs: Any) -> Any:
+                    return await run(fn(*args, **kwargs))
+                return on_group_loop
+
             @functools.wraps(fn)
-            async def limited(*args: Any, **kwargs: Any) -> Any:
-                async with group.slots():
-                    return await fn(*args, **kwargs)
-            return limited
+            async def sync_on_group_loop(*args: Any, **kwargs: Any) -> Any:
+                # As Ray's sync_to_async: a sync method of an async actor runs on its group's
+                # loop, one at a time there, blocking it meanwhile (not on a pool of threads).
+                return await run(_called(fn, args, kwargs))
+            return sync_on_group_loop
 
         @functools.wraps(fn)
         async def threaded(*args: Any, **kwargs: Any) -> Any:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(group.pool(), functools.partial(fn, *args, **kwargs))
         return threaded
+
+
+async def _called(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    return fn(*args, **kwargs)
 
 
 class TaskRunner:

@@ -47,7 +47,8 @@ from podium.controller.group.handle import class_name as _class_name
 from podium.controller.session.argrefs import refs_inside
 from podium.controller.session.runtime import get_runtime
 from podium.errors import AlreadyExistsError, ArgumentMismatchError, InvalidArgumentError, NotFoundError
-from podium.worker.actorshell import GROUP_CALL, ActorShell, check_method_groups, method_groups
+from podium.worker.actorshell import (GROUP_CALL, READY_CALL, ActorShell, check_method_groups, is_async_class,
+                                      method_groups)
 from podium.worker.factory import ClassWithInitArgs, by_value
 from podium.worker.processenv import WithProcessEnv
 
@@ -192,6 +193,13 @@ class ActorHandle:
         return group
 
     @property
+    def __ray_ready__(self) -> ActorMethod:
+        """Ray's ``actor.__ray_ready__.remote()``: a ref whose value is True once the actor's
+        constructor ran (its error if it failed). A constructor may take as long as it takes;
+        ``get(ref, timeout=...)`` is how a caller bounds it, as in Ray."""
+        return ActorMethod(self, READY_CALL)
+
+    @property
     def worker(self) -> Any:
         """The actor's :class:`~podium.controller.group.WorkerHandle` (node, pid, address)."""
         return self._group.workers[0]
@@ -289,14 +297,15 @@ class ActorClass:
 def _payload(cls: type, opts: Options, args: tuple, kwargs: dict) -> Any:
     from podium.worker.caller.client import prepare
 
-    sync_only = not any(asyncio.iscoroutinefunction(getattr(cls, n, None)) for n in dir(cls)
-                        if not n.startswith("__"))
+    sync_only = not is_async_class(cls)
     groups = opts.concurrency_groups
     if groups is not None:  # (a method in a group the actor lacks: refused here, before it starts)
         check_method_groups(cls, groups)
     elif method_groups(cls):
         check_method_groups(cls, {})
-    if groups is None and (opts.max_concurrency is None or (opts.max_concurrency == 1 and sync_only)):
+    # An async actor always has its shell: its methods and async __init__ run on loops of its
+    # own, never on the worker's I/O loop, which must stay free to answer (as in Ray).
+    if groups is None and sync_only and opts.max_concurrency in (None, 1):
         cia = ClassWithInitArgs(cls, *args, **kwargs)
     else:
         cia = ClassWithInitArgs(ActorShell, cls, opts.max_concurrency, args, kwargs, groups)

@@ -16,8 +16,10 @@ stacks that could be had (:mod:`podium.workerstacks`: a stopped rank cannot answ
 bound, and the calls fail at the bound itself; every busy rank is pinged at once, so 256 ranks
 cost one bound like one rank does. A method
 that runs for hours in a live process is never cut short: its process keeps answering.
-An ``async`` method that blocks its worker's event loop (``time.sleep`` in ``async def``)
-does stop the answers, and is reported like a hung rank.
+An ``async`` method of a WorkerGroup's worker that blocks its worker's event loop
+(``time.sleep`` in ``async def``) does stop the answers, and is reported like a hung rank;
+an async ``ray`` actor's methods and ``async def __init__`` run on loops of their own
+(:class:`podium.worker.actorshell.GroupLoop`), so blocking them does not, as in Ray.
 """
 
 from __future__ import annotations

@@ -156,8 +156,8 @@ ACTOR: dict[str, Answer] = {
     "lifetime": _ok("'detached' outlives the driver", probe="detached"),
     "get_if_exists": _ok("returns the live actor of that name"),
     "max_concurrency": _ok("calls run at once (threads, or event-loop slots for async methods)", probe=4),
-    "concurrency_groups": _ok("each group has its own limit and threads (or event-loop slots); the default "
-                              "group keeps max_concurrency", probe={"io": 2}),
+    "concurrency_groups": _ok("each group has its own limit and threads (an async actor: its own event loop, "
+                              "in a thread of its own); the default group keeps max_concurrency", probe={"io": 2}),
     "max_restarts": _ok("a dead actor is built again by its owner, same name and handles (README: Actor "
                         "restarts)", probe=2),
     "max_task_retries": _ok("a call in flight when the actor died is sent again after its restart", probe=2),

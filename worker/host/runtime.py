@@ -17,7 +17,7 @@ from podium import codec, errors, refs
 from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
-from podium.worker.actorshell import GROUP_CALL, construct, set_host_loop
+from podium.worker.actorshell import GROUP_CALL, READY_CALL, construct, set_host_loop
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission, Declined
 from podium.worker.host.completion import CallBook
@@ -32,6 +32,11 @@ from podium.worker.host.results import Outcome, call_error, close_names, remote_
 __all__ = ["HostRuntime"]
 
 log = logging.getLogger("podium.worker.host")
+
+
+async def _ready() -> bool:
+    """READY_CALL's method: it runs once the constructor did (run_call waits for it)."""
+    return True
 
 
 class HostRuntime:
@@ -151,6 +156,8 @@ class HostRuntime:
         if name == FETCH_CALL:
             return self._fetch_call, True, False
         if not name or name.startswith("__"):
+            if name == READY_CALL:  # (here, not above: dunder names only pay for it)
+                return _ready, True, False
             raise errors.UnknownMethodError(f"{self._class_name} has no callable method {name!r}",
                                             details={"method": name})
         try:

@@ -69,11 +69,11 @@ class Engine:
     def __init__(self):
         self.running = 0
         self.peak = 0
-        self.gate = None
+        self.gate = self.loop = None
 
     async def generate(self, i):
-        if self.gate is None:
-            self.gate = asyncio.Event()
+        if self.gate is None:  # (an asyncio.Event belongs to the default group's loop)
+            self.loop, self.gate = asyncio.get_running_loop(), asyncio.Event()
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
@@ -88,9 +88,8 @@ class Engine:
 
     @ray.method(concurrency_group="control")
     async def open(self):
-        if self.gate is None:
-            self.gate = asyncio.Event()
-        self.gate.set()
+        # "control" has its own loop, as in Ray: the default group's Event is set on its loop.
+        self.loop.call_soon_threadsafe(self.gate.set)
 
 
 # A sync actor: 2 threads in the default group, 2 in "io", 1 in "control".
