@@ -139,7 +139,9 @@ class ReplaceSoak:
         self.served: dict[str, list[float]] = collections.defaultdict(list)
         self.steps: dict[str, list[float]] = collections.defaultdict(list)
         self.wall = 0.0
+        #: Every process the soak made (their segments count at the end), and those booked.
         self._pids: set[int] = set()
+        self._booked: set[int] = set()
         self._shm_before: set[str] = set()
         self._stop = threading.Event()
         #: The agents' fork helpers (below them before the first group): no workers.
@@ -156,7 +158,8 @@ class ReplaceSoak:
     def _note(self, wg: WorkerGroup) -> None:
         """Book every process that holds a rank of ``wg`` now (and keep its pid for the end)."""
         for rank, w in enumerate(wg.workers):
-            if w.pid not in self._pids:
+            if w.pid not in self._booked:  # a standby is booked when it takes a rank
+                self._booked.add(w.pid)
                 self.book.record(wg.name_prefix, rank, w.pid)
         self._pids.update(w.pid for w in [*wg.workers, *wg.standby_workers])
 
@@ -189,11 +192,11 @@ class ReplaceSoak:
             try:
                 pending.result()
                 self.problems.append(f"fault {number} ({kind} rank {victim}): the call in flight returned")
-            except PodiumError as exc:
+            except Exception as exc:  # noqa: BLE001 - an untyped error is a finding
                 self.errors[type(exc).__name__] += 1
                 if not isinstance(exc, expected) or exc.rank != victim:
                     self.problems.append(f"fault {number} ({kind} rank {victim}): the call in flight raised "
-                                         f"{type(exc).__name__} (rank {exc.rank}): {exc}"[:400])
+                                         f"{type(exc).__name__} (rank {getattr(exc, 'rank', None)}): {exc}"[:400])
         self.detection[kind].append(time.monotonic() - struck)
         ids = self._served(wg, number)
         if ids is None:
@@ -216,8 +219,10 @@ class ReplaceSoak:
         for _ in range(TRIES):
             try:
                 return wg.identity()
-            except PodiumError as exc:
+            except Exception as exc:  # noqa: BLE001 - typed ones are counted, others are findings
                 self.errors[f"after: {type(exc).__name__}"] += 1
+                if not isinstance(exc, PodiumError):
+                    self.problems.append(f"fault {number}: untyped error after it: {type(exc).__name__}: {exc}"[:400])
                 last = exc
         self.problems.append(f"fault {number}: not served in {TRIES} calls: {type(last).__name__}: {last}"[:400])
         return None
