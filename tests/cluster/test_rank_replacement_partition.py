@@ -10,7 +10,6 @@ Nodes (``tests/support/netlab.py``): ``a`` with 3 (fake) GPUs holds ranks 0-2, `
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import os
 import socket
 import time
@@ -19,8 +18,7 @@ import pytest
 
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.errors import PodiumError
-from podium.worker import Dispatch, Worker, register
-from podium.worker.rendezvous import Rendezvous, on_rendezvous
+from podium.worker import Dispatch, register
 from tests.support.faultkit import NODE_LEASE, report
 from tests.support.netlab import NetLab, unavailable
 from tests.support.proctable import alive
@@ -35,6 +33,7 @@ if WHY_NOT:
     pytest.skip(f"no network namespaces here: {WHY_NOT}", allow_module_level=True)
 
 from tests.cluster.test_network_partitions import NetCluster  # noqa: E402  (after the skip)
+from tests.support.glootrainer import GlooTrainer  # noqa: E402  (it imports torch)
 
 STEPS = 5
 BROKEN_STEP = 2
@@ -43,73 +42,20 @@ VICTIM = 3
 GLOO_TIMEOUT_S = 10
 
 
-class NetTrainer(Worker):
-    """Data-parallel SGD on a tiny linear model, gloo all-reduce over the lab network."""
+class NetTrainer(GlooTrainer):
+    """The shared gloo trainer over the lab network, on the Podium store of each rendezvous."""
+
+    podium_store = True
+    gloo_timeout_s = GLOO_TIMEOUT_S
 
     def __init__(self):
-        super().__init__()
         # gloo binds the address of this interface: the host's one link (not loopback).
         os.environ["GLOO_SOCKET_IFNAME"] = next(n for _, n in socket.if_nameindex() if n != "lo")
-        self.versions: list[int] = []
-        self.reset()
-
-    def _form(self, rdzv: Rendezvous | None = None):
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
-        if rdzv is None:
-            dist.init_process_group("gloo", timeout=timeout)
-        else:
-            dist.init_process_group("gloo", store=rdzv.store(), rank=rdzv.rank, world_size=rdzv.world_size,
-                                    timeout=timeout)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def reset(self):
-        torch.manual_seed(0)
-        self.model = torch.nn.Linear(8, 1)
-        return True
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def form(self):
-        self._form()
-        return self.rank
-
-    @on_rendezvous
-    def reform(self, rdzv: Rendezvous):
-        import torch.distributed as dist
-        self.versions.append(rdzv.version)
-        self._form(rdzv)
-        for p in self.model.parameters():
-            dist.broadcast(p.data, src=0)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def step(self, step, stall_rank=-1):
-        import torch.distributed as dist
-        g = torch.Generator().manual_seed(1000 * step + self.rank)
-        x = torch.randn(16, 8, generator=g)
-        self.model.zero_grad()
-        torch.nn.functional.mse_loss(self.model(x), x.sum(dim=1, keepdim=True)).backward()
-        if stall_rank >= 0:
-            time.sleep(600 if self.rank == stall_rank else 2.0)  # the test cuts the stalled rank's node
-        try:
-            for p in self.model.parameters():
-                dist.all_reduce(p.grad)
-        except Exception:
-            dist.destroy_process_group()
-            raise
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p -= 0.01 * p.grad / dist.get_world_size()
-        return step
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def params(self):
-        return [p.detach().clone() for p in self.model.parameters()]
+        super().__init__()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def where(self):
-        return os.environ["PODIUM_NODE_ADDRESS"], os.getpid(), self.versions
+        return os.environ["PODIUM_NODE_ADDRESS"], os.getpid(), self.hooks
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from podium.private import open_private, private_dir
-from podium.process import start_time
+from podium.process import kernel_state, start_time
 from podium.resources import check_env_entries
 from podium.transport import shm
 from podium.worker.agent import forkserver
@@ -472,6 +472,9 @@ class Spawner:
             if worker.state in (common_pb2.WORKER_STARTING, common_pb2.WORKER_RUNNING):
                 worker.state = common_pb2.WORKER_STOPPING
             self._kill_group(worker, signal.SIGTERM)
+            if kernel_state(worker.pid)[0] in ("T", "t"):
+                # SIGTERM waits for a SIGCONT, which would let it answer again: the grace gains nothing.
+                self._kill_group(worker, signal.SIGKILL)
         if not alive:
             return 0
         await asyncio.wait([w.exited for w in alive], timeout=grace)

@@ -12,7 +12,6 @@ SIGCONT.
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import socket
@@ -24,12 +23,13 @@ import pytest
 from podium import errors
 from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.controller.session.runtime import get_runtime
-from podium.worker import Dispatch, Worker, register
-from podium.worker.rendezvous import Rendezvous, on_rendezvous
+from podium.worker import Dispatch, register
 from tests.support.clusters import controller_cluster
 from tests.support.proctable import alive
 
 torch = pytest.importorskip("torch")
+
+from tests.support.glootrainer import GlooTrainer  # noqa: E402  (it imports torch)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -41,77 +41,8 @@ BROKEN_STEP = 3
 VICTIM = 2
 
 
-class Trainer(Worker):
-    """Data-parallel SGD on a tiny linear model; gloo all-reduce of the gradients."""
-
-    def __init__(self):
-        super().__init__()
-        self.hooks: list[int] = []
-        self.stores: list[tuple[int, str, int]] = []
-        self.reset()
-
-    #: Re-form on the Podium store of each rendezvous (``rdzv.store()``), not env://.
-    podium_store = False
-
-    def _form(self, rdzv: Rendezvous | None = None):
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        timeout = datetime.timedelta(seconds=60)
-        if rdzv is not None and self.podium_store:
-            dist.init_process_group("gloo", store=rdzv.store(), rank=rdzv.rank, world_size=rdzv.world_size,
-                                    timeout=timeout)
-            self.stores.append((rdzv.version, rdzv.master_addr, rdzv.store_port))
-        else:
-            dist.init_process_group("gloo", timeout=timeout)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def reset(self):
-        torch.manual_seed(0)
-        self.model = torch.nn.Linear(8, 1)
-        return True
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def form(self):
-        self._form()
-        return self.rank
-
-    @on_rendezvous
-    def reform(self, rdzv: Rendezvous):
-        """Re-form gloo on the new rendezvous; the newcomer takes rank 0's parameters."""
-        import torch.distributed as dist
-        assert rdzv.rank == self.rank and str(rdzv.master_port) == os.environ["MASTER_PORT"]
-        self.hooks.append(rdzv.version)
-        self._form(rdzv)
-        for p in self.model.parameters():
-            dist.broadcast(p.data, src=0)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def step(self, step, stall_rank=-1):
-        import torch.distributed as dist
-        g = torch.Generator().manual_seed(1000 * step + self.rank)
-        x = torch.randn(16, 8, generator=g)
-        y = x.sum(dim=1, keepdim=True)
-        self.model.zero_grad()
-        torch.nn.functional.mse_loss(self.model(x), y).backward()
-        if stall_rank >= 0:
-            # mid-step: the test kills or stops the stalled rank after 1 s, so its death is
-            # the call's first failure (the others notice it in all_reduce at 2 s)
-            time.sleep(600 if self.rank == stall_rank else 2.0)
-        try:
-            for p in self.model.parameters():
-                dist.all_reduce(p.grad)  # a dead peer fails this before any parameter moves
-        except Exception:
-            dist.destroy_process_group()  # the ranks waiting on this one fail now too
-            raise
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p -= 0.01 * p.grad / dist.get_world_size()
-        return step
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def params(self):
-        return [p.detach().clone() for p in self.model.parameters()]
+class Trainer(GlooTrainer):
+    """The shared gloo trainer, and each rank's view of itself."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def identity(self):
