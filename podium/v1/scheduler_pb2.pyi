@@ -809,7 +809,7 @@ class ClusterState(_message.Message):
 
     @_builtins.property
     def placement_groups(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PlacementGroup]:
-        """Every placement group that is not removed."""
+        """Every placement group the scheduler holds: live, or removed recently (PG_REMOVED), as for workers."""
 
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]:
