@@ -191,7 +191,8 @@ def _serve(host: str, port: int, world_size: int, use_libuv: bool, fd: int, *,
                      multi_tenant=True, use_libuv=use_libuv, master_listen_fd=os.dup(fd))
     log.info("rank 0 serves torch's store of MASTER_PORT %d on %s only", port, host)
     yield store, 0, world_size
-    raise RuntimeError(f"Unable to perform re-rendezvous on port {port} (as torch's own handlers)")
+    from podium.errors import UnimplementedError
+    raise UnimplementedError(f"no re-rendezvous on MASTER_PORT {port} (torch's env:// and tcp:// have none either)")
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
