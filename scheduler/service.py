@@ -417,10 +417,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         for worker in workers:
             by_node.setdefault(worker.node_id, []).append(worker)
 
+        # The master inherits the port's socket, on its node address (podium.worker.masterstore).
+        master = next((w.id for w in workers if w.spec.rank == request.master_rank and w.node_id == plan.node_id), "")
+
         async def spawn(node_id: str, batch: list[common_pb2.WorkerInfo]):
-            reserved = port if plan.need_port and node_id == plan.node_id else 0
-            reply = await self.agents.stub(node_id).SpawnWorkers(
-                node_pb2.SpawnWorkersRequest(workers=batch, reserved_port=reserved),
+            mine = plan.need_port and node_id == plan.node_id
+            reply = await self.agents.stub(node_id).SpawnWorkers(node_pb2.SpawnWorkersRequest(
+                workers=batch, reserved_port=port if mine else 0, master_worker_id=master if mine else ""),
                 timeout=AGENT_TIMEOUT)
             return node_id, reply
 

@@ -12,8 +12,11 @@ The store of each version: ``init_process_group(store=rdzv.store(), rank=rdzv.ra
 world_size=rdzv.world_size)``. Rank 0 serves it (:mod:`podium.transport.authstore`: it
 listens on the node address only, and every connection proves the version's key, which
 travels only inside Podium's authenticated calls); a new version gets a new store. With
-``env://`` (``MASTER_ADDR``/``MASTER_PORT``), torch's own TCPStore listens on every interface
-of rank 0's host and serves anyone who connects.
+``env://`` (``MASTER_ADDR``/``MASTER_PORT``) or ``init_method=rdzv.init_method``, rank 0 serves
+torch's own TCPStore on the MASTER_PORT socket it holds, bound to the node address only
+(:mod:`podium.worker.masterstore`; the group's first MASTER_PORT comes the same way from the
+node agent), but that store checks no key: anyone who reaches the node address and port can
+read and write it.
 
 The hook runs on each rank's execution thread, after the call in hand. A survivor still
 blocked in a collective with the dead rank (gloo has no abort) delays it until that
@@ -37,7 +40,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The attribute ``@on_rendezvous`` sets on a method.
 MARK = "__podium_on_rendezvous__"
 
-#: The port rank 0 bound for the next rendezvous (held until :func:`adopt` releases it).
+#: The port rank 0 bound for the next rendezvous (held until :func:`adopt` hands it over).
 _held: socket.socket | None = None
 #: Rank 0: the store it serves for the newest version (the one before is closed).
 _server: Any = None
@@ -79,7 +82,7 @@ class Rendezvous:
         if not self.store_port:
             raise FailedPreconditionError(
                 f"rendezvous version {self.version} has no Podium store (torch was not importable in rank 0); "
-                "use init_method=rdzv.init_method (torch's TCPStore, on every interface)")
+                "use init_method=rdzv.init_method (torch's TCPStore, with no key)")
         from podium.transport.authstore import connect_store
         with _client_lock:
             if _client is not None and _client[0] == (self.version, self.store_port):
@@ -126,9 +129,10 @@ def open_port(_obj: Any, host: str) -> tuple[int, int, str]:
 
 
 def adopt(obj: Any, rdzv: Rendezvous) -> int:
-    """Run in every rank (``__ray_call__``): take ``rdzv`` (env, a Worker's rank), release
-    the held port, then call the hosted object's ``@on_rendezvous`` methods. Returns how
-    many hooks ran."""
+    """Run in every rank (``__ray_call__``): take ``rdzv`` (env, a Worker's rank); rank 0
+    hands the held port to :mod:`podium.worker.masterstore`, which serves torch's store of
+    the new MASTER_PORT on it (and lets the previous versions' go); then call the hosted
+    object's ``@on_rendezvous`` methods. Returns how many hooks ran."""
     global _held
     os.environ.update(RANK=str(rdzv.rank), WORLD_SIZE=str(rdzv.world_size),
                       MASTER_ADDR=rdzv.master_addr, MASTER_PORT=str(rdzv.master_port))
@@ -136,8 +140,12 @@ def adopt(obj: Any, rdzv: Rendezvous) -> int:
                         ("_master_addr", rdzv.master_addr), ("_master_port", str(rdzv.master_port))):
         if hasattr(obj, attr):
             setattr(obj, attr, value)
-    if _held is not None:  # rank 0: torch binds it next, in the hook
-        _held.close()
+    if _held is not None:  # rank 0: the hook's env:// or tcp:// init is served on it
+        from podium.worker import masterstore
+        for port in masterstore.held_ports():
+            if port != rdzv.master_port:
+                masterstore.release(port)  # an old version's (a store still serving keeps its own copy)
+        masterstore.hold(_held)
         _held = None
     ran = 0
     for name in dir(type(obj)):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from podium.v1 import common_pb2 as podium_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14podium/v1/node.proto\x12\tpodium.v1\x1a\x16podium/v1/common.proto\",\n\rDriverPackage\x12\x0e\n\x06\x66older\x18\x01 \x01(\t\x12\x0b\n\x03zip\x18\x02 \x01(\x0c\"\xe4\x01\n\x12StartDriverRequest\x12\x11\n\tdriver_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x33\n\x03\x65nv\x18\x03 \x03(\x0b\x32&.podium.v1.StartDriverRequest.EnvEntry\x12*\n\x08packages\x18\x04 \x03(\x0b\x32\x18.podium.v1.DriverPackage\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\x13\n\x0bpython_path\x18\x06 \x03(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x13StartDriverResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x10\n\x08log_path\x18\x02 \x01(\t\"L\n\x14ReadDriverLogRequest\x12\x11\n\tdriver_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\"\\\n\x15ReadDriverLogResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\r\n\x05\x65nded\x18\x03 \x01(\x08\x12\x11\n\texit_code\x18\x04 \x01(\x05\"=\n\x11StopDriverRequest\x12\x11\n\tdriver_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\")\n\x12StopDriverResponse\x12\x13\n\x0bwas_running\x18\x01 \x01(\x08\"T\n\x13SpawnWorkersRequest\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.podium.v1.WorkerInfo\x12\x15\n\rreserved_port\x18\x02 \x01(\x05\"A\n\x14SpawnWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.podium.v1.SpawnedWorker\"A\n\rSpawnedWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x10\n\x08log_path\x18\x03 \x01(\t\"?\n\x12StopWorkersRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"&\n\x13StopWorkersResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x05\"*\n\x12ReservePortRequest\x12\x14\n\x0chold_seconds\x18\x01 \x01(\x01\"#\n\x13ReservePortResponse\x12\x0c\n\x04port\x18\x01 \x01(\x05\"\x14\n\x12ListWorkersRequest\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.podium.v1.WorkerInfo\"G\n\x0eTailLogRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nlast_lines\x18\x02 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\":\n\x07LogLine\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\"\x14\n\x12GetNodeInfoRequest\"*\n\x14ProcessStatesRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"q\n\x0cProcessState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x12\n\nstate_name\x18\x04 \x01(\t\x12\r\n\x05wchan\x18\x05 \x01(\t\x12\x0f\n\x07threads\x18\x06 \x01(\x05\"@\n\x15ProcessStatesResponse\x12\'\n\x06states\x18\x01 \x03(\x0b\x32\x17.podium.v1.ProcessState2\x86\x06\n\tNodeAgent\x12O\n\x0cSpawnWorkers\x12\x1e.podium.v1.SpawnWorkersRequest\x1a\x1f.podium.v1.SpawnWorkersResponse\x12L\n\x0bStopWorkers\x12\x1d.podium.v1.StopWorkersRequest\x1a\x1e.podium.v1.StopWorkersResponse\x12L\n\x0bReservePort\x12\x1d.podium.v1.ReservePortRequest\x1a\x1e.podium.v1.ReservePortResponse\x12L\n\x0bListWorkers\x12\x1d.podium.v1.ListWorkersRequest\x1a\x1e.podium.v1.ListWorkersResponse\x12:\n\x07TailLog\x12\x19.podium.v1.TailLogRequest\x1a\x12.podium.v1.LogLine0\x01\x12\x41\n\x0bGetNodeInfo\x12\x1d.podium.v1.GetNodeInfoRequest\x1a\x13.podium.v1.NodeInfo\x12R\n\rProcessStates\x12\x1f.podium.v1.ProcessStatesRequest\x1a .podium.v1.ProcessStatesResponse\x12L\n\x0bStartDriver\x12\x1d.podium.v1.StartDriverRequest\x1a\x1e.podium.v1.StartDriverResponse\x12R\n\rReadDriverLog\x12\x1f.podium.v1.ReadDriverLogRequest\x1a .podium.v1.ReadDriverLogResponse\x12I\n\nStopDriver\x12\x1c.podium.v1.StopDriverRequest\x1a\x1d.podium.v1.StopDriverResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14podium/v1/node.proto\x12\tpodium.v1\x1a\x16podium/v1/common.proto\",\n\rDriverPackage\x12\x0e\n\x06\x66older\x18\x01 \x01(\t\x12\x0b\n\x03zip\x18\x02 \x01(\x0c\"\xe4\x01\n\x12StartDriverRequest\x12\x11\n\tdriver_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x33\n\x03\x65nv\x18\x03 \x03(\x0b\x32&.podium.v1.StartDriverRequest.EnvEntry\x12*\n\x08packages\x18\x04 \x03(\x0b\x32\x18.podium.v1.DriverPackage\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\x13\n\x0bpython_path\x18\x06 \x03(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x13StartDriverResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x10\n\x08log_path\x18\x02 \x01(\t\"L\n\x14ReadDriverLogRequest\x12\x11\n\tdriver_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\"\\\n\x15ReadDriverLogResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\r\n\x05\x65nded\x18\x03 \x01(\x08\x12\x11\n\texit_code\x18\x04 \x01(\x05\"=\n\x11StopDriverRequest\x12\x11\n\tdriver_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\")\n\x12StopDriverResponse\x12\x13\n\x0bwas_running\x18\x01 \x01(\x08\"n\n\x13SpawnWorkersRequest\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.podium.v1.WorkerInfo\x12\x15\n\rreserved_port\x18\x02 \x01(\x05\x12\x18\n\x10master_worker_id\x18\x03 \x01(\t\"A\n\x14SpawnWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.podium.v1.SpawnedWorker\"A\n\rSpawnedWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x10\n\x08log_path\x18\x03 \x01(\t\"?\n\x12StopWorkersRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"&\n\x13StopWorkersResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x05\"*\n\x12ReservePortRequest\x12\x14\n\x0chold_seconds\x18\x01 \x01(\x01\"#\n\x13ReservePortResponse\x12\x0c\n\x04port\x18\x01 \x01(\x05\"\x14\n\x12ListWorkersRequest\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.podium.v1.WorkerInfo\"G\n\x0eTailLogRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nlast_lines\x18\x02 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\":\n\x07LogLine\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\"\x14\n\x12GetNodeInfoRequest\"*\n\x14ProcessStatesRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"q\n\x0cProcessState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x12\n\nstate_name\x18\x04 \x01(\t\x12\r\n\x05wchan\x18\x05 \x01(\t\x12\x0f\n\x07threads\x18\x06 \x01(\x05\"@\n\x15ProcessStatesResponse\x12\'\n\x06states\x18\x01 \x03(\x0b\x32\x17.podium.v1.ProcessState2\x86\x06\n\tNodeAgent\x12O\n\x0cSpawnWorkers\x12\x1e.podium.v1.SpawnWorkersRequest\x1a\x1f.podium.v1.SpawnWorkersResponse\x12L\n\x0bStopWorkers\x12\x1d.podium.v1.StopWorkersRequest\x1a\x1e.podium.v1.StopWorkersResponse\x12L\n\x0bReservePort\x12\x1d.podium.v1.ReservePortRequest\x1a\x1e.podium.v1.ReservePortResponse\x12L\n\x0bListWorkers\x12\x1d.podium.v1.ListWorkersRequest\x1a\x1e.podium.v1.ListWorkersResponse\x12:\n\x07TailLog\x12\x19.podium.v1.TailLogRequest\x1a\x12.podium.v1.LogLine0\x01\x12\x41\n\x0bGetNodeInfo\x12\x1d.podium.v1.GetNodeInfoRequest\x1a\x13.podium.v1.NodeInfo\x12R\n\rProcessStates\x12\x1f.podium.v1.ProcessStatesRequest\x1a .podium.v1.ProcessStatesResponse\x12L\n\x0bStartDriver\x12\x1d.podium.v1.StartDriverRequest\x1a\x1e.podium.v1.StartDriverResponse\x12R\n\rReadDriverLog\x12\x1f.podium.v1.ReadDriverLogRequest\x1a .podium.v1.ReadDriverLogResponse\x12I\n\nStopDriver\x12\x1c.podium.v1.StopDriverRequest\x1a\x1d.podium.v1.StopDriverResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,35 +51,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STOPDRIVERRESPONSE']._serialized_start=625
   _globals['_STOPDRIVERRESPONSE']._serialized_end=666
   _globals['_SPAWNWORKERSREQUEST']._serialized_start=668
-  _globals['_SPAWNWORKERSREQUEST']._serialized_end=752
-  _globals['_SPAWNWORKERSRESPONSE']._serialized_start=754
-  _globals['_SPAWNWORKERSRESPONSE']._serialized_end=819
-  _globals['_SPAWNEDWORKER']._serialized_start=821
-  _globals['_SPAWNEDWORKER']._serialized_end=886
-  _globals['_STOPWORKERSREQUEST']._serialized_start=888
-  _globals['_STOPWORKERSREQUEST']._serialized_end=951
-  _globals['_STOPWORKERSRESPONSE']._serialized_start=953
-  _globals['_STOPWORKERSRESPONSE']._serialized_end=991
-  _globals['_RESERVEPORTREQUEST']._serialized_start=993
-  _globals['_RESERVEPORTREQUEST']._serialized_end=1035
-  _globals['_RESERVEPORTRESPONSE']._serialized_start=1037
-  _globals['_RESERVEPORTRESPONSE']._serialized_end=1072
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1074
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1094
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1096
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1157
-  _globals['_TAILLOGREQUEST']._serialized_start=1159
-  _globals['_TAILLOGREQUEST']._serialized_end=1230
-  _globals['_LOGLINE']._serialized_start=1232
-  _globals['_LOGLINE']._serialized_end=1290
-  _globals['_GETNODEINFOREQUEST']._serialized_start=1292
-  _globals['_GETNODEINFOREQUEST']._serialized_end=1312
-  _globals['_PROCESSSTATESREQUEST']._serialized_start=1314
-  _globals['_PROCESSSTATESREQUEST']._serialized_end=1356
-  _globals['_PROCESSSTATE']._serialized_start=1358
-  _globals['_PROCESSSTATE']._serialized_end=1471
-  _globals['_PROCESSSTATESRESPONSE']._serialized_start=1473
-  _globals['_PROCESSSTATESRESPONSE']._serialized_end=1537
-  _globals['_NODEAGENT']._serialized_start=1540
-  _globals['_NODEAGENT']._serialized_end=2314
+  _globals['_SPAWNWORKERSREQUEST']._serialized_end=778
+  _globals['_SPAWNWORKERSRESPONSE']._serialized_start=780
+  _globals['_SPAWNWORKERSRESPONSE']._serialized_end=845
+  _globals['_SPAWNEDWORKER']._serialized_start=847
+  _globals['_SPAWNEDWORKER']._serialized_end=912
+  _globals['_STOPWORKERSREQUEST']._serialized_start=914
+  _globals['_STOPWORKERSREQUEST']._serialized_end=977
+  _globals['_STOPWORKERSRESPONSE']._serialized_start=979
+  _globals['_STOPWORKERSRESPONSE']._serialized_end=1017
+  _globals['_RESERVEPORTREQUEST']._serialized_start=1019
+  _globals['_RESERVEPORTREQUEST']._serialized_end=1061
+  _globals['_RESERVEPORTRESPONSE']._serialized_start=1063
+  _globals['_RESERVEPORTRESPONSE']._serialized_end=1098
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1100
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1120
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1122
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1183
+  _globals['_TAILLOGREQUEST']._serialized_start=1185
+  _globals['_TAILLOGREQUEST']._serialized_end=1256
+  _globals['_LOGLINE']._serialized_start=1258
+  _globals['_LOGLINE']._serialized_end=1316
+  _globals['_GETNODEINFOREQUEST']._serialized_start=1318
+  _globals['_GETNODEINFOREQUEST']._serialized_end=1338
+  _globals['_PROCESSSTATESREQUEST']._serialized_start=1340
+  _globals['_PROCESSSTATESREQUEST']._serialized_end=1382
+  _globals['_PROCESSSTATE']._serialized_start=1384
+  _globals['_PROCESSSTATE']._serialized_end=1497
+  _globals['_PROCESSSTATESRESPONSE']._serialized_start=1499
+  _globals['_PROCESSSTATESRESPONSE']._serialized_end=1563
+  _globals['_NODEAGENT']._serialized_start=1566
+  _globals['_NODEAGENT']._serialized_end=2340
 # @@protoc_insertion_point(module_scope)

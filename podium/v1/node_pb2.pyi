@@ -251,9 +251,15 @@ class SpawnWorkersRequest(_message.Message):
 
     WORKERS_FIELD_NUMBER: _builtins.int
     RESERVED_PORT_FIELD_NUMBER: _builtins.int
+    MASTER_WORKER_ID_FIELD_NUMBER: _builtins.int
     reserved_port: _builtins.int
     """Port handed out by ReservePort that one of these workers' env uses as
-    MASTER_PORT; the agent releases it just before spawning. 0 if none.
+    MASTER_PORT. 0 if none.
+    """
+    master_worker_id: _builtins.str
+    """The worker (rank 0 of the group) that inherits the reserved port's
+    listening socket, bound to the node address, and serves torch's store of
+    MASTER_PORT on it; empty: the agent releases the port just before spawning.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]:
@@ -264,10 +270,11 @@ class SpawnWorkersRequest(_message.Message):
         *,
         workers: _abc.Iterable[_common_pb2.WorkerInfo] | None = ...,
         reserved_port: _builtins.int = ...,
+        master_worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reserved_port", b"reserved_port", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_worker_id", b"master_worker_id", "reserved_port", b"reserved_port", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

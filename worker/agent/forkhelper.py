@@ -35,6 +35,7 @@ import time
 import traceback
 
 from podium.process import start_time
+from podium.worker.masterstore import LISTEN_FD_ENV
 
 __all__ = ["PRELOAD", "MAX_MESSAGE", "serve", "main"]
 
@@ -84,7 +85,7 @@ def _child(request: dict, fds: list[int], close: list[int], parent: int) -> None
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
-        ready_fd, out_fd, err_fd = fds
+        ready_fd, out_fd, err_fd = fds[:3]
         for fd in close:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -98,6 +99,8 @@ def _child(request: dict, fds: list[int], close: list[int], parent: int) -> None
         os.chdir(request.get("cwd") or "/")
         os.environ.clear()
         os.environ.update(request["env"])
+        if len(fds) == 4:  # a group master's MASTER_PORT socket, bound by the agent
+            os.environ[LISTEN_FD_ENV] = str(fds[3])
         os.environ["PODIUM_FORKED_AT"] = repr(time.time())
         # The helper read PYTHONPATH when it started; a worker's own (its spec's env, e.g. the
         # `ray` stand-in of `podium run`) must still come first on its path, as after an exec.
@@ -185,8 +188,8 @@ class _Helper:
         return True
 
     def _fork(self, request: dict, fds: list[int], helper_fds: list[int]) -> None:
-        if len(fds) != 3:
-            raise ValueError(f"expected 3 fds, got {len(fds)}")
+        if len(fds) not in (3, 4):
+            raise ValueError(f"expected 3 or 4 fds, got {len(fds)}")
         sys.stdout.flush()
         sys.stderr.flush()
         close = list(helper_fds)  # the helper's own descriptors: no child keeps them

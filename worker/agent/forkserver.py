@@ -27,7 +27,7 @@ which imports all of that once and then forks a worker per request:
 
 Protocol on a ``SOCK_SEQPACKET`` socket (one JSON object per message):
 agent -> helper ``{"id", "env", "cwd", "argv"}`` with fds (ready pipe write end,
-stdout file, stderr file) attached, ``{"record": pid, "meta"}`` (what to re-adopt a
+stdout file, stderr file, and a group master's MASTER_PORT socket) attached, ``{"record": pid, "meta"}`` (what to re-adopt a
 running worker by), ``{"fence_at": t}`` (after each lease renewal) and ``{"stop": true}``
 (an orderly shutdown); helper -> agent ``{"child": {"pid", "start", "meta"[, "code"]}}``
 per worker it holds (to an adopting agent only), then ``{"ready": true}`` once its imports
@@ -237,10 +237,12 @@ class ForkServer:
             return False
         return not self.dead
 
-    async def spawn(self, env: dict[str, str], cwd: str, fds: tuple[int, int, int],
+    async def spawn(self, env: dict[str, str], cwd: str, fds: tuple[int, ...],
                     argv: list[str]) -> ForkedProcess:
         """Fork a worker; returns once the helper reported its pid (OSError on failure,
-        including no room in the socket or no answer within ``_REQUEST_SECONDS``)."""
+        including no room in the socket or no answer within ``_REQUEST_SECONDS``). ``fds``:
+        the ready pipe's write end, stdout, stderr, and optionally a listening socket the
+        worker keeps (its number in ``PODIUM_MASTER_LISTEN_FD``)."""
         if self.dead or self._sock is None:
             raise OSError("the fork server is not running")
         self._next_id += 1

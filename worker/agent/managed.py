@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import json
 import logging
 import os
@@ -11,7 +13,9 @@ import subprocess
 import threading
 from typing import TYPE_CHECKING, Callable
 
+from podium.private import open_private
 from podium.v1 import common_pb2
+from podium.worker.agent.exitinfo import HEADER_PREFIX
 
 if TYPE_CHECKING:
     from podium.worker.agent.forkserver import ForkedProcess
@@ -51,6 +55,19 @@ class ManagedWorker:
     def id(self) -> str:
         """Worker id ("w-...")."""
         return self.info.id
+
+    @contextlib.contextmanager
+    def log_files(self, node_id: str):
+        """Its stdout and stderr files, opened for appending, each headed by a line that names
+        the worker."""
+        info = self.info
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={node_id} started {now}\n"
+        with open_private(self.out_path) as out, open_private(self.err_path) as err:
+            for handle in (out, err):
+                handle.write(header.encode())
+                handle.flush()
+            yield out, err
 
     @property
     def alive(self) -> bool:

@@ -1,15 +1,16 @@
 """Ports a node agent binds and holds until a worker needs them (``ReservePort``), and the
 range they come from (:func:`rendezvous_range`, :func:`bind_rendezvous_port`).
 
-A rendezvous port (MASTER_PORT) is released just before the worker that binds it starts,
-and torch binds it seconds later. A port of the kernel's ephemeral range
+A group's first MASTER_PORT is never free: the agent binds it on the node address,
+listening, and hands the socket to rank 0's process (:meth:`PortHolds.hand_over`), which
+serves torch's store on it (:mod:`podium.worker.masterstore`). A port whose worker is not
+named, or whose hold expired, is released just before the worker starts, and torch binds it
+seconds later. A port of the kernel's ephemeral range
 (``/proc/sys/net/ipv4/ip_local_port_range``) can be taken in that gap by any outgoing
 connection on the host (the issue-51 ``EADDRINUSE``), so rendezvous ports come from a range
 outside it: ``PODIUM_RENDEZVOUS_PORTS=LOW-HIGH`` in the agent's (or worker's) environment,
 else :data:`DEFAULT_RANGE` minus the ephemeral range. Only an explicit ``bind`` can take
-such a port, never the kernel's choice of a source port. (Hosting the store in the agent
-the way torchrun does would close the gap too, but needs torch in every agent and
-``TORCHELASTIC_USE_AGENT_STORE`` in user code's init; the range needs neither.)
+such a port, never the kernel's choice of a source port.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 
 from podium import errors
 
-__all__ = ["DEFAULT_RANGE", "PortHolds", "RANGE_ENV", "bind_rendezvous_port", "ephemeral_range",
+__all__ = ["BACKLOG", "DEFAULT_RANGE", "PortHolds", "RANGE_ENV", "bind_rendezvous_port", "ephemeral_range",
            "rendezvous_range"]
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ RANGE_ENV = "PODIUM_RENDEZVOUS_PORTS"
 DEFAULT_RANGE = (20000, 32767)
 #: Ports tried at random before giving up (a busy range fails fast with the reason).
 _TRIES = 256
+#: Connections a held port queues before its store accepts them (ranks that connect
+#: before rank 0 has started its store wait there instead of retrying their SYNs).
+BACKLOG = 1024
 _EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
@@ -88,7 +92,7 @@ def bind_rendezvous_port(host: str, env: Mapping[str, str] | None = None) -> soc
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.bind((host, port))
-            sock.listen(1)
+            sock.listen(BACKLOG)
             return sock
         except OSError as exc:
             sock.close()
@@ -102,9 +106,10 @@ class PortHolds:
     """Ports bound and held for a later MASTER_PORT (see ``ReservePort``).
 
     The held socket listens, so nothing else can bind the port, with or without
-    SO_REUSEADDR, until it is released right before the worker that needs it starts. The
-    port is outside the ephemeral range (module docstring), so no outgoing connection
-    takes it between the release and torch's bind.
+    SO_REUSEADDR, until it is handed to the worker that serves it (:meth:`hand_over`) or
+    released right before a worker that binds it itself starts. The port is outside the
+    ephemeral range (module docstring), so no outgoing connection takes it between the
+    release and torch's bind.
     """
 
     def __init__(self, host: str) -> None:
@@ -127,13 +132,22 @@ class PortHolds:
 
     def release(self, port: int) -> bool:
         """Close the held socket; False when the port was not held (expired or never)."""
-        held = self._held.pop(port, None)
-        if held is None:
+        sock = self.hand_over(port)
+        if sock is None:
             return False
-        sock, timer = held
-        timer.cancel()
         sock.close()
         return True
+
+    def hand_over(self, port: int) -> socket.socket | None:
+        """Stop holding ``port`` and return its listening socket (still bound: the caller
+        passes it to the worker that serves it, then closes its own copy); None when the
+        port was not held (expired or never)."""
+        held = self._held.pop(port, None)
+        if held is None:
+            return None
+        sock, timer = held
+        timer.cancel()
+        return sock
 
     def held(self) -> list[int]:
         """Ports held right now."""

@@ -73,14 +73,27 @@ class NodeAgentService(node_pb2_grpc.NodeAgentServicer):
 
     @rpc.handle_errors
     async def SpawnWorkers(self, request, context):
-        """Start the workers; the reserved MASTER_PORT is released just before."""
+        """Start the workers; the reserved MASTER_PORT's socket goes to the master worker
+        (``master_worker_id``), or is released just before when none is named."""
         spawner = self._agent.spawner
         check_repeated_fields(request)
         spawner.validate(request.workers)
-        if request.reserved_port and not self._agent.ports.release(request.reserved_port):
+        if request.master_worker_id and request.master_worker_id not in {w.id for w in request.workers}:
+            raise errors.InvalidArgumentError(
+                f"master_worker_id {request.master_worker_id!r} is not one of the workers to spawn")
+        held = self._agent.ports.hand_over(request.reserved_port) if request.reserved_port else None
+        if request.reserved_port and held is None:
             log.warning("port %d was not held any more (expired?); spawning anyway",
                         request.reserved_port)
-        spawned = await spawner.spawn(request.workers)
+        if held is not None and not request.master_worker_id:
+            held.close()  # no worker serves it: the one whose env names it binds it
+            held = None
+        try:
+            listen = {request.master_worker_id: held.fileno()} if held is not None else {}
+            spawned = await spawner.spawn(request.workers, listen=listen)
+        finally:
+            if held is not None:
+                held.close()  # the worker has its own copy now (or failed: the port is free)
         return node_pb2.SpawnWorkersResponse(workers=spawned)
 
     @rpc.handle_errors

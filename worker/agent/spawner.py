@@ -7,7 +7,9 @@ cwd; env is the agent's environment (minus ``PODIUM_TOKEN_FILE``) plus
 ``WorkerInfo.env`` plus ``PODIUM_TOKEN``/``PODIUM_SCHEDULER`` (and
 ``PODIUM_WORKER_ID``/``PODIUM_NODE_ADDRESS``) when absent, the agent's own TLS file
 paths as ``PODIUM_TLS_CERT``/``PODIUM_TLS_KEY``/``PODIUM_TLS_CA`` (never inherited),
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``PYTHONUNBUFFERED=1`` (see :func:`worker_env`). Once it serves, the worker writes exactly one JSON line
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``PYTHONUNBUFFERED=1`` (see :func:`worker_env`); a group's master
+also inherits MASTER_PORT's listening socket, its fd in ``PODIUM_MASTER_LISTEN_FD``
+(podium.worker.masterstore). Once it serves, the worker writes exactly one JSON line
 ``{"port": 12345}`` to ``W`` and closes it. A pipe closed without that line, or a
 process that exits first, makes the worker FAILED.
 
@@ -35,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import datetime
 import logging
 import os
 import pathlib
@@ -46,7 +47,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from podium.private import open_private, private_dir
+from podium.private import private_dir
 from podium.process import kernel_state, start_time
 from podium.resources import check_env_entries
 from podium.transport import shm
@@ -54,10 +55,11 @@ from podium.worker.agent import forkserver
 from podium.auth import TlsConfig
 from podium.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from podium.v1 import common_pb2, node_pb2, scheduler_pb2
-from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info
+from podium.worker.agent.exitinfo import exit_info
 from podium.worker.agent.adoption import adopted_worker, record_of
 from podium.worker.agent.managed import ManagedWorker, parse_ready, ready_cap
 from podium.runtimeenv import check_spec
+from podium.worker.masterstore import LISTEN_FD_ENV
 from podium.worker.agent.workerenv import (ALLOCATOR_DEFAULTS, launch_argv, launch_plan, runtime_env_vars,
                                            with_allocator_defaults, worker_env)
 
@@ -227,8 +229,10 @@ class Spawner:
             check_env_entries(info.env, f"worker {info.id}: env")
             check_spec(info.spec, f"worker {info.id}")
 
-    async def spawn(self, workers: Sequence[common_pb2.WorkerInfo]) -> list[node_pb2.SpawnedWorker]:
-        """Start one process per WorkerInfo; returns at once with their pids.
+    async def spawn(self, workers: Sequence[common_pb2.WorkerInfo],
+                    listen: Mapping[str, int] | None = None) -> list[node_pb2.SpawnedWorker]:
+        """Start one process per WorkerInfo; returns at once with their pids. ``listen``:
+        worker id -> a listening socket's fd that worker inherits (module docstring).
 
         Readiness is reported later (RUNNING or FAILED). A worker id whose
         process is alive is not started again (a retried request is harmless);
@@ -249,8 +253,9 @@ class Spawner:
                 self._workers.pop(info.id, None)  # re-insert: start order stays true
                 self._ended.pop(info.id, None)
                 # Forks are requested back to back (tasks) and answered by the helper in order.
-                started.append(asyncio.ensure_future(self._start_forked(info)) if fork and self._forkable(info)
-                               else self._start(info))
+                fd = (listen or {}).get(info.id, -1)
+                started.append(asyncio.ensure_future(self._start_forked(info, fd)) if fork and self._forkable(info)
+                               else self._start(info, fd))
             else:
                 started.append(known)
         out = []
@@ -284,30 +289,17 @@ class Spawner:
         working_dir or a py_module is not on this node."""
         return launch_plan(info.spec, env, self.command, self.log_dir)
 
-    @contextlib.contextmanager
-    def _log_files(self, worker: "ManagedWorker"):
-        """The worker's stdout and stderr files, opened for appending, each headed by a line
-        that names the worker."""
-        info = worker.info
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        header = f"{HEADER_PREFIX}{info.spec.name or info.id} id={info.id} node={self.node_id} started {now}\n"
-        with open_private(worker.out_path) as out, open_private(worker.err_path) as err:
-            for handle in (out, err):
-                handle.write(header.encode())
-                handle.flush()
-            yield out, err
-
-    async def _start_forked(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
+    async def _start_forked(self, info: common_pb2.WorkerInfo, listen_fd: int = -1) -> ManagedWorker:
         """Like :meth:`_start`, through the fork server (falls back to :meth:`_start`)."""
         server = self._forkserver
         if server is None:  # only forks once the fork server is up (spawn)
-            return self._start(info)
+            return self._start(info, listen_fd)
         worker, env = self._new_worker(info)
         read_fd, write_fd = os.pipe()
         try:
-            with self._log_files(worker) as (out, err):
-                forked = await server.spawn(
-                    env, os.getcwd(), (write_fd, out.fileno(), err.fileno()), [self.command[-1]])
+            with worker.log_files(self.node_id) as (out, err):
+                fds = (write_fd, out.fileno(), err.fileno(), *([listen_fd] if listen_fd >= 0 else []))
+                forked = await server.spawn(env, os.getcwd(), fds, [self.command[-1]])
                 worker.proc = forked
             os.close(write_fd)  # the helper got its own copies with the request
             write_fd = -1
@@ -317,18 +309,20 @@ class Spawner:
                 os.close(write_fd)
             log.warning("worker %s: fork server failed (%s); starting it as a new process", info.id, exc)
             self._workers.pop(info.id, None)
-            return self._start(info)
+            return self._start(info, listen_fd)
         return self._running(worker, forked, read_fd, "forked")
 
-    def _start(self, info: common_pb2.WorkerInfo) -> ManagedWorker:
+    def _start(self, info: common_pb2.WorkerInfo, listen_fd: int = -1) -> ManagedWorker:
         worker, env = self._new_worker(info)
+        if listen_fd >= 0:
+            env[LISTEN_FD_ENV] = str(listen_fd)  # pass_fds keeps its number
         read_fd, write_fd = os.pipe()
         try:
-            with self._log_files(worker) as (out, err):
+            with worker.log_files(self.node_id) as (out, err):
                 command, cwd = self._launch(info, env)
                 # No preexec_fn, so Popen can vfork (see the module docstring).
                 proc = worker.proc = subprocess.Popen(
-                    launch_argv(command, write_fd), pass_fds=(write_fd,),
+                    launch_argv(command, write_fd), pass_fds=(write_fd, *([listen_fd] if listen_fd >= 0 else [])),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env,
                     start_new_session=True)
         except Exception as exc:  # noqa: BLE001 - OSError, ValueError (a NUL in env), ...

@@ -28,6 +28,7 @@ import grpc
 from podium import codec, errors, process, refs, rpc
 from podium.auth import TlsConfig, resolve_token
 from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.worker import masterstore
 from podium.worker.host import gpucap
 from podium.worker.host.callstream import CallStream
 from podium.worker.host.config import HostConfig
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank{os.environ.get('RANK', '?')} %(levelname)s "
                                f"%(name)s: %(message)s")
     process.raise_fd_limit()
+    masterstore.take_listen_fd()  # rank 0: MASTER_PORT's socket, from the agent
     rpc.use_uvloop()
     try:
         code = asyncio.run(_serve(args))

@@ -194,9 +194,15 @@ class Squatted(Trainer):
         import socket
 
         import torch.distributed as dist
+
+        from podium.worker import masterstore
         if self.rank == 0:
+            # Rank 0 holds MASTER_PORT from its agent and would serve the store on it: let go
+            # of it, so that the squatter can take it and torch's own bind fails.
+            port = int(os.environ["MASTER_PORT"])
+            assert masterstore.release(port)
             self._squatter = socket.socket()
-            self._squatter.bind(("", int(os.environ["MASTER_PORT"])))
+            self._squatter.bind(("", port))
             self._squatter.listen(1)
         dist.init_process_group("gloo")
         return self.rank

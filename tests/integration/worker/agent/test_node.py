@@ -374,6 +374,51 @@ def test_reserve_port_holds_until_spawn_or_expiry(tmp_path):
     run(body())
 
 
+def socket_owners(port: int) -> list[int]:
+    """Pids of the processes holding the socket that listens on ``port`` (by inode)."""
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/net/{name}") as table:
+            for line in table.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    owners = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                owners.append(int(pid))
+    return owners
+
+
+def test_the_master_inherits_the_reserved_port_and_no_one_else_holds_it(tmp_path):
+    """MASTER_PORT is never free between the agent's reservation and rank 0 (issue 51): the
+    master worker inherits the listening socket (PODIUM_MASTER_LISTEN_FD), the agent keeps no
+    copy, and the port is free again only once that worker is gone."""
+    async def body():
+        async with node(tmp_path) as (recorder, agent, stub):
+            held = (await stub.ReservePort(node_pb2.ReservePortRequest(), timeout=WAIT)).port
+            master, other = worker("w-master", MASTER_PORT=str(held)), worker("w-other", MASTER_PORT=str(held))
+            reply = await stub.SpawnWorkers(node_pb2.SpawnWorkersRequest(
+                workers=[master, other], reserved_port=held, master_worker_id="w-master"), timeout=WAIT)
+            pids = {w.worker_id: w.pid for w in reply.workers}
+            for info in (master, other):
+                await eventually(lambda: recorder.report(info.id, common_pb2.WORKER_RUNNING), f"{info.id} RUNNING")
+            assert agent.ports.held() == [] and not can_bind(held)
+            assert socket_owners(held) == [pids["w-master"]]
+            await stub.StopWorkers(node_pb2.StopWorkersRequest(worker_ids=["w-master"]), timeout=WAIT)
+            await eventually(lambda: can_bind(held), "the port to be free once its master is gone")
+
+            # a master id that is not in the request is refused, and nothing starts
+            again = (await stub.ReservePort(node_pb2.ReservePortRequest(), timeout=WAIT)).port
+            error = await rpc_error(stub.SpawnWorkers(node_pb2.SpawnWorkersRequest(
+                workers=[worker("w-third")], reserved_port=again, master_worker_id="w-nobody"), timeout=WAIT))
+            assert isinstance(error, errors.InvalidArgumentError) and "w-nobody" in str(error)
+            assert agent.ports.held() == [again]
+
+    run(body())
+
+
 # ---------------------------------------------------------------- failure edges
 
 
