@@ -5,6 +5,12 @@ last.
 - ``ray.scripts.scripts.memory_summary(stats_only=True, num_entries=5)``, which NeMo-RL's driver
   memory tracker (nemo_rl/utils/memory_tracker.py) imports at module level and logs: the values
   this process holds, in the driver and in an actor.
+- ``num_cpus=0`` actors and tasks (NeMo-RL's ``IsolatedWorkerInitializer`` is
+  ``.options(num_cpus=0)``): they start, from the driver and from inside an actor, and each
+  reserves only the least CPU share, so more of them run than the cluster has CPUs.
+- a ``@staticmethod`` read through ``ray.remote(Cls)`` comes back unbound (NeMo-RL calls
+  ``worker_class.configure_worker(num_gpus=..., ...)`` on the actor class); a regular method
+  comes back bound, a classmethod bound to the class.
 """
 
 from __future__ import annotations
@@ -73,4 +79,56 @@ for bad in ({"units": "TB"}, {"address": "10.0.0.1:6379"}, {"num_entries": -1}, 
         assert str(next(iter(bad.values()))) in str(exc), exc
     else:
         raise AssertionError(f"memory_summary({bad}) must be refused")
+
+
+@ray.remote
+class Zero:
+    """Asks for nothing."""
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def spawn(self, n: int) -> list[int]:
+        """Starts ``n`` 0-CPU actors from inside this one, as NeMo-RL's initializer does."""
+        inner = [Zero.options(num_cpus=0).remote() for _ in range(n)]
+        return ray.get([z.pid.remote() for z in inner])
+
+
+@ray.remote(num_cpus=0)
+def zero_task() -> str:
+    return "ran"
+
+
+# The cluster has 2 CPUs: 4 actors that asked for 1 would wait; these reserve 1/1000 each.
+zeros = [Zero.options(num_cpus=0).remote() for _ in range(4)]
+assert len(set(ray.get([z.pid.remote() for z in zeros], timeout=120))) == 4
+assert len(set(ray.get(zeros[0].spawn.remote(2), timeout=120))) == 2
+assert ray.get(zero_task.remote(), timeout=120) == "ran"
+available = ray.available_resources().get("CPU", 0)
+# Of 2 CPUs, the Holder above keeps 1; 6 zero-resource actors and a task worker hold 7/1000.
+assert 0.98 < available < 1.0, available
+
+
+class Worker:
+    """A class with the three kinds of method NeMo-RL's worker classes have."""
+
+    @staticmethod
+    def configure_worker(num_gpus: float, bundle_indices=None) -> tuple:
+        return ({"num_gpus": num_gpus}, bundle_indices)
+
+    @classmethod
+    def kind(cls) -> str:
+        return cls.__name__
+
+    def method(self) -> str:
+        return "bound"
+
+
+WorkerActor = ray.remote(Worker)
+assert WorkerActor.configure_worker(num_gpus=0.5, bundle_indices=(0, [0])) == ({"num_gpus": 0.5}, (0, [0]))
+assert WorkerActor.configure_worker(1) == ({"num_gpus": 1}, None)
+assert WorkerActor.kind() == "Worker"
+assert WorkerActor.method.__self__ is WorkerActor  # bound, as Ray's ActorClass (a subclass instance) gives it
 print("NEMO FORMS OK")
