@@ -56,7 +56,7 @@ vllm_dir="$venv/nemo-rl-vllm"
 mkdir -p "$tiers"
 pip install -q --no-deps --target "$vllm_dir" vllm==0.25.1
 pip install -q --no-deps --target "$vllm_dir" msgspec cachetools blake3 py-cpuinfo cbor2 ijson setproctitle \
-  partial-json-parser diskcache pybase64 einops python-json-logger openai jiter distro watchfiles gguf \
+  partial-json-parser diskcache pybase64 einops python-json-logger "openai>=2,<3" jiter distro watchfiles gguf \
   openai-harmony llguidance "xgrammar<1" apache-tvm-ffi
 site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 base="$(python -c 'import sys; print(sys._base_executable)')"

@@ -124,8 +124,20 @@ cluster: {{gpus_per_node: {gpus}, num_nodes: 1}}
     return path
 
 
+def _remote_text(exc: BaseException) -> str:
+    """The error's text with the remote tracebacks of it and its causes (a RemoteError's
+    ``traceback``), innermost last."""
+    parts, seen, cur = [], set(), exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        parts.append(str(cur))
+        parts.append(getattr(cur, "traceback", "") or "")
+        cur = cur.__cause__ or cur.__context__
+    return "\n".join(parts)
+
+
 def _stop_line(exc: BaseException) -> tuple[str, str, str]:
-    remote = FRAME.findall(str(exc))
+    remote = FRAME.findall(_remote_text(exc))
     if remote:
         return remote[-1]
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/nemo_rl/" in f.filename]
