@@ -18,7 +18,11 @@ if TYPE_CHECKING:
     from podium.controller.remote.actoroptions import Options
     from podium.controller.session.contract import Session
 
-__all__ = ["attached", "reserve", "create_worker", "construct", "remove"]
+__all__ = ["ZERO_RESOURCE_CPU", "attached", "reserve", "create_worker", "construct", "remove"]
+
+#: The CPU an actor or task asking for no resource at all (``num_cpus=0``, no GPU, no custom
+#: resource) reserves: the smallest share Podium counts (1/1000 CPU, podium.resources.CPU_UNITS).
+ZERO_RESOURCE_CPU = 0.001
 
 #: The one-worker group of each actor this process has attached to, by worker id: handles
 #: to one actor share it (and its connection), whether made here, looked up or borrowed.
@@ -38,6 +42,10 @@ async def reserve(rt: Session, opts: Options, wname: str) -> tuple[str, int, str
     bundle = {"CPU": opts.num_cpus, **opts.resources}
     if opts.num_gpus:
         bundle["GPU"] = opts.num_gpus
+    if not opts.num_cpus and not opts.num_gpus and not any(opts.resources.values()):
+        # Ray places a 0-resource actor or task without reserving anything; a Podium worker
+        # lives in a bundle, and a bundle must hold something: the least CPU share there is.
+        bundle["CPU"] = ZERO_RESOURCE_CPU
     if opts.node is not None:  # pinned: the scheduler places it on that node or says why not
         bundle[f"node:{opts.node}"] = 1.0
     owner = "" if opts.detached else rt.session_id

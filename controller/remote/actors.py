@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import secrets
 import time
@@ -274,8 +275,12 @@ class ActorClass:
         # of ray.remote(Cls) with dir() and reads class attributes (raw_cls_dict) through it.
         if name.startswith("__") or name == "_options":
             raise AttributeError(name)
-        value = getattr(self.__dict__["__ray_actor_class__"], name)
-        if isinstance(value, types.FunctionType):
+        cls = self.__dict__["__ray_actor_class__"]
+        value = getattr(cls, name)
+        # A staticmethod comes back unbound, as from Ray's (NeMo-RL calls
+        # ``ray.remote(Worker).configure_worker(num_gpus=...)``, a staticmethod).
+        if isinstance(value, types.FunctionType) and not isinstance(inspect.getattr_static(cls, name, None),
+                                                                    staticmethod):
             # Ray's ActorClass is an instance of a subclass of the user's class, so a method
             # read through it comes back bound. The same here: then cloudpickle, which pickles
             # a function by reference when ``module.Cls.method`` is that very function, pickles

@@ -111,7 +111,8 @@ INIT: dict[str, Answer] = {
 
 # Shared between actors and tasks.
 _COMMON: dict[str, Answer] = {
-    "num_cpus": _ok("CPUs reserved (bounded by MAX_CPUS)", probe=1),
+    "num_cpus": _ok("CPUs reserved (bounded by MAX_CPUS); 0 with no GPU or custom resource reserves 1/1000 CPU, "
+                    "the least a Podium worker's bundle holds (Ray reserves nothing)", probe=1),
     "num_gpus": _ok("GPUs reserved; a fraction shares one GPU", probe=0.5),
     "memory": _ok("bytes of the `memory` resource each node offers (its physical memory)", probe=10**9),
     "accelerator_type": _no("a placement group on the nodes that have it", probe="H100"),

@@ -63,6 +63,11 @@ class ObjectStore:
         """How many values are held here now."""
         return len(self._runtime.held)
 
+    @property
+    def held_bytes(self) -> tuple[int, int]:
+        """Bytes of the values held here now, and the most this process may hold."""
+        return self._runtime.held.used_bytes, self._runtime.held.budget_bytes
+
     def kept_for_borrowers(self, object_id: str) -> bool:
         """Whether ``object_id`` is held only for other processes that borrowed its ref."""
         return self._runtime.held.kept_for_borrowers(object_id)
