@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+import traceback
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,9 @@ from podium.worker.host.methodstats import MethodTable
 from podium.worker.host.results import Outcome, call_error, close_names, remote_error
 
 __all__ = ["HostRuntime"]
+
+#: The most characters of a failed constructor's traceback that later calls' errors repeat.
+MAX_CONSTRUCT_ERROR = 4000
 
 log = logging.getLogger("podium.worker.host")
 
@@ -237,7 +241,9 @@ class HostRuntime:
             await job.future
         except BaseException as exc:
             self.construct_state = "failed"
-            self._construct_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            # The traceback's tail too: a later call's error must say where it failed
+            # (a framework that builds its actors without waiting sees only that error).
+            self._construct_error = "".join(traceback.format_exception(exc))[-MAX_CONSTRUCT_ERROR:]
             if not self._construct_done.done():
                 self._construct_done.set_result(False)
             raise
@@ -254,7 +260,7 @@ class HostRuntime:
                 "this worker has no object yet: CONSTRUCT must come before any CALL")
         if state == "failed":
             raise errors.FailedPreconditionError(
-                f"this worker's constructor failed ({self._construct_error}); tear it down")
+                f"this worker's constructor failed; tear it down. Its error:\n{self._construct_error}")
 
     async def run_call(self, active: ActiveCall, payload: Any, decoded: Any = None) -> None:
         """CALL: decode and look up (unless admission did: ``decoded`` is what it gave,

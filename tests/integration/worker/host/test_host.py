@@ -72,6 +72,26 @@ def test_call_before_construct_is_a_precondition_error(token, arun):
     arun(scenario())
 
 
+class _FailsToBuild:
+    def __init__(self):
+        self._load()
+
+    def _load(self):
+        raise RuntimeError("Found no NVIDIA driver")
+
+
+def test_a_call_after_a_failed_constructor_names_where_it_failed(token, arun):
+    async def scenario():
+        async with hosted(token, construct=False) as (_, client):
+            with pytest.raises(errors.RemoteError, match="NVIDIA"):
+                await client.construct((_FailsToBuild, (), {}))
+            with pytest.raises(errors.FailedPreconditionError, match="constructor failed") as err:
+                await client.call("echo", (1,))
+            # Not only the message: the frame that raised, as the constructor's own error has it.
+            assert "in _load" in str(err.value) and "RuntimeError: Found no NVIDIA driver" in str(err.value)
+    arun(scenario())
+
+
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_100_mib_tensor_round_trip_is_bit_exact(token, arun, transport):
     generator = torch.Generator().manual_seed(7)
