@@ -32,6 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: A traceback frame as Python prints it.
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in \S+\n(?:\s+(.*)\n)?')
+#: The prefix Ray's (and ROLL's) log monitor puts before each line of a worker.
+PREFIX = re.compile(r"^\([^()\n]* pid=\d+(?:, ip=[^)\n]*)?\) ", re.M)
 #: The last line of a traceback: ``SomeError: message``.
 ERROR = re.compile(r"^(\w[\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)$", re.M)
 
@@ -49,7 +51,8 @@ def prepare_roll(checkout: Path, work: Path) -> tuple[list[str], dict[str, str],
 
     model = build_tiny_llama(work / "model")
     with open(work / "prompts.jsonl", "w") as f:
-        for words, answer in (("w1 w2 w3 w4 w5 w6 w7", "7"), ("w8 w9 w10 w11 w12 w13", "6")):
+        for words, answer in (("w1 w2 w3 w4 w5 w6 w7", "7"), ("w8 w9 w10 w11 w12 w13", "6"),
+                              ("w14 w15 w16 w17 w18", "5"), ("w19 w20 w21 w22 w23 w24", "6")):
             f.write(json.dumps({"messages": json.dumps([{"role": "user", "content": words}]),
                                 "tag": "deepmath_103k", "ground_truth": answer}) + "\n")
     config = (HERE / "framework_configs" / "roll_rlvr_tiny.yaml").read_text()
@@ -72,6 +75,7 @@ PREPARE = {"roll": prepare_roll}
 
 def stop_line(out: str, checkout: Path) -> str:
     """``file:line: code -> error`` of the deepest checkout frame in the last traceback."""
+    out = PREFIX.sub("", out)  # a worker's lines as a log monitor prints them: "(name pid=N, ip=A) line"
     start = out.rfind("Traceback (most recent call last)")
     if start < 0:
         return "no traceback in the output"
