@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from podium.controller.remote.actoroptions import Options
     from podium.controller.session.contract import Session
 
-__all__ = ["ZERO_RESOURCE_CPU", "attached", "reserve", "create_worker", "construct", "remove"]
+__all__ = ["ZERO_RESOURCE_CPU", "SLOT_RECLAIMERS", "attached", "reserve", "create_worker", "construct", "remove"]
 
 #: The CPU an actor or task asking for no resource at all (``num_cpus=0``, no GPU, no custom
 #: resource) reserves: the smallest share Podium counts (1/1000 CPU, podium.resources.CPU_UNITS).
@@ -27,6 +27,19 @@ ZERO_RESOURCE_CPU = 0.001
 #: The one-worker group of each actor this process has attached to, by worker id: handles
 #: to one actor share it (and its connection), whether made here, looked up or borrowed.
 attached: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+#: Coroutines ``(rt, pg_id, bundle) -> count`` that stop idle workers holding room in a full
+#: bundle which Ray would count as free: the task pool's idle workers (a Ray task frees its
+#: resources when it ends; Podium keeps the worker for the next task until the room is asked
+#: for). :mod:`.tasks` registers its own.
+SLOT_RECLAIMERS: list = []
+
+
+async def _reclaim(rt: "Session", pg_id: str, bundle: int) -> int:
+    count = 0
+    for reclaim in list(SLOT_RECLAIMERS):
+        count += await reclaim(rt, pg_id, bundle)
+    return count
 
 
 async def reserve(rt: Session, opts: Options, wname: str) -> tuple[str, int, str]:
@@ -83,11 +96,18 @@ async def create_worker(rt: Session, opts: Options, wname: str, pg_id: str, bund
                                      env=opts.env, detached=opts.detached, resources=opts.resources, restarts=restarts,
                                      max_restarts=opts.max_restarts, max_task_retries=opts.max_task_retries,
                                      **runtime_spec_fields(opts))
-        try:
-            infos = await rt.scheduler.create_workers([spec], owner=owner, master_rank=0)
-        except SlotFullError:
-            if i == len(candidates) - 1:
-                raise
+        infos = None
+        for attempt in (0, 1):  # once more after idle task workers gave the bundle's room back
+            try:
+                infos = await rt.scheduler.create_workers([spec], owner=owner, master_rank=0)
+                break
+            except SlotFullError:
+                if attempt == 0 and pg_id and await _reclaim(rt, pg_id, index):
+                    continue
+                if i == len(candidates) - 1:
+                    raise
+                break
+        if infos is None:
             continue
         return (await rt.scheduler.wait_workers([infos[0].id], timeout=rt.placement_timeout))[0]
     raise InvalidArgumentError(f"placement group {pg_id} has no bundles")

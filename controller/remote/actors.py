@@ -258,6 +258,9 @@ class ActorClass:
 
     def __init__(self, cls: type, options: Options | None = None) -> None:
         self.__ray_actor_class__ = cls  # what ClassWithInitArgs and verl unwrap
+        # Ray's ActorClassMetadata fields that frameworks read (ROLL: modified_class).
+        self.__ray_metadata__ = types.SimpleNamespace(modified_class=cls, class_name=getattr(cls, "__name__", "Actor"),
+                                                      module_name=getattr(cls, "__module__", ""))
         self._options = options or Options()
         self.__name__ = getattr(cls, "__name__", "Actor")
         self.__doc__ = cls.__doc__

@@ -5,7 +5,9 @@ scheduler like any other and returns a ref at once. The workers are a pool per r
 shape (``num_cpus``, ``num_gpus``, env, placement group bundle): a task goes to an idle
 worker of its pool, and a new worker is started while every worker is busy and the pool has
 fewer than ``PODIUM_TASK_WORKERS`` (default 4, at most 256) workers; otherwise it queues on
-the least busy one. Pool workers are reused and stop with the runtime; one that died or
+the least busy one. Pool workers are reused and stop with the runtime (an idle one in a
+placement group bundle stops when an actor needs its room, as a Ray task holds none once it
+ended); one that died or
 stopped answering leaves its pool, so later tasks start a fresh worker. As in Ray, a task
 whose worker died runs again, on another worker, up to ``max_retries`` times (default 3;
 -1: no limit; 0: it fails with WorkerDiedError at once), and with ``retry_exceptions`` (True,
@@ -23,6 +25,7 @@ import threading
 from typing import Any, Callable
 
 from podium.controller.remote.actoroptions import Options, captured, parse_options
+from podium.controller.remote.actorplace import SLOT_RECLAIMERS, remove
 from podium.controller.remote.actors import ActorClass, ActorHandle, start_actor
 from podium.controller.remote.returns import split_returns
 from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnresponsiveError,
@@ -84,6 +87,15 @@ class _Pool:
                 self.busy[handle] = 1
                 return handle
 
+    def take_idle(self, pg_id: str, bundle: int) -> list[ActorHandle]:
+        """Take the idle workers placed in ``bundle`` of ``pg_id`` out of the pool."""
+        with self._lock:
+            idle = [h for h, n in self.busy.items() if not n and h.worker.info.spec.placement_group_id == pg_id
+                    and h.worker.info.spec.bundle_index == bundle]
+            for handle in idle:
+                del self.busy[handle]
+        return idle
+
     def done(self, handle: ActorHandle, error: BaseException | None = None) -> None:
         """A task on ``handle`` finished. If its worker died or stopped answering it leaves
         the pool (its last handle gone, the worker is stopped), so the next task starts a
@@ -117,6 +129,21 @@ def _pool_for(opts: Options) -> _Pool:
         if pool is None:
             pool = _pools[key] = _Pool(opts)
         return pool
+
+
+async def _reclaim_idle_workers(rt: Any, pg_id: str, bundle: int) -> int:
+    """Stop this session's idle task workers in ``bundle`` of ``pg_id``, whose room an actor
+    asks for: as in Ray, where a finished task holds none of its bundle (ROLL's resource
+    manager runs a ``num_gpus=N`` task in each bundle, then places its actors there)."""
+    with _pools_lock:
+        pools = [pool for key, pool in _pools.items() if key[0] == rt.session_id]
+    idle = [handle for pool in pools for handle in pool.take_idle(pg_id, bundle)]
+    for handle in idle:
+        await remove(rt, handle._group)
+    return len(idle)
+
+
+SLOT_RECLAIMERS.append(_reclaim_idle_workers)
 
 
 class RemoteFunction:

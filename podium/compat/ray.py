@@ -244,11 +244,15 @@ def available_resources() -> dict[str, float]:
 
 
 def nodes() -> list[dict[str, Any]]:
-    """``ray.nodes``: one dict per node (NodeID, Alive, NodeManagerAddress, Resources)."""
+    """``ray.nodes``: one dict per node (NodeID, Alive, NodeManagerAddress, Resources, and
+    ObjectStoreSocketName: Podium has no plasma store; it is the path Ray's would have in the
+    session folder whose ``logs`` Ray's ``LogMonitor`` follows, :mod:`podium.compat.raylogs`)."""
+    from podium.compat.raylogs import object_store_socket_name
+
     rt = _runtime.get_runtime()
     state = rt.run(rt.cluster_state(), timeout=60, what="nodes")
     return [{"NodeID": n.info.node_id, "Alive": n.state == 1, "NodeManagerAddress": n.info.address,
-             "NodeManagerHostname": n.info.hostname,
+             "NodeManagerHostname": n.info.hostname, "ObjectStoreSocketName": object_store_socket_name(),
              "Resources": {"CPU": n.info.cpus, "GPU": float(len(n.info.gpus)), f"node:{n.info.address}": 1.0,
                            **dict(n.info.resources)}}
             for n in state.nodes]

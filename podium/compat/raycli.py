@@ -3,7 +3,9 @@ Podium's own processes, for launchers that shell out to Ray's CLI (ROLL's).
 
 * ``ray start --head [--port 6379] [--dashboard-port P] [--num-cpus N] [--node-ip-address IP]
   [--node-name NAME] [--block]`` starts a ``podium scheduler`` on that port and a ``podium
-  node`` agent on this machine (Ray's head is a worker node too), as daemons;
+  node`` agent on this machine (Ray's head is a worker node too), as daemons; under ``podium
+  run --num-cpus N --num-gpus M`` the agent offers N CPUs (unless ``--num-cpus`` is given) and M
+  fake GPUs, as the embedded cluster would;
 * ``ray start --address HOST:PORT [...]`` starts a ``podium node`` agent that joins that
   scheduler;
 * ``ray status [--address HOST:PORT]`` prints ``podium status`` of the cluster (exit status 1
@@ -57,7 +59,8 @@ NO_EFFECT_FLAGS = {
 }
 #: ``ray start`` flags Podium cannot honour, and what to do instead.
 REFUSED_FLAGS = {
-    "--num-gpus": "the agent offers the GPUs NVML finds (`podium node --fake-gpus N` for tests)",
+    "--num-gpus": "the agent offers the GPUs NVML finds (`podium run --num-gpus N` or `podium node --fake-gpus N` "
+                  "for tests)",
     "--resources": "num_cpus/num_gpus, or a placement group bundle",
     "--labels": "NodeAffinitySchedulingStrategy on the node's address",
     "--redis-password": "the cluster token (PODIUM_TOKEN)",
@@ -160,8 +163,13 @@ def _start(argv: list[str]) -> int:
         port_file.unlink(missing_ok=True)
         argv_node = [*cli, "node", "--scheduler", address, "--host", ip, "--node-id", node_id,
                      "--port-file", str(port_file), "--log-dir", str(root / "workers" / node_id)]
-        if args.num_cpus is not None:
-            argv_node += ["--cpus", f"{args.num_cpus:g}"]
+        # Under `podium run --num-cpus/--num-gpus` the node ray start starts has that size, as the
+        # embedded cluster would (fake GPUs: ray start's own --num-gpus is refused above).
+        cpus = args.num_cpus if args.num_cpus is not None else os.environ.get("PODIUM_RAY_NUM_CPUS")
+        if cpus is not None:
+            argv_node += ["--cpus", f"{float(cpus):g}"]
+        if os.environ.get("PODIUM_RAY_NUM_GPUS"):
+            argv_node += ["--fake-gpus", str(int(os.environ["PODIUM_RAY_NUM_GPUS"]))]
         node = _spawn(argv_node, log, env)
         started.append(ProcessRecord("node", node.pid, ip, 0, str(log)))
         _wait_file(port_file, node, log, deadline)
