@@ -29,6 +29,7 @@ from podium.worker.host.activecall import ActiveCall
 from podium.worker.host.admission import Declined
 from podium.worker.host.completion import CallCompletion
 from podium.worker.host.directcalls import DirectReader
+from podium.worker.host.itemstreams import current_connection
 from podium.worker.host.results import Outcome
 from podium.worker.host.runtime import HostRuntime
 
@@ -77,6 +78,7 @@ class CallStream:
     async def run(self) -> None:
         """Read frames until the client ends the stream, let calls in flight answer, then clean up."""
         held = False
+        current_connection.set(self)  # (the streams this connection reads close with it)
         try:
             async for frame in self.conn.frames():
                 if type(frame) is BulkFrame:
@@ -110,6 +112,7 @@ class CallStream:
             if held:
                 self.host.exec_thread.hold_prompt(False)
             self._drop_incoming()  # unfinished payloads go now, not at a later collection
+            self.host.streams.connection_ended(self)
             for active in list(self.active.values()):
                 if active.job is not None:
                     self.host.exec_thread.cancel(active.job)

@@ -27,6 +27,8 @@ from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.worker.host.invoke import SyncInvoker
+from podium.worker.caller.streaming import STREAM_CLOSE_CALL, STREAM_NEXT_CALL
+from podium.worker.host.itemstreams import StreamCalls
 from podium.worker.host.methodstats import MethodTable
 from podium.worker.host.results import Outcome, call_error, close_names, remote_error
 
@@ -36,6 +38,9 @@ __all__ = ["HostRuntime"]
 MAX_CONSTRUCT_ERROR = 4000
 
 log = logging.getLogger("podium.worker.host")
+
+#: The host's own async calls, whose Podium errors reach the caller as they are.
+_HOST_CALLS = frozenset({FETCH_CALL, STREAM_NEXT_CALL, STREAM_CLOSE_CALL})
 
 
 async def _ready() -> bool:
@@ -99,6 +104,9 @@ class HostRuntime:
         self._method_info: dict[str, tuple[bool, bool]] = {}
         self._hostname = socket.gethostname()
         self._shm_domain = shm.domain()
+        #: Streaming calls' items (num_returns="streaming"): podium.worker.host.itemstreams.
+        self.streams = StreamCalls(self._loop, self.hold_value, self.held.release, config.rank,
+                                   config.node_address)
 
     # ---------------------------------------------------------------- helpers
 
@@ -162,6 +170,8 @@ class HostRuntime:
         if not name or name.startswith("__"):
             if name == READY_CALL:  # (here, not above: dunder names only pay for it)
                 return _ready, True, False
+            if name.startswith("__podium_stream"):  # a streaming call, or its next or close
+                return self.streams.lookup(name, self.lookup, obj)
             raise errors.UnknownMethodError(f"{self._class_name} has no callable method {name!r}",
                                             details={"method": name})
         try:
@@ -312,13 +322,14 @@ class HostRuntime:
             except Exception as exc:  # noqa: BLE001 - user code
                 if started:
                     RING.add("run", header.method, started, now_ns(), header.trace_id, ok=False)
-                if header.method == FETCH_CALL and isinstance(exc, errors.PodiumError):
-                    raise  # the store's own error (NotFound, OutOfRange), as the Fetch RPC says it
+                if isinstance(exc, errors.PodiumError) and header.method in _HOST_CALLS:
+                    raise  # the host's own error (NotFound, OutOfRange; a stream's end or item error)
                 raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
             if started:
                 RING.add("run", header.method, started, now_ns(), header.trace_id)
             value = args = kwargs = decoded = payload = None  # the arguments die before the reply
-            outcome = self.invoker.package(result, header, active.stream.conn)
+            # (The host's own async calls may answer with a packaged result: a stream's next item.)
+            outcome = result if type(result) is Outcome else self.invoker.package(result, header, active.stream.conn)
         active.bytes_out = outcome.nbytes
         await active.stream.send_outcome(active.call_id, outcome)
 
