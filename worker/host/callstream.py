@@ -162,7 +162,8 @@ class CallStream:
         host = self.host
         thread = host.exec_thread
         # (Calls of this stream still queued on the thread run before it reads: in order.)
-        if self.incoming or self._declined or thread.has_reader or not host.admission.in_order_now():
+        if (self.incoming or self._declined or thread.has_reader or thread.holds_reads
+                or not host.admission.in_order_now()):
             return
         reader = self._reader
         if reader is None:
@@ -170,7 +171,8 @@ class CallStream:
         sock = self.conn.carrier.loan.lend_reads(reader.recall)
         if sock is not None:
             reader.start(sock)
-            thread.lend(reader)
+            if not thread.lend(reader):  # a streaming call began meanwhile: the loop keeps reading
+                reader.let_go()
 
     def take_back(self, frames: list, decoded: Any, data: bytes) -> None:
         """The execution thread stopped reading (on the loop): ``frames`` and then ``data``

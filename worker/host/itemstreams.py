@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import inspect
 import threading
@@ -172,11 +173,15 @@ class StreamCalls:
     """A host's streams and the three hidden methods that run them (see the module).
 
     ``hold(value) -> ObjectRefInfo`` holds an item in the host's store; ``release(ids)`` drops
-    held items; ``rank`` and ``node`` name this worker in the errors of its generators."""
+    held items; ``rank`` and ``node`` name this worker in the errors of its generators;
+    ``reads_on_loop()`` is entered on the execution thread while a generator runs there, so that
+    the loop keeps reading the sockets its caller's next calls come on
+    (``ExecutionThread.reads_on_loop``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, hold: Callable[[Any], Any], release: Callable[[list], Any],
-                 rank: int, node: str) -> None:
+                 rank: int, node: str, reads_on_loop: Callable[[], Any] = contextlib.nullcontext) -> None:
         self._loop = loop
+        self._reads_on_loop = reads_on_loop
         self._hold = hold
         self._release = release
         self._rank = rank
@@ -244,7 +249,8 @@ class StreamCalls:
             if stream is None:
                 return 0
             try:
-                return self._drive(stream, fn, args, kwargs)
+                with self._reads_on_loop():
+                    return self._drive(stream, fn, args, kwargs)
             finally:
                 self._ended(stream)
         return on_thread, False, materialize

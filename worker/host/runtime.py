@@ -106,7 +106,7 @@ class HostRuntime:
         self._shm_domain = shm.domain()
         #: Streaming calls' items (num_returns="streaming"): podium.worker.host.itemstreams.
         self.streams = StreamCalls(self._loop, self.hold_value, self.held.release, config.rank,
-                                   config.node_address)
+                                   config.node_address, self.exec_thread.reads_on_loop)
 
     # ---------------------------------------------------------------- helpers
 
