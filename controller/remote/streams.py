@@ -69,15 +69,19 @@ def stream_call(calls: Any, method: str, args: tuple, kwargs: dict, streaming: S
                 group: str | None = None, keep: Any = None) -> "ObjectRefGenerator":
     """Start a streaming call of ``method`` through ``calls`` (a one-worker group's
     ``GroupCaller``); ``group``: the actor's concurrency group it runs in (None: its own)."""
-    return ObjectRefGenerator(calls, method, args, kwargs, streaming.backpressure, group, keep)
+    from podium.controller.session.runtime import get_runtime
+
+    return ObjectRefGenerator(calls, method, args, kwargs, streaming.backpressure, group, keep, get_runtime().loop)
 
 
 class ObjectRefGenerator:
-    """Ray's ``ObjectRefGenerator``: the refs of a streaming call's items (see the module)."""
+    """Ray's ``ObjectRefGenerator``: the refs of a streaming call's items (see the module).
+    ``calls`` sends to the worker; ``loop``, the runtime's, sends the close of a dropped one."""
 
     def __init__(self, calls: Any, method: str, args: tuple, kwargs: dict, backpressure: int | None,
-                 group: str | None, keep: Any) -> None:
+                 group: str | None, keep: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._calls = calls
+        self._loop = loop
         self._keep = keep  # an actor's handle: the actor lives while its stream is read
         self._id = secrets.token_hex(8)
         self._lock = threading.Lock()
@@ -103,7 +107,7 @@ class ObjectRefGenerator:
             main = self._main
             if not asked.done():  # the call itself failed (its worker died, it never ran)
                 self._ended = True
-                _close_soon(self._calls, self._id, True)
+                _close_soon(self._loop, self._calls, self._id, True)
                 return main
             error = asked.error()
             if error is None:
@@ -221,7 +225,7 @@ class ObjectRefGenerator:
         try:
             if not self._ended:
                 self._ended = True
-                _close_soon(self._calls, self._id, self._main.done())
+                _close_soon(self._loop, self._calls, self._id, self._main.done())
         except Exception:  # noqa: BLE001 - never raise from a finalizer (e.g. at exit)
             pass
 
@@ -236,11 +240,9 @@ async def _settled(ref: PendingRef) -> None:
         pass
 
 
-def _close_soon(calls: Any, stream_id: str, final: bool) -> None:
-    """Tell the worker that the stream ``stream_id`` was dropped, from the runtime's loop (a
+def _close_soon(loop: asyncio.AbstractEventLoop, calls: Any, stream_id: str, final: bool) -> None:
+    """Tell the worker that the stream ``stream_id`` was dropped, from the runtime's ``loop`` (a
     finalizer may run on any thread, at any allocation: it only queues)."""
-    from podium.controller.session.runtime import get_runtime
-
     def send() -> None:
         try:
             calls.run([0], STREAM_CLOSE_CALL, [((stream_id, final), {})], blocking=False)
@@ -248,6 +250,6 @@ def _close_soon(calls: Any, stream_id: str, final: bool) -> None:
             pass
 
     try:
-        get_runtime().loop.call_soon_threadsafe(send)
-    except Exception:  # noqa: BLE001 - no runtime (shut down): nothing is left to close
+        loop.call_soon_threadsafe(send)
+    except RuntimeError:  # the loop is closed (the runtime shut down): nothing is left to close
         pass
