@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import secrets
 import time
@@ -41,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 from podium.controller.remote.actorplace import attached, construct, create_worker, remove, reserve
 from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, captured, check_call_options,
                                                    parse_options, retry_count, retry_exceptions)
-from podium.controller.remote.returns import NUM_RETURNS_ATTR, check_num_returns, split_returns
-from podium.controller.remote.streams import BACKPRESSURE_ATTR, Streaming, check_buffer, stream_call
+from podium.controller.remote.returns import check_num_returns, split_returns
+from podium.controller.remote.streams import Streaming, check_buffer, method_returns, returns_from, stream_call
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
@@ -60,7 +59,7 @@ if TYPE_CHECKING:
     from podium.controller.session.contract import Session
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "get_actor", "kill", "actor_worker_name",
-           "method_returns", "start_actor"]
+           "start_actor"]
 
 #: Prefix of the worker (and placement group) names of actors.
 _PREFIX = "actor:"
@@ -402,22 +401,6 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     return ActorHandle(group, _class_name(cls), opts.name, opts.namespace, returns=method_returns(cls))
 
 
-def method_returns(cls: type) -> dict[str, Any]:
-    """``num_returns`` of the methods of ``cls`` that return other than one ref: ``ray.method``'s,
-    and (as in Ray) a Streaming for every generator or async generator method without one."""
-    returns: dict[str, Any] = {}
-    for name in dir(cls):
-        fn = None if name.startswith("__") else getattr(cls, name, None)
-        n = getattr(fn, NUM_RETURNS_ATTR, None)
-        if n is None and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
-            n = Streaming()
-        if type(n) is Streaming and getattr(fn, BACKPRESSURE_ATTR, None) is not None:
-            n = Streaming(getattr(fn, BACKPRESSURE_ATTR))
-        if n is not None:
-            returns[name] = n
-    return returns
-
-
 async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str, keep: Any = None) -> None:
     """Build the actor; when its constructor fails, remove its worker (and own placement
     group) and raise the error, which every call made to it then fails with. (``keep``: the
@@ -444,7 +427,8 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
         raise NotFoundError(f"no live actor named {name!r} in namespace {namespace!r}")
     group = _attached_group(rt, info, owns=False)
     described = rt.run(group.workers[0].client.describe(), timeout=60, what="get_actor")
-    return ActorHandle(group, described.class_name or "?", name, namespace)
+    declared = {n: (count, described.stream_buffers.get(n)) for n, count in described.method_returns.items()}
+    return ActorHandle(group, described.class_name or "?", name, namespace, returns=returns_from(declared))
 
 
 async def _running_worker(rt: Session, wname: str) -> Any:

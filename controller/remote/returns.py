@@ -18,13 +18,12 @@ from typing import Any
 from podium.controller.remote.streams import STREAMING, Streaming
 from podium.controller.session.futures import PendingRef
 from podium.errors import InvalidArgumentError, UnimplementedError
+from podium.worker.caller.streaming import NUM_RETURNS_ATTR
 
 __all__ = ["MAX_RETURNS", "check_num_returns", "split_returns", "NUM_RETURNS_ATTR"]
 
 #: Most refs one call may return.
 MAX_RETURNS = 1024
-#: The attribute ``ray.method(num_returns=N)`` sets on a method.
-NUM_RETURNS_ATTR = "__podium_num_returns__"
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

@@ -40,13 +40,12 @@ from typing import Any
 from podium.controller.session.futures import PendingRef
 from podium.controller.session.gets import wait
 from podium.errors import ArgumentMismatchError, UnimplementedError
-from podium.worker.caller.streaming import (STREAM_CALL, STREAM_CLOSE_CALL, STREAM_NEXT_CALL, check_buffer,
-                                            is_end_of_stream)
+from podium.worker.caller.streaming import (BACKPRESSURE_ATTR, STREAM_CALL, STREAM_CLOSE_CALL, STREAM_NEXT_CALL,
+                                            STREAMING_RETURNS, check_buffer, declared_returns, is_end_of_stream)
 
-__all__ = ["ObjectRefGenerator", "Streaming", "STREAMING", "BACKPRESSURE_ATTR", "check_buffer", "stream_call"]
+__all__ = ["ObjectRefGenerator", "Streaming", "STREAMING", "BACKPRESSURE_ATTR", "check_buffer", "stream_call",
+           "method_returns", "returns_from"]
 
-#: The attribute ``ray.method(_generator_backpressure_num_objects=N)`` sets on a method.
-BACKPRESSURE_ATTR = "__podium_generator_backpressure__"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +62,18 @@ class Streaming:
 
 #: ``num_returns="streaming"`` with the default buffer.
 STREAMING = Streaming()
+
+
+def returns_from(declared: dict[str, tuple[int, int | None]]) -> dict[str, Any]:
+    """What an ActorHandle keeps of :func:`~podium.worker.caller.streaming.declared_returns`:
+    name -> N, or a :class:`Streaming` with its bound."""
+    return {name: Streaming(bound) if n == STREAMING_RETURNS else n for name, (n, bound) in declared.items()}
+
+
+def method_returns(cls: type) -> dict[str, Any]:
+    """``num_returns`` of the methods of ``cls`` that return other than one ref: ``ray.method``'s,
+    and (as in Ray) a Streaming for every generator or async generator method without one."""
+    return returns_from(declared_returns(cls))
 
 
 def stream_call(calls: Any, method: str, args: tuple, kwargs: dict, streaming: Streaming,

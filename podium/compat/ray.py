@@ -148,8 +148,9 @@ def method(*args: Any, **kwargs: Any) -> Any:
     worker ``_generator_backpressure_num_objects`` bounds; ``tensor_transport`` and
     ``enable_task_events`` are accepted with no effect, the rest are refused unless they ask for
     Ray's default."""
-    from podium.controller.remote.returns import NUM_RETURNS_ATTR, check_num_returns
-    from podium.controller.remote.streams import BACKPRESSURE_ATTR, check_buffer
+    from podium.controller.remote.returns import check_num_returns
+    from podium.controller.remote.streams import Streaming, check_buffer
+    from podium.worker.caller.streaming import BACKPRESSURE_ATTR, NUM_RETURNS_ATTR, STREAMING_RETURNS
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
     if args:
@@ -166,8 +167,8 @@ def method(*args: Any, **kwargs: Any) -> Any:
         mark_group(lambda: None, group)
 
     def mark(fn: Any) -> Any:
-        if n != 1:
-            setattr(fn, NUM_RETURNS_ATTR, n)
+        if kwargs.get("num_returns") is not None:  # (1 too: a generator method then returns one ref)
+            setattr(fn, NUM_RETURNS_ATTR, STREAMING_RETURNS if type(n) is Streaming else n)
         if backpressure is not None:
             setattr(fn, BACKPRESSURE_ATTR, backpressure)
         return fn if group is None else mark_group(fn, group)

@@ -105,6 +105,7 @@ class HostRuntime:
         self._hostname = socket.gethostname()
         self._shm_domain = shm.domain()
         #: Streaming calls' items (num_returns="streaming"): podium.worker.host.itemstreams.
+        self._returns: dict[str, tuple[int, int | None]] | None = None  # (declared_returns, once built)
         self.streams = StreamCalls(self._loop, self.hold_value, self.held.release, config.rank,
                                    config.node_address, self.exec_thread.reads_on_loop)
 
@@ -378,12 +379,29 @@ class HostRuntime:
                     materialize_futures=bool(row.get("materialize_futures", True)),
                     is_async=bool(row.get("is_async", False)), registered=bool(row.get("registered")),
                     dispatch_payload=payload))
+        returns = self._declared_returns()
         return worker_pb2.DescribeResponse(
+            method_returns={name: n for name, (n, _) in returns.items()},
+            stream_buffers={name: bound for name, (_, bound) in returns.items() if bound is not None},
             worker_id=self.config.worker_id, rank=self.config.rank, world_size=self.config.world_size,
             pid=os.getpid(), class_name=self._class_name, constructed=self.construct_state == "done",
             methods=methods, node_address=self.config.node_address, hostname=self._hostname,
             shm_domain=self._shm_domain,
             call_port=self.call_port, stats=self.stats_now(), method_stats=self.methods.to_proto())
+
+    def _declared_returns(self) -> dict[str, tuple[int, int | None]]:
+        """What the hosted class's methods return other than one ref (found once it is built)."""
+        if self._returns is None:
+            if self._obj is None:
+                return {}
+            from podium.worker.caller.streaming import declared_returns
+
+            hosted = self._obj.__dict__.get("_podium_actor", self._obj) if hasattr(self._obj, "__dict__") else self._obj
+            try:
+                self._returns = declared_returns(type(hosted))
+            except Exception:  # noqa: BLE001 - a class whose attributes cannot be read: none declared
+                self._returns = {}
+        return self._returns
 
     def stats_now(self) -> dict:
         """The counters, with every finished call counted (a copy; see ``CallBook.stats_now``)."""

@@ -149,6 +149,9 @@ latched(lambda latch: sync.latched.remote(latch))
 latched(lambda latch: sync.latched.options(num_returns="streaming").remote(latch))
 asynchronous = Async.remote()
 latched(lambda latch: asynchronous.latched.remote(latch))
+named = Sync.options(name="streams", max_concurrency=2).remote()  # (in threads of its own)
+looked_up = ray.get_actor("streams")  # knows its generator methods from the worker (Describe)
+latched(lambda latch: looked_up.latched.remote(latch))
 
 
 async def async_iteration() -> None:

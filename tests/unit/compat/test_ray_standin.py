@@ -350,3 +350,35 @@ def test_streaming_options_are_checked_and_bounded():
     with pytest.raises(NotImplementedError, match="one item at a time"):
         parse_options({"_num_objects_per_yield": 2}, actor=False)
     assert parse_options({"_num_objects_per_yield": 1}, actor=False).num_returns is None
+
+
+def test_what_a_class_declares_its_methods_return():
+    from podium.compat.ray import method
+    from podium.controller.remote.streams import Streaming, method_returns
+    from podium.worker.caller.streaming import STREAMING_RETURNS, declared_returns
+
+    class Declares:
+        def one(self):
+            return 1
+
+        def gen(self):
+            yield 1
+
+        async def agen(self):
+            yield 1
+
+        @method(num_returns=2)
+        def two(self):
+            return 1, 2
+
+        @method(num_returns="streaming", _generator_backpressure_num_objects=3)
+        def bounded(self):
+            return iter(())
+
+        @method(num_returns=1)
+        def gen_as_one(self):
+            yield 1
+
+    assert declared_returns(Declares) == {"gen": (STREAMING_RETURNS, None), "agen": (STREAMING_RETURNS, None),
+                                          "two": (2, None), "bounded": (STREAMING_RETURNS, 3)}
+    assert method_returns(Declares) == {"gen": Streaming(), "agen": Streaming(), "two": 2, "bounded": Streaming(3)}
