@@ -426,9 +426,20 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     if info is None:
         raise NotFoundError(f"no live actor named {name!r} in namespace {namespace!r}")
     group = _attached_group(rt, info, owns=False)
-    described = rt.run(group.workers[0].client.describe(), timeout=60, what="get_actor")
+    described = rt.run(_described(group.workers[0].client), timeout=90, what="get_actor")
     declared = {n: (count, described.stream_buffers.get(n)) for n, count in described.method_returns.items()}
     return ActorHandle(group, described.class_name or "?", name, namespace, returns=returns_from(declared))
+
+
+async def _described(client: Any) -> Any:
+    """The actor's Describe once its worker has read its class (so it tells what the methods
+    return), waiting at most 60 s for a CONSTRUCT still on its way."""
+    deadline = time.monotonic() + 60
+    while True:
+        described = await client.describe()
+        if described.class_name or time.monotonic() > deadline:
+            return described
+        await asyncio.sleep(0.05)
 
 
 async def _running_worker(rt: Session, wname: str) -> Any:

@@ -225,6 +225,7 @@ class HostRuntime:
                 f"got {type(value).__name__}")
         cls_ref, args, kwargs = value
         cls = resolve_class(cls_ref)
+        self._returns = _declared_of(cls, args)  # (Describe tells it while the constructor runs)
         self._class_name = f"{cls.__module__}.{cls.__qualname__}"
         try:
             obj = construct(cls, tuple(args), dict(kwargs))  # an async def __init__ is awaited on the loop
@@ -454,3 +455,20 @@ class HostRuntime:
         """Stop taking work; a running user call is left to finish on its own thread."""
         self.exec_thread.stop()
         self.held.clear()
+
+
+def _declared_of(cls: Any, args: Any) -> dict[str, tuple[int, int | None]]:
+    """``declared_returns`` of the user's class inside the wrappers an owner sends
+    (``WithProcessEnv(env, cls, args, kwargs)``, ``ActorShell(cls, ...)``); {} when unknown."""
+    from podium.worker.actorshell import ActorShell
+    from podium.worker.caller.streaming import declared_returns
+    from podium.worker.processenv import WithProcessEnv
+
+    if cls is WithProcessEnv and len(args) >= 3:
+        cls, args = args[1], args[2]
+    if cls is ActorShell and args:
+        cls = args[0]
+    try:
+        return declared_returns(cls) if isinstance(cls, type) else {}
+    except Exception:  # noqa: BLE001 - a class whose attributes cannot be read: none declared
+        return {}
