@@ -19,6 +19,7 @@ from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
 from podium.worker.actorshell import GROUP_CALL, READY_CALL, construct, set_host_loop
+from podium.worker.caller.streaming import STREAM_CLOSE_CALL, STREAM_NEXT_CALL
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission, Declined
 from podium.worker.host.completion import CallBook
@@ -27,7 +28,6 @@ from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.worker.host.invoke import SyncInvoker
-from podium.worker.caller.streaming import STREAM_CLOSE_CALL, STREAM_NEXT_CALL
 from podium.worker.host.itemstreams import StreamCalls
 from podium.worker.host.methodstats import MethodTable
 from podium.worker.host.results import Outcome, call_error, close_names, remote_error
@@ -104,8 +104,8 @@ class HostRuntime:
         self._method_info: dict[str, tuple[bool, bool]] = {}
         self._hostname = socket.gethostname()
         self._shm_domain = shm.domain()
-        #: Streaming calls' items (num_returns="streaming"): podium.worker.host.itemstreams.
         self._returns: dict[str, tuple[int, int | None]] | None = None  # (declared_returns, once built)
+        #: Streaming calls' items (num_returns="streaming"): podium.worker.host.itemstreams.
         self.streams = StreamCalls(self._loop, self.hold_value, self.held.release, config.rank,
                                    config.node_address, self.exec_thread.reads_on_loop)
 
