@@ -171,6 +171,14 @@ async def async_iteration() -> None:
 
 asyncio.run(async_iteration())
 
+
+@ray.remote
+def consume(actor) -> list:  # a handle passed to a task streams there as in the driver
+    return [ray.get(ref) for ref in actor.counted.remote(3)]
+
+
+assert ray.get(consume.remote(Async.remote())) == [0, 1, 2]
+
 print("step: An error after k", flush=True)
 # An error after k items: items 0..k-1 are fine, the next ref raises it, then the end.
 refs = list(sync.fails_after.remote(2))
