@@ -55,9 +55,15 @@ _MAX_ID = 64
 current_connection: contextvars.ContextVar[Any] = contextvars.ContextVar("podium_stream_reader", default=None)
 
 
-def _wake(future: asyncio.Future) -> None:
+def _set(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _wake(future: asyncio.Future) -> None:
+    """Complete ``future`` on its own loop, from any thread (a producer may run on an async
+    actor's group loop, the caller's next on the host's)."""
+    future.get_loop().call_soon_threadsafe(_set, future)
 
 
 class ItemStream:
@@ -95,11 +101,11 @@ class ItemStream:
             self.produced += 1
             taker, self._taker = self._taker, None
         if taker is not None:
-            self.loop.call_soon_threadsafe(_wake, taker)
+            _wake(taker)
         return True
 
     async def aput(self, info: Any) -> bool:
-        """Add an item (an async producer, on the loop), as :meth:`put`."""
+        """Add an item (an async producer, on the host's loop or its group's), as :meth:`put`."""
         while True:
             with self._lock:
                 if self.closed:
@@ -109,7 +115,7 @@ class ItemStream:
                     self.produced += 1
                     taker, self._taker = self._taker, None
                     break
-                room = self._async_room = self.loop.create_future()
+                room = self._async_room = asyncio.get_running_loop().create_future()
             await room
         if taker is not None:
             _wake(taker)
@@ -122,7 +128,7 @@ class ItemStream:
             self.error = error
             taker, self._taker = self._taker, None
         if taker is not None:
-            self.loop.call_soon_threadsafe(_wake, taker)
+            _wake(taker)
 
     # ---------------------------------------------------------------- the caller's side
 
@@ -165,7 +171,7 @@ class ItemStream:
             taker, self._taker = self._taker, None
         for future in (room, taker):
             if future is not None:
-                self.loop.call_soon_threadsafe(_wake, future)
+                _wake(future)
         return ids
 
 

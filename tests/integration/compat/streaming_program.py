@@ -21,7 +21,7 @@ from ray._raylet import StreamingObjectRefGenerator
 ray.init()
 
 
-@ray.remote(max_concurrency=4)
+@ray.remote(max_concurrency=4, num_cpus=0.1)  # (many are made: they take little of the 8 CPUs)
 class Latch:
     """Opened by the consumer; producers wait on it (a thread each: max_concurrency)."""
 
@@ -170,6 +170,23 @@ async def async_iteration() -> None:
         raise AssertionError("a third item")
 
 asyncio.run(async_iteration())
+
+
+@ray.remote(concurrency_groups={"io": 1})
+class Grouped:
+    @ray.method(concurrency_group="io")
+    async def in_io(self, n):
+        for i in range(n):
+            yield i
+
+    async def in_default(self, n):
+        for i in range(n):
+            yield -i
+
+
+grouped = Grouped.remote()
+assert [ray.get(r) for r in grouped.in_io.remote(3)] == [0, 1, 2]
+assert [ray.get(r) for r in grouped.in_default.options(concurrency_group="io").remote(2)] == [0, -1]
 
 
 @ray.remote
