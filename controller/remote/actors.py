@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import secrets
 import time
 import types
 from typing import TYPE_CHECKING, Any
 
-from podium.controller.remote.actorplace import attached, construct, create_worker, remove, reserve
+from podium.controller.remote.actorplace import (attached, construct, create_worker, described_once_read, remove,
+                                                 reserve)
 from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, captured, check_call_options,
                                                    parse_options, retry_count, retry_exceptions)
 from podium.controller.remote.returns import check_num_returns, split_returns
@@ -426,20 +428,9 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     if info is None:
         raise NotFoundError(f"no live actor named {name!r} in namespace {namespace!r}")
     group = _attached_group(rt, info, owns=False)
-    described = rt.run(_described(group.workers[0].client), timeout=90, what="get_actor")
+    described = rt.run(described_once_read(group.workers[0].client), timeout=90, what="get_actor")
     declared = {n: (count, described.stream_buffers.get(n)) for n, count in described.method_returns.items()}
     return ActorHandle(group, described.class_name or "?", name, namespace, returns=returns_from(declared))
-
-
-async def _described(client: Any) -> Any:
-    """The actor's Describe once its worker has read its class (so it tells what the methods
-    return), waiting at most 60 s for a CONSTRUCT still on its way."""
-    deadline = time.monotonic() + 60
-    while True:
-        described = await client.describe()
-        if described.class_name or time.monotonic() > deadline:
-            return described
-        await asyncio.sleep(0.05)
 
 
 async def _running_worker(rt: Session, wname: str) -> Any:

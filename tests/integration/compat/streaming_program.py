@@ -42,6 +42,14 @@ class Latch:
         return self.closed
 
 
+def new_latch():
+    """A Latch, built before its handle travels: a call through a borrowed handle that reaches
+    the worker before its owner's CONSTRUCT fails (a race of Podium's, not of streaming)."""
+    latch = Latch.remote()
+    ray.get(latch.closed_count.remote())
+    return latch
+
+
 @ray.remote
 def latched_task(latch):
     yield "first"
@@ -115,7 +123,7 @@ class Async:
 
 def latched(make):
     """Item 0 arrives while the producer waits for what only this consumer does next."""
-    latch = Latch.remote()
+    latch = new_latch()
     gen = make(latch)
     first = next(gen)
     assert ray.get(first) == "first"
@@ -157,7 +165,7 @@ latched(lambda latch: looked_up.latched.remote(latch))
 async def async_iteration() -> None:
     gen = asynchronous.counted.remote(3)
     assert [await ref async for ref in gen] == [0, 1, 2]
-    latch = Latch.remote()
+    latch = new_latch()
     gen = asynchronous.latched.remote(latch)
     assert await (await gen.__anext__()) == "first"
     latch.open.remote()
@@ -219,7 +227,7 @@ assert ray.get(sync.ping.remote()) == "pong"
 print("step: The actor dies mid-stream", flush=True)
 # The actor dies mid-stream: the next ref raises ActorDiedError with the reason, no hang.
 doomed = Sync.remote()
-latch = Latch.remote()
+latch = new_latch()
 gen = doomed.dies_after_first.remote(latch)
 assert ray.get(next(gen)) == "first"
 latch.open.remote()
@@ -235,7 +243,7 @@ else:
 print("step: A dropped generator", flush=True)
 # A dropped generator is closed at the worker: its generator sees GeneratorExit, and the
 # actor (one call at a time) is free for the next call.
-latch = Latch.remote()
+latch = new_latch()
 gen = sync.endless.options(_generator_backpressure_num_objects=2).remote(latch)
 assert ray.get(next(gen)) == 0
 del gen
