@@ -291,6 +291,26 @@ class ActorShell:
             raise InvalidArgumentError(f"{name!r} is not a method of the actor")
         return await method(*args, **kwargs)
 
+    async def _podium_stream(self, name: str, group: str | None, drive: Callable[[Any], int],
+                             adrive: Callable[[Any], Any]) -> int:
+        """A streaming call of ``name`` (``podium.worker.host.itemstreams``) in its concurrency
+        group (``group``, or the method's own), which the whole stream counts against: a threaded
+        actor's generator is iterated by ``drive(method)`` on one of the group's threads; an
+        async actor's by ``adrive(method)`` on the group's loop (a sync generator by
+        ``drive``, there too, blocking that loop as its sync methods do)."""
+        if group is not None and group not in self._podium_groups and group != DEFAULT_GROUP:
+            known = ", ".join(sorted(self._podium_groups)) or "none"
+            raise InvalidArgumentError(f"concurrency group {group!r} is not one of this actor's "
+                                       f"(concurrency_groups: {known})")
+        group = group or self._podium_method_groups.get(name)
+        slot = self._podium_default if group in (None, DEFAULT_GROUP) else self._podium_groups[group]
+        fn = getattr(self._podium_actor, name)
+        if slot.loop is not None:
+            if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+                return await slot.loop.run(adrive(fn))
+            return await slot.loop.run(_called(drive, (fn,), {}))
+        return await asyncio.get_running_loop().run_in_executor(slot.pool(), drive, fn)
+
     @staticmethod
     def _podium_wrap(fn: Callable, group: _Group) -> Callable:
         if group.loop is not None:  # an async actor: every method runs on its group's loop

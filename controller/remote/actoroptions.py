@@ -44,10 +44,8 @@ _UNSUPPORTED = {
     "max_calls": "an actor that you kill after N calls (task workers are pooled)",
     "max_pending_calls": "bound the calls in flight in the caller",
     "allow_out_of_order_execution": "max_concurrency > 1, or async methods",
-    "_generator_backpressure_num_objects": "return a list from one call (streaming generators are not provided)",
-    "_num_objects_per_yield": "return a list from one call (streaming generators are not provided)",
-    "_actor_generator_backpressure_num_objects": "return a list from one call (streaming generators are not "
-                                                 "provided)",
+    "_num_objects_per_yield": "yield one item at a time (each yield is one ref)",
+    "_actor_generator_backpressure_num_objects": "_generator_backpressure_num_objects on each streaming call",
 }
 #: Accepted with no effect, each for a reason in docs/ray-options.md (podium.compat.rayoptions):
 #: tensors travel through Podium's data path whatever ``enable_tensor_transport`` says, and
@@ -56,8 +54,8 @@ _IGNORED = {"_metadata", "enable_task_events", "enable_tensor_transport", "objec
 #: Ray's default values of options in _UNSUPPORTED, besides None: they ask for nothing.
 _DEFAULT_VALUES = {"label_selector": ({},), "_labels": ({},),
                    "max_calls": (0,), "max_pending_calls": (-1,), "allow_out_of_order_execution": (False,),
-                   "fallback_strategy": (), "_generator_backpressure_num_objects": (),
-                   "_num_objects_per_yield": (), "_actor_generator_backpressure_num_objects": ()}
+                   "fallback_strategy": (), "_num_objects_per_yield": (1,),
+                   "_actor_generator_backpressure_num_objects": (-1,)}
 #: Set by Podium in a worker placed in a placement group: the group's id (what
 #: ``get_current_placement_group`` returns) and, with capture, "1" (what it starts lands there too).
 CURRENT_PG_ENV = "PODIUM_PLACEMENT_GROUP"
@@ -121,8 +119,11 @@ class Options:
     #: Tasks (and actor calls): which exceptions the function raises are retried too, within
     #: max_retries (max_task_retries): False none, True all, or a tuple of classes.
     retry_exceptions: Any = False
-    #: ``num_returns``: refs per call (a task's, or the default of an actor method's options).
-    num_returns: int = 1
+    #: ``num_returns``: refs per call, or a ``Streaming`` (``"streaming"``); None: Ray's default
+    #: (a generator function streams, any other returns one ref).
+    num_returns: Any = None
+    #: Tasks: ``_generator_backpressure_num_objects``, a streaming call's buffer at the worker.
+    backpressure: int | None = None
     #: ``placement_group_capture_child_tasks``: what this actor or task starts lands in its group.
     capture_child_tasks: bool = False
     #: The placement (group, node or strategy) was given, so a parent's capture does not apply.
@@ -205,6 +206,11 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
             if actor and opts.num_returns != 1:
                 raise InvalidArgumentError("num_returns is an option of tasks and actor methods "
                                            "(@ray.method(num_returns=N), handle.method.options(num_returns=N))")
+        elif key == "_generator_backpressure_num_objects" and not actor:
+            from podium.worker.caller.streaming import check_buffer
+            if value is not None:
+                check_buffer(value)
+            opts.backpressure = value
         elif key == "placement_group_capture_child_tasks":
             opts.capture_child_tasks = bool(value)
         elif key == "placement_group":
@@ -231,16 +237,15 @@ def parse_options(given: dict[str, Any], *, actor: bool, base: Options | None = 
 #: Ray's per-call options (``handle.method.options(...)``) Podium does not provide, with the
 #: values that ask for nothing (Ray's defaults) and the alternative.
 _CALL_REFUSED = {
-    "_generator_backpressure_num_objects": ((None,), "return a list from one call (streaming generators "
-                                                     "are not provided)"),
-    "_num_objects_per_yield": ((None,), "return a list from one call (streaming generators are not provided)"),
+    "_num_objects_per_yield": ((None, 1), "yield one item at a time (each yield is one ref)"),
     "_labels": ((None,), "NodeAffinitySchedulingStrategy or a placement group"),
 }
 #: Per-call options with no effect on Podium (a call's name is a dashboard label; tensors take
 #: Podium's data path; Podium's timeline records every call).
 _CALL_NO_EFFECT = {"name", "tensor_transport", "enable_task_events"}
 #: Per-call options ``ActorMethod.options`` honours itself before this check.
-_CALL_HONOURED = {"concurrency_group", "max_task_retries", "retry_exceptions", "num_returns"}
+_CALL_HONOURED = {"concurrency_group", "max_task_retries", "retry_exceptions", "num_returns",
+                  "_generator_backpressure_num_objects"}
 
 
 def check_call_options(given: dict[str, Any]) -> None:

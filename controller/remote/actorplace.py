@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
     from podium.controller.remote.actoroptions import Options
     from podium.controller.session.contract import Session
 
-__all__ = ["ZERO_RESOURCE_CPU", "SLOT_RECLAIMERS", "attached", "reserve", "create_worker", "construct", "remove"]
+__all__ = ["ZERO_RESOURCE_CPU", "SLOT_RECLAIMERS", "attached", "reserve", "create_worker", "construct", "remove",
+           "described_once_read"]
 
 #: The CPU an actor or task asking for no resource at all (``num_cpus=0``, no GPU, no custom
 #: resource) reserves: the smallest share Podium counts (1/1000 CPU, podium.resources.CPU_UNITS).
@@ -137,3 +139,14 @@ async def remove(rt: Session, group: Any, pg_id: str = "") -> None:
     if pg_id:
         with contextlib.suppress(Exception):
             await rt.scheduler.remove_placement_group(pg_id)
+
+
+async def described_once_read(client: Any) -> Any:
+    """An actor's Describe once its worker has read its class (so it tells what the methods
+    return: ``method_returns``), waiting at most 60 s for a CONSTRUCT still on its way."""
+    deadline = time.monotonic() + 60
+    while True:
+        described = await client.describe()
+        if described.class_name or time.monotonic() > deadline:
+            return described
+        await asyncio.sleep(0.05)

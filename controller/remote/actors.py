@@ -38,16 +38,19 @@ import time
 import types
 from typing import TYPE_CHECKING, Any
 
-from podium.controller.remote.actorplace import attached, construct, create_worker, remove, reserve
+from podium.controller.remote.actorplace import (attached, construct, create_worker, described_once_read, remove,
+                                                 reserve)
 from podium.controller.remote.actoroptions import (DEFAULT_NAMESPACE, Options, captured, check_call_options,
                                                    parse_options, retry_count, retry_exceptions)
-from podium.controller.remote.returns import NUM_RETURNS_ATTR, check_num_returns, split_returns
+from podium.controller.remote.returns import check_num_returns, split_returns
+from podium.controller.remote.streams import Streaming, check_buffer, method_returns, returns_from, stream_call
 from podium.controller.group import build as _build, life as _life
 from podium.controller.group.handle import WorkerHandle
 from podium.controller.group.handle import class_name as _class_name
 from podium.controller.session.argrefs import refs_inside
 from podium.controller.session.runtime import get_runtime
-from podium.errors import AlreadyExistsError, ArgumentMismatchError, InvalidArgumentError, NotFoundError
+from podium.errors import (AlreadyExistsError, ArgumentMismatchError, InvalidArgumentError, NotFoundError,
+                           UnimplementedError)
 from podium.worker.actorshell import (GROUP_CALL, READY_CALL, ActorShell, check_method_groups, is_async_class,
                                       method_groups)
 from podium.worker.factory import ClassWithInitArgs, by_value
@@ -75,7 +78,7 @@ class ActorMethod:
     __slots__ = ("_handle", "_name", "_retries", "_retry_exceptions", "_num_returns")
 
     def __init__(self, handle: "ActorHandle", name: str, retries: int | None = None,
-                 retry_exceptions: Any = False, num_returns: int | None = None) -> None:
+                 retry_exceptions: Any = False, num_returns: int | Streaming | None = None) -> None:
         self._handle = handle
         self._name = name
         #: This call's num_returns (None: the method's, from ray.method, else 1).
@@ -92,20 +95,33 @@ class ActorMethod:
         """Call the method on the actor; a PendingRef (``get`` gives its value), which keeps the
         actor alive while it lives."""
         handle = self._handle
-        name, args = self._target(args)
+        n = self._num_returns or handle._returns.get(self._name, 1)
         spec = handle._info.spec
         retries = spec.max_task_retries if self._retries is None else self._retries
+        if type(n) is Streaming:
+            return self._stream(n, retries, args, kwargs)
+        name, args = self._target(args)
         if spec.max_restarts or retries or self._retry_exceptions:  # Ray's restart and retry rules
             from podium.controller.remote.actorcalls import actor_call
-            return self._returned(actor_call(handle, name, args, kwargs, retries, self._retry_exceptions))
+            return self._returned(actor_call(handle, name, args, kwargs, retries, self._retry_exceptions), n)
         ref = handle._group._calls.run([0], name, [(args, kwargs)], blocking=False)[0]
         ref.keep = handle
-        return self._returned(ref)
+        return self._returned(ref, n)
 
-    def _returned(self, ref: Any) -> Any:
+    @staticmethod
+    def _returned(ref: Any, n: Any) -> Any:
         """The ref of one call, or its N refs with ``num_returns=N`` (see returns)."""
-        n = self._num_returns or self._handle._returns.get(self._name, 1)
         return ref if n == 1 else split_returns(ref, n)
+
+    def _stream(self, streaming: Streaming, retries: int, args: tuple, kwargs: dict) -> Any:
+        """A ``num_returns="streaming"`` call: its ObjectRefGenerator (controller.remote.streams)."""
+        if retries or self._retry_exceptions:
+            raise UnimplementedError(f"{self._name}: a num_returns='streaming' call is not retried by Podium "
+                                     f"(max_task_retries={retries}, retry_exceptions={self._retry_exceptions!r}): "
+                                     "call it with .options(max_task_retries=0, retry_exceptions=False) and start "
+                                     "the stream again yourself when it fails")
+        return stream_call(self._handle._group._calls, self._name, args, kwargs, streaming,
+                           getattr(self, "_group_name", None), keep=self._handle)
 
     def options(self, **options: Any) -> "ActorMethod":
         """Ray's per-call options: ``concurrency_group`` (this call runs in that group of the
@@ -115,6 +131,13 @@ class ActorMethod:
         group = options.pop("concurrency_group", getattr(self, "_group_name", None))
         n = options.pop("num_returns", None)
         num_returns = check_num_returns(n) if n is not None else self._num_returns
+        backpressure = options.pop("_generator_backpressure_num_objects", None)
+        if backpressure is not None:  # (bounds a streaming call's items; a call of one ref has none)
+            streams = num_returns or (self._handle._returns.get(self._name, 1) if self._handle is not None else 1)
+            if type(streams) is Streaming:
+                num_returns = Streaming(backpressure)
+            else:
+                check_buffer(backpressure)
         retries, retry_exc = self._retries, self._retry_exceptions
         check_call_options(options)
         if "max_task_retries" in options:
@@ -143,7 +166,7 @@ class _MethodInGroup(ActorMethod):
     __slots__ = ("_group_name",)
 
     def __init__(self, handle: "ActorHandle", name: str, group: str, retries: int | None = None,
-                 retry_exceptions: Any = False, num_returns: int | None = None) -> None:
+                 retry_exceptions: Any = False, num_returns: int | Streaming | None = None) -> None:
         super().__init__(handle, name, retries, retry_exceptions, num_returns)
         self._group_name = group
 
@@ -377,9 +400,7 @@ def start_actor(cls: type, opts: Options, args: tuple, kwargs: dict) -> ActorHan
     keep = refs_inside((*args, *kwargs.values()))
     group._calls.gate = asyncio.run_coroutine_threadsafe(_construct_or_stop(rt, group, payload, own_pg, keep),
                                                          rt.loop)
-    returns = {n: getattr(getattr(cls, n), NUM_RETURNS_ATTR) for n in dir(cls)
-               if not n.startswith("__") and hasattr(getattr(cls, n, None), NUM_RETURNS_ATTR)}
-    return ActorHandle(group, _class_name(cls), opts.name, opts.namespace, returns=returns)
+    return ActorHandle(group, _class_name(cls), opts.name, opts.namespace, returns=method_returns(cls))
 
 
 async def _construct_or_stop(rt: Session, group: Any, payload: Any, own_pg: str, keep: Any = None) -> None:
@@ -407,8 +428,9 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     if info is None:
         raise NotFoundError(f"no live actor named {name!r} in namespace {namespace!r}")
     group = _attached_group(rt, info, owns=False)
-    described = rt.run(group.workers[0].client.describe(), timeout=60, what="get_actor")
-    return ActorHandle(group, described.class_name or "?", name, namespace)
+    described = rt.run(described_once_read(group.workers[0].client), timeout=90, what="get_actor")
+    declared = {n: (count, described.stream_buffers.get(n)) for n, count in described.method_returns.items()}
+    return ActorHandle(group, described.class_name or "?", name, namespace, returns=returns_from(declared))
 
 
 async def _running_worker(rt: Session, wname: str) -> Any:

@@ -6,7 +6,7 @@ in this process's object store (``podium.put``), so every ref works wherever a r
 does (``get``, ``wait``, an argument of another call). A failed call fails all N with its
 error; a result of another length fails all N with an error naming both counts. The items
 travel through the caller: fine for the small tuples ``num_returns`` is used for.
-``num_returns="streaming"`` is not provided.
+``num_returns="streaming"`` is :mod:`.streams`' (:data:`~.streams.STREAMING`).
 """
 
 from __future__ import annotations
@@ -15,27 +15,30 @@ import concurrent.futures
 import threading
 from typing import Any
 
+from podium.controller.remote.streams import STREAMING, Streaming
 from podium.controller.session.futures import PendingRef
-from podium.errors import InvalidArgumentError
+from podium.errors import InvalidArgumentError, UnimplementedError
+from podium.worker.caller.streaming import NUM_RETURNS_ATTR
 
 __all__ = ["MAX_RETURNS", "check_num_returns", "split_returns", "NUM_RETURNS_ATTR"]
 
 #: Most refs one call may return.
 MAX_RETURNS = 1024
-#: The attribute ``ray.method(num_returns=N)`` sets on a method.
-NUM_RETURNS_ATTR = "__podium_num_returns__"
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def check_num_returns(value: Any) -> int:
-    """``num_returns`` as an int in [1, MAX_RETURNS] (None: 1), else InvalidArgumentError."""
+def check_num_returns(value: Any) -> int | Streaming:
+    """``num_returns`` as an int in [1, MAX_RETURNS] (None: 1), or :data:`~.streams.STREAMING`
+    for ``"streaming"``; else InvalidArgumentError (``"dynamic"``: UnimplementedError)."""
     if value is None:
         return 1
-    if value == "streaming":
-        raise NotImplementedError('num_returns="streaming" is not supported by Podium: return a list '
-                                  "from one call, or num_returns=N for N refs")
+    if isinstance(value, str) and value == "streaming":
+        return STREAMING
+    if isinstance(value, str) and value == "dynamic":
+        raise UnimplementedError('num_returns="dynamic" is not supported by Podium (Ray deprecated it): use '
+                                 'num_returns="streaming", whose refs come as the generator yields')
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RETURNS:
         raise InvalidArgumentError(f"num_returns must be an int in [1, {MAX_RETURNS}], got {value!r}")
     return value

@@ -24,11 +24,12 @@ import os
 import threading
 from typing import Any, Callable
 
-from podium.controller.remote.actoroptions import Options, captured, parse_options
+from podium.controller.remote.actoroptions import DEFAULT_TASK_RETRIES, Options, captured, parse_options
 from podium.controller.remote.actorplace import SLOT_RECLAIMERS, remove
 from podium.controller.remote.actors import ActorClass, ActorHandle, start_actor
 from podium.controller.remote.returns import split_returns
-from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnresponsiveError,
+from podium.controller.remote.streams import Streaming, stream_call
+from podium.errors import (ArgumentMismatchError, InvalidArgumentError, UnimplementedError, UnresponsiveError,
                            WorkerDiedError)
 from podium.worker.actorshell import TaskRunner
 
@@ -164,6 +165,12 @@ class RemoteFunction:
         """Run the function in a task worker; a PendingRef (``get`` gives its value), retried
         under ``max_retries`` / ``retry_exceptions`` (see the module docstring)."""
         opts = self._options
+        n = opts.num_returns
+        if n is None:  # Ray's default: a generator function streams its items, else one ref
+            fn = self._function
+            n = Streaming() if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn) else 1
+        if type(n) is Streaming:
+            return self._stream(Streaming(opts.backpressure) if opts.backpressure is not None else n, args, kwargs)
         if not opts.max_retries and not opts.retry_exceptions:
             ref = self._send(args, kwargs)
         else:
@@ -174,7 +181,26 @@ class RemoteFunction:
 
             ref = call_with_retries(self.__name__, lambda: (self._send(args, kwargs), None), opts.max_retries,
                                     opts.retry_exceptions, on_death)
-        return ref if opts.num_returns == 1 else split_returns(ref, opts.num_returns)
+        return ref if n == 1 else split_returns(ref, n)
+
+    def _stream(self, streaming: Streaming, args: tuple, kwargs: dict) -> Any:
+        """A ``num_returns="streaming"`` call: its ObjectRefGenerator (controller.remote.streams),
+        read from the pool worker that runs it. Not retried (Ray's default max_retries of 3 does
+        not apply; another count is refused)."""
+        opts = self._options
+        if opts.max_retries not in (0, DEFAULT_TASK_RETRIES) or opts.retry_exceptions:
+            raise UnimplementedError(f"{self.__name__}: a num_returns='streaming' task is not retried by Podium "
+                                     f"(max_retries={opts.max_retries}, retry_exceptions={opts.retry_exceptions!r}): "
+                                     "leave both unset and start the stream again yourself when it fails")
+        pool = _pool_for(captured(opts, os.environ))
+        handle = pool.pick()
+        try:
+            gen = stream_call(handle._group._calls, "run", (self._function, *args), kwargs, streaming)
+        except BaseException as exc:
+            pool.done(handle, exc)
+            raise
+        gen.completed().add_done_callback(lambda done: pool.done(handle, done.error()))
+        return gen
 
     def _send(self, args: tuple, kwargs: dict) -> Any:
         """One attempt: the task sent to a worker of its pool."""

@@ -3,7 +3,7 @@
 Provided (see the README's table): ``init``, ``shutdown``, ``is_initialized``, ``get``,
 ``put``, ``wait``, ``remote``, ``get_actor``, ``kill``, ``cancel``, ``method``,
 ``get_runtime_context``, ``cluster_resources``, ``available_resources``, ``nodes``,
-``get_gpu_ids``, ``ObjectRef``, ``util.placement_group`` / ``remove_placement_group`` /
+``get_gpu_ids``, ``ObjectRef``, ``ObjectRefGenerator``, ``util.placement_group`` / ``remove_placement_group`` /
 ``get_placement_group`` / ``list_named_actors``, ``util.scheduling_strategies``
 (``PlacementGroupSchedulingStrategy``, ``NodeAffinitySchedulingStrategy``) and
 ``exceptions`` (Ray's names for Podium's errors). Any other public Ray name raises
@@ -36,12 +36,13 @@ from podium.controller.session.futures import PendingRef as _PendingRef
 from podium.controller.session.gets import get as _get
 from podium.controller.session.gets import wait as _wait
 from podium.controller.remote.objects import put as _put
+from podium.controller.remote.streams import ObjectRefGenerator
 from podium.controller.remote.tasks import remote as _remote
 from podium.refs import ObjectRef as _HeldRef
 
 __all__ = ["init", "shutdown", "is_initialized", "get", "put", "wait", "remote", "get_actor", "kill",
            "cancel", "method", "get_runtime_context", "cluster_resources", "available_resources", "nodes",
-           "get_gpu_ids", "timeline", "ObjectRef", "util", "exceptions", "RuntimeContext"]
+           "get_gpu_ids", "timeline", "ObjectRef", "ObjectRefGenerator", "util", "exceptions", "RuntimeContext"]
 
 
 class _ObjectRefType(type):
@@ -142,16 +143,23 @@ def remote(*args: Any, **options: Any) -> Any:
 def method(*args: Any, **kwargs: Any) -> Any:
     """``ray.method``: the keywords :data:`podium.compat.rayoptions.METHOD` answers;
     ``concurrency_group`` puts the method in that group of its actor's ``concurrency_groups``;
-    ``num_returns=N`` makes each call of it give N refs; ``tensor_transport`` and
+    ``num_returns=N`` makes each call of it give N refs, ``num_returns="streaming"`` an
+    :class:`ObjectRefGenerator` (as a generator method does by default), whose buffer at the
+    worker ``_generator_backpressure_num_objects`` bounds; ``tensor_transport`` and
     ``enable_task_events`` are accepted with no effect, the rest are refused unless they ask for
     Ray's default."""
-    from podium.controller.remote.returns import NUM_RETURNS_ATTR, check_num_returns
+    from podium.controller.remote.returns import check_num_returns
+    from podium.controller.remote.streams import Streaming, check_buffer
+    from podium.worker.caller.streaming import BACKPRESSURE_ATTR, NUM_RETURNS_ATTR, STREAMING_RETURNS
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
     if args:
         raise _errors.InvalidArgumentError("ray.method takes keyword arguments only (or one method)")
     _rayoptions.check("ray.method", _rayoptions.METHOD, kwargs)
     n = check_num_returns(kwargs.get("num_returns"))
+    backpressure = kwargs.get("_generator_backpressure_num_objects")
+    if backpressure is not None:
+        check_buffer(backpressure)
     group = kwargs.get("concurrency_group")
     if group is not None:
         from podium.worker.actorshell import mark_group  # (checks the name now, at class definition)
@@ -159,8 +167,10 @@ def method(*args: Any, **kwargs: Any) -> Any:
         mark_group(lambda: None, group)
 
     def mark(fn: Any) -> Any:
-        if n != 1:
-            setattr(fn, NUM_RETURNS_ATTR, n)
+        if kwargs.get("num_returns") is not None:  # (1 too: a generator method then returns one ref)
+            setattr(fn, NUM_RETURNS_ATTR, STREAMING_RETURNS if type(n) is Streaming else n)
+        if backpressure is not None:
+            setattr(fn, BACKPRESSURE_ATTR, backpressure)
         return fn if group is None else mark_group(fn, group)
     return mark
 
@@ -310,7 +320,6 @@ _ALTERNATIVES = {
     "cross_language": "Python workers only",
     "java_function": "Python workers only",
     "java_actor_class": "Python workers only",
-    "ObjectRefGenerator": "return a list from one call",
     "get_actor_names": "util.list_named_actors()",
 }
 

@@ -57,7 +57,11 @@ def _moot(note: str, probe: Any = True) -> Answer:
 
 _NO_DAEMONS = "configures Ray's own daemons (raylet, GCS, dashboard), which Podium does not run"
 _NO_PLASMA = "Podium has no shared object store: a value is held by the process that made it"
-_STREAMING = "return a list from one call (streaming generators are not provided)"
+_RETURNS = ("N refs, one per item of the returned tuple or list; 'streaming' (a generator's default, as Ray): an "
+            "ObjectRefGenerator whose refs come as the generator yields; 'dynamic' is refused (use 'streaming')")
+_BACKPRESSURE = ("a streaming call's items held at the worker and not yet taken: its generator waits at its yield "
+                 "beyond this many (default 1024; -1, Ray's 'no bound': 65,536)")
+_PER_YIELD = "yield one item at a time (each yield is one ref)"
 
 #: ``ray.init``.
 INIT: dict[str, Answer] = {
@@ -144,9 +148,9 @@ TASK: dict[str, Answer] = {
     "max_retries": _ok("a task whose worker died runs again, up to N times (default 3, as Ray; -1: no limit)",
                        probe=3),
     "retry_exceptions": _ok("a task that raised (any, or these classes) runs again within max_retries"),
-    "num_returns": _ok("N refs, one per item of the returned tuple or list; 'streaming' is refused", probe=2),
-    "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
-    "_num_objects_per_yield": _no(_STREAMING, probe=2),
+    "num_returns": _ok(_RETURNS, probe=2),
+    "_generator_backpressure_num_objects": _ok(_BACKPRESSURE, probe=2),
+    "_num_objects_per_yield": _no(_PER_YIELD, probe=2, defaults=(None, 1)),
 }
 
 #: ``@ray.remote`` / ``.options`` on a class.
@@ -166,7 +170,8 @@ ACTOR: dict[str, Answer] = {
     "allow_out_of_order_execution": _no("max_concurrency > 1, or async methods", defaults=(None, False)),
     "enable_tensor_transport": _moot(
         "tensors travel through Podium's data path (see the RDT note below)"),
-    "_actor_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
+    "_actor_generator_backpressure_num_objects": _no("_generator_backpressure_num_objects on each streaming call",
+                                                     probe=2, defaults=(None, -1)),
 }
 
 #: ``ray.util.placement_group``.
@@ -185,13 +190,13 @@ PLACEMENT_GROUP: dict[str, Answer] = {
 
 #: ``@ray.method``.
 METHOD: dict[str, Answer] = {
-    "num_returns": _ok("N refs, one per item of the returned tuple or list; 'streaming' is refused", probe=2),
+    "num_returns": _ok(_RETURNS, probe=2),
     "concurrency_group": _ok("the method runs in that group of its actor's concurrency_groups", probe="io"),
     "max_task_retries": _ok("this call is sent again after the actor's restart, up to N times", probe=2),
     "retry_exceptions": _ok("this call is sent again when it raised (any, or these classes), within "
                             "max_task_retries"),
-    "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
-    "_num_objects_per_yield": _no(_STREAMING, probe=2),
+    "_generator_backpressure_num_objects": _ok(_BACKPRESSURE, probe=2),
+    "_num_objects_per_yield": _no(_PER_YIELD, probe=2, defaults=(None, 1)),
     "enable_task_events": _moot("Ray's task events feed its dashboard; Podium's timeline records every call",
                                 probe=False),
     "tensor_transport": _moot("tensors travel through Podium's data path (see the RDT note below)",
@@ -201,13 +206,13 @@ METHOD: dict[str, Answer] = {
 #: ``handle.method.options(...)``: one call's options.
 METHOD_CALL: dict[str, Answer] = {
     "name": _moot("a call's name is only a label in Ray's dashboard", probe="c"),
-    "num_returns": _ok("N refs, one per item of the returned tuple or list; 'streaming' is refused", probe=2),
+    "num_returns": _ok(_RETURNS, probe=2),
     "max_task_retries": _ok("this call is sent again after the actor's restart, up to N times", probe=2),
     "retry_exceptions": _ok("this call is sent again when it raised (any, or these classes), within "
                             "max_task_retries"),
     "concurrency_group": _ok("this call runs in that group of its actor's concurrency_groups", probe="io"),
-    "_generator_backpressure_num_objects": _no(_STREAMING, probe=2),
-    "_num_objects_per_yield": _no(_STREAMING, probe=2),
+    "_generator_backpressure_num_objects": _ok(_BACKPRESSURE, probe=2),
+    "_num_objects_per_yield": _no(_PER_YIELD, probe=2, defaults=(None, 1)),
     "enable_task_events": _moot("Ray's task events feed its dashboard; Podium's timeline records every call",
                                 probe=False),
     "tensor_transport": _moot("tensors travel through Podium's data path (see the RDT note below)",

@@ -153,6 +153,46 @@ class DescribeResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class MethodReturnsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class StreamBuffersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKER_ID_FIELD_NUMBER: _builtins.int
     RANK_FIELD_NUMBER: _builtins.int
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
@@ -166,6 +206,8 @@ class DescribeResponse(_message.Message):
     STATS_FIELD_NUMBER: _builtins.int
     SHM_DOMAIN_FIELD_NUMBER: _builtins.int
     METHOD_STATS_FIELD_NUMBER: _builtins.int
+    METHOD_RETURNS_FIELD_NUMBER: _builtins.int
+    STREAM_BUFFERS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id given by the scheduler."""
     rank: _builtins.int
@@ -211,6 +253,18 @@ class DescribeResponse(_message.Message):
         /metrics (podium_method_call_seconds, podium_method_*_bytes_total).
         """
 
+    @_builtins.property
+    def method_returns(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """num_returns of the hosted class's methods that return other than one ref, at most
+        1,000: N for ray.method(num_returns=N), -1 for a stream (num_returns="streaming", or a
+        generator or async generator method); so a handle from get_actor calls them as the
+        owner's handle does. Empty until constructed.
+        """
+
+    @_builtins.property
+    def stream_buffers(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """_generator_backpressure_num_objects of the streaming methods that name one."""
+
     def __init__(
         self,
         *,
@@ -227,10 +281,12 @@ class DescribeResponse(_message.Message):
         stats: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         shm_domain: _builtins.str = ...,
         method_stats: _abc.Iterable[Global___MethodStats] | None = ...,
+        method_returns: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        stream_buffers: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "method_stats", b"method_stats", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "shm_domain", b"shm_domain", "stats", b"stats", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_port", b"call_port", "class_name", b"class_name", "constructed", b"constructed", "hostname", b"hostname", "method_returns", b"method_returns", "method_stats", b"method_stats", "methods", b"methods", "node_address", b"node_address", "pid", b"pid", "rank", b"rank", "shm_domain", b"shm_domain", "stats", b"stats", "stream_buffers", b"stream_buffers", "worker_id", b"worker_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

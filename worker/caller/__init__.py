@@ -7,6 +7,8 @@
 - :mod:`~podium.worker.caller.pendingcalls`: the book of calls in flight and the ``Sink``
   their outcomes settle.
 - :mod:`~podium.worker.caller.replydecoder`: reply frames back into values.
+- :mod:`~podium.worker.caller.streaming`: the hidden method names and bounds of a streaming
+  call (``num_returns="streaming"``), shared with the worker host.
 
 The controller uses it for its workers, and a worker for its peers (arguments fetched from
 another worker). Importing it loads grpc; ``podium.worker`` itself stays light.

@@ -11,6 +11,7 @@
 - :mod:`~podium.worker.host.execthread`: the thread that runs user methods in call order;
   :mod:`~podium.worker.host.invoke`: running one there and packaging what it returned.
 - :mod:`~podium.worker.host.heldstore`: results held for ``blocking=False`` callers.
+- :mod:`~podium.worker.host.itemstreams`: streaming calls, their items held as yielded.
 - :mod:`~podium.worker.host.objectstore`: values held for ``put`` (a worker's own, or a
   controller's store with a server of its own): :func:`object_store`, the one function of
   the host that the controller calls.

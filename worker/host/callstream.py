@@ -29,6 +29,7 @@ from podium.worker.host.activecall import ActiveCall
 from podium.worker.host.admission import Declined
 from podium.worker.host.completion import CallCompletion
 from podium.worker.host.directcalls import DirectReader
+from podium.worker.host.itemstreams import current_connection
 from podium.worker.host.results import Outcome
 from podium.worker.host.runtime import HostRuntime
 
@@ -77,6 +78,7 @@ class CallStream:
     async def run(self) -> None:
         """Read frames until the client ends the stream, let calls in flight answer, then clean up."""
         held = False
+        current_connection.set(self)  # (the streams this connection reads close with it)
         try:
             async for frame in self.conn.frames():
                 if type(frame) is BulkFrame:
@@ -110,6 +112,7 @@ class CallStream:
             if held:
                 self.host.exec_thread.hold_prompt(False)
             self._drop_incoming()  # unfinished payloads go now, not at a later collection
+            self.host.streams.connection_ended(self)
             for active in list(self.active.values()):
                 if active.job is not None:
                     self.host.exec_thread.cancel(active.job)
@@ -159,7 +162,8 @@ class CallStream:
         host = self.host
         thread = host.exec_thread
         # (Calls of this stream still queued on the thread run before it reads: in order.)
-        if self.incoming or self._declined or thread.has_reader or not host.admission.in_order_now():
+        if (self.incoming or self._declined or thread.has_reader or thread.holds_reads
+                or not host.admission.in_order_now()):
             return
         reader = self._reader
         if reader is None:
@@ -167,7 +171,8 @@ class CallStream:
         sock = self.conn.carrier.loan.lend_reads(reader.recall)
         if sock is not None:
             reader.start(sock)
-            thread.lend(reader)
+            if not thread.lend(reader):  # a streaming call began meanwhile: the loop keeps reading
+                reader.let_go()
 
     def take_back(self, frames: list, decoded: Any, data: bytes) -> None:
         """The execution thread stopped reading (on the loop): ``frames`` and then ``data``

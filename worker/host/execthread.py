@@ -12,6 +12,7 @@ socket and on a wake-up pipe that :meth:`ExecutionThread.submit` writes to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -67,6 +68,8 @@ class ExecutionThread:
         # A reader lent this thread's idle time (directcalls.DirectReader), and the pipe that
         # wakes the thread from its poll() when a job comes (written only while _polling).
         self._reader: Any = None
+        # Jobs running that keep every socket read by the loop meanwhile (reads_on_loop).
+        self._holding = 0
         self._polling = False
         self._wake_soon = False
         self.wake_fd, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -144,13 +147,39 @@ class ExecutionThread:
         """True while a reader has this thread's idle time (see :meth:`lend`)."""
         return self._reader is not None
 
-    def lend(self, reader: Any) -> None:
+    def lend(self, reader: Any) -> bool:
         """Give ``reader`` this thread's idle time (on the loop; see the module docstring):
         whenever no job is queued, the thread calls ``reader.serve(idle)``, which serves its
         socket (waiting on it and on :attr:`wake_fd`) while ``idle()`` says no job is queued,
-        then returns; ``reader.let_go()`` hands the socket back (it calls :meth:`release` first)."""
-        self._reader = reader
+        then returns; ``reader.let_go()`` hands the socket back (it calls :meth:`release` first).
+        False (nothing lent) while a job holds the reads on the loop (:meth:`reads_on_loop`)."""
+        with self._lock:
+            if self._holding:
+                return False
+            self._reader = reader
         self._queue.put(_SERVE)
+        return True
+
+    @property
+    def holds_reads(self) -> bool:
+        """True while a running job keeps the sockets read by the loop (:meth:`reads_on_loop`)."""
+        return self._holding > 0
+
+    @contextlib.contextmanager
+    def reads_on_loop(self):
+        """On this thread, around a job that runs long and needs calls read meanwhile (a
+        streaming call's generator, whose caller's next calls come on the same socket): the
+        socket lent to this thread goes back to the loop, and none is lent until it ends."""
+        with self._lock:
+            self._holding += 1
+            reader = self._reader
+        try:
+            if reader is not None:
+                reader.let_go()
+            yield
+        finally:
+            with self._lock:
+                self._holding -= 1
 
     def release(self) -> None:
         """The reader lets go (on this thread), before it hands its socket back."""

@@ -19,6 +19,7 @@ from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
 from podium.worker.actorshell import GROUP_CALL, READY_CALL, construct, set_host_loop
+from podium.worker.caller.streaming import STREAM_CLOSE_CALL, STREAM_NEXT_CALL
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission, Declined
 from podium.worker.host.completion import CallBook
@@ -27,6 +28,7 @@ from podium.worker.host.decodeonce import DecodeFailed
 from podium.worker.host.execthread import ExecutionThread
 from podium.worker.host.heldstore import HeldStore
 from podium.worker.host.invoke import SyncInvoker
+from podium.worker.host.itemstreams import StreamCalls
 from podium.worker.host.methodstats import MethodTable
 from podium.worker.host.results import Outcome, call_error, close_names, remote_error
 
@@ -36,6 +38,9 @@ __all__ = ["HostRuntime"]
 MAX_CONSTRUCT_ERROR = 4000
 
 log = logging.getLogger("podium.worker.host")
+
+#: The host's own async calls, whose Podium errors reach the caller as they are.
+_HOST_CALLS = frozenset({FETCH_CALL, STREAM_NEXT_CALL, STREAM_CLOSE_CALL})
 
 
 async def _ready() -> bool:
@@ -99,6 +104,10 @@ class HostRuntime:
         self._method_info: dict[str, tuple[bool, bool]] = {}
         self._hostname = socket.gethostname()
         self._shm_domain = shm.domain()
+        self._returns: dict[str, tuple[int, int | None]] | None = None  # (declared_returns, once built)
+        #: Streaming calls' items (num_returns="streaming"): podium.worker.host.itemstreams.
+        self.streams = StreamCalls(self._loop, self.hold_value, self.held.release, config.rank,
+                                   config.node_address, self.exec_thread.reads_on_loop)
 
     # ---------------------------------------------------------------- helpers
 
@@ -162,6 +171,8 @@ class HostRuntime:
         if not name or name.startswith("__"):
             if name == READY_CALL:  # (here, not above: dunder names only pay for it)
                 return _ready, True, False
+            if name.startswith("__podium_stream"):  # a streaming call, or its next or close
+                return self.streams.lookup(name, self.lookup, obj)
             raise errors.UnknownMethodError(f"{self._class_name} has no callable method {name!r}",
                                             details={"method": name})
         try:
@@ -214,6 +225,7 @@ class HostRuntime:
                 f"got {type(value).__name__}")
         cls_ref, args, kwargs = value
         cls = resolve_class(cls_ref)
+        self._returns = _declared_of(cls, args)  # (Describe tells it while the constructor runs)
         self._class_name = f"{cls.__module__}.{cls.__qualname__}"
         try:
             obj = construct(cls, tuple(args), dict(kwargs))  # an async def __init__ is awaited on the loop
@@ -312,13 +324,14 @@ class HostRuntime:
             except Exception as exc:  # noqa: BLE001 - user code
                 if started:
                     RING.add("run", header.method, started, now_ns(), header.trace_id, ok=False)
-                if header.method == FETCH_CALL and isinstance(exc, errors.PodiumError):
-                    raise  # the store's own error (NotFound, OutOfRange), as the Fetch RPC says it
+                if isinstance(exc, errors.PodiumError) and header.method in _HOST_CALLS:
+                    raise  # the host's own error (NotFound, OutOfRange; a stream's end or item error)
                 raise call_error(fn, args, kwargs, exc, self.config.rank, self.config.node_address) from None
             if started:
                 RING.add("run", header.method, started, now_ns(), header.trace_id)
             value = args = kwargs = decoded = payload = None  # the arguments die before the reply
-            outcome = self.invoker.package(result, header, active.stream.conn)
+            # (The host's own async calls may answer with a packaged result: a stream's next item.)
+            outcome = result if type(result) is Outcome else self.invoker.package(result, header, active.stream.conn)
         active.bytes_out = outcome.nbytes
         await active.stream.send_outcome(active.call_id, outcome)
 
@@ -367,12 +380,29 @@ class HostRuntime:
                     materialize_futures=bool(row.get("materialize_futures", True)),
                     is_async=bool(row.get("is_async", False)), registered=bool(row.get("registered")),
                     dispatch_payload=payload))
+        returns = self._declared_returns()
         return worker_pb2.DescribeResponse(
+            method_returns={name: n for name, (n, _) in returns.items()},
+            stream_buffers={name: bound for name, (_, bound) in returns.items() if bound is not None},
             worker_id=self.config.worker_id, rank=self.config.rank, world_size=self.config.world_size,
             pid=os.getpid(), class_name=self._class_name, constructed=self.construct_state == "done",
             methods=methods, node_address=self.config.node_address, hostname=self._hostname,
             shm_domain=self._shm_domain,
             call_port=self.call_port, stats=self.stats_now(), method_stats=self.methods.to_proto())
+
+    def _declared_returns(self) -> dict[str, tuple[int, int | None]]:
+        """What the hosted class's methods return other than one ref (found once it is built)."""
+        if self._returns is None:
+            if self._obj is None:
+                return {}
+            from podium.worker.caller.streaming import declared_returns
+
+            hosted = self._obj.__dict__.get("_podium_actor", self._obj) if hasattr(self._obj, "__dict__") else self._obj
+            try:
+                self._returns = declared_returns(type(hosted))
+            except Exception:  # noqa: BLE001 - a class whose attributes cannot be read: none declared
+                self._returns = {}
+        return self._returns
 
     def stats_now(self) -> dict:
         """The counters, with every finished call counted (a copy; see ``CallBook.stats_now``)."""
@@ -425,3 +455,20 @@ class HostRuntime:
         """Stop taking work; a running user call is left to finish on its own thread."""
         self.exec_thread.stop()
         self.held.clear()
+
+
+def _declared_of(cls: Any, args: Any) -> dict[str, tuple[int, int | None]]:
+    """``declared_returns`` of the user's class inside the wrappers an owner sends
+    (``WithProcessEnv(env, cls, args, kwargs)``, ``ActorShell(cls, ...)``); {} when unknown."""
+    from podium.worker.actorshell import ActorShell
+    from podium.worker.caller.streaming import declared_returns
+    from podium.worker.processenv import WithProcessEnv
+
+    if cls is WithProcessEnv and len(args) >= 3:
+        cls, args = args[1], args[2]
+    if cls is ActorShell and args:
+        cls = args[0]
+    try:
+        return declared_returns(cls) if isinstance(cls, type) else {}
+    except Exception:  # noqa: BLE001 - a class whose attributes cannot be read: none declared
+        return {}

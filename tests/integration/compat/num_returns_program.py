@@ -61,7 +61,7 @@ for refs, text in ((pair.wrong.options(num_returns=2).remote(), "num_returns=2 b
             assert text in str(exc), str(exc)
         else:
             raise AssertionError(f"{text!r} was not raised")
-for bad in (0, -1, 2000, "streaming", 1.5):
+for bad in (0, -1, 2000, "dynamic", 1.5):
     try:
         three.options(num_returns=bad)
     except (ValueError, NotImplementedError):

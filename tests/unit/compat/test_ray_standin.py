@@ -326,6 +326,59 @@ def test_num_returns_is_bounded_and_refused_on_actor_creation():
         with pytest.raises(InvalidArgumentError):
             parse_options({"num_returns": bad}, actor=False)
     with pytest.raises(NotImplementedError, match="streaming"):
-        parse_options({"num_returns": "streaming"}, actor=False)
+        parse_options({"num_returns": "dynamic"}, actor=False)
     with pytest.raises(InvalidArgumentError, match="actor methods"):
         parse_options({"num_returns": 2}, actor=True)
+
+
+def test_streaming_options_are_checked_and_bounded():
+    from podium.controller.remote.streams import STREAMING, Streaming
+    from podium.worker.caller.streaming import DEFAULT_BUFFER, MAX_BUFFER, check_buffer
+
+    assert parse_options({"num_returns": "streaming"}, actor=False).num_returns is STREAMING
+    assert parse_options({}, actor=False).num_returns is None  # Ray's default: decided by the function
+    given = parse_options({"num_returns": "streaming", "_generator_backpressure_num_objects": 2}, actor=False)
+    assert given.backpressure == 2
+    assert (check_buffer(None), check_buffer(-1), check_buffer(5)) == (DEFAULT_BUFFER, MAX_BUFFER, 5)
+    for bad in (0, -2, MAX_BUFFER + 1, 1.5, True, "2"):
+        with pytest.raises(InvalidArgumentError, match="_generator_backpressure_num_objects"):
+            parse_options({"_generator_backpressure_num_objects": bad}, actor=False)
+        with pytest.raises(InvalidArgumentError):
+            Streaming(bad)
+    with pytest.raises(InvalidArgumentError, match="actor methods"):
+        parse_options({"num_returns": "streaming"}, actor=True)
+    with pytest.raises(NotImplementedError, match="one item at a time"):
+        parse_options({"_num_objects_per_yield": 2}, actor=False)
+    assert parse_options({"_num_objects_per_yield": 1}, actor=False).num_returns is None
+
+
+def test_what_a_class_declares_its_methods_return():
+    from podium.compat.ray import method
+    from podium.controller.remote.streams import Streaming, method_returns
+    from podium.worker.caller.streaming import STREAMING_RETURNS, declared_returns
+
+    class Declares:
+        def one(self):
+            return 1
+
+        def gen(self):
+            yield 1
+
+        async def agen(self):
+            yield 1
+
+        @method(num_returns=2)
+        def two(self):
+            return 1, 2
+
+        @method(num_returns="streaming", _generator_backpressure_num_objects=3)
+        def bounded(self):
+            return iter(())
+
+        @method(num_returns=1)
+        def gen_as_one(self):
+            yield 1
+
+    assert declared_returns(Declares) == {"gen": (STREAMING_RETURNS, None), "agen": (STREAMING_RETURNS, None),
+                                          "two": (2, None), "bounded": (STREAMING_RETURNS, 3)}
+    assert method_returns(Declares) == {"gen": Streaming(), "agen": Streaming(), "two": 2, "bounded": Streaming(3)}

@@ -28,6 +28,7 @@ from podium.compat import nativeverl as _nativeverl
 from podium.compat import ray as _compat
 from podium.compat.ray import (
     ObjectRef,
+    ObjectRefGenerator,
     available_resources,
     cancel,
     cluster_resources,
@@ -47,7 +48,7 @@ from podium.compat.ray import (
 from podium.compat.standin import NotProvidedFinder as _NotProvidedFinder
 from podium.compat.raycontext import LOCAL_MODE, RESTORE_WORKER_MODE, SCRIPT_MODE, SPILL_WORKER_MODE, WORKER_MODE
 from podium.compat.standin import remote, timeline
-from ray import _private, actor, cloudpickle, exceptions, experimental, util
+from ray import _private, _raylet, actor, cloudpickle, exceptions, experimental, util
 from ray import runtime_env  # noqa: E402 - ray.runtime_env.RuntimeEnv
 
 # Last on the meta path: it answers only for ray.* modules no other finder found.
@@ -67,11 +68,13 @@ __version__ = "2.49.0"
 __all__ = [
     "LOCAL_MODE",
     "ObjectRef",
+    "ObjectRefGenerator",
     "RESTORE_WORKER_MODE",
     "SCRIPT_MODE",
     "SPILL_WORKER_MODE",
     "WORKER_MODE",
     "_private",
+    "_raylet",
     "actor",
     "available_resources",
     "cancel",
