@@ -357,6 +357,10 @@ class CallStream:
             fn, decoded = host.admission.admit(header, payload)
             if fn is not None:  # (admitted to run at once: nothing to materialize, not async)
                 decoded = Declined(decoded, (fn, False, False))
+        if header.kind == _CALL and host.construct_state == "none":
+            active = ActiveCall(call_id, header, self, None)
+            self.spawn(active, self.guard(active, self.after_construct(active, payload, decoded)))
+            return
         gates = host.admission.reserve_gate()
         active = ActiveCall(call_id, header, self, gates)
         if header.kind == _CONSTRUCT:
@@ -365,11 +369,18 @@ class CallStream:
                 self.spawn(active, self.send_error(call_id, errors.FailedPreconditionError(
                     "this worker already has an object (CONSTRUCT runs once)")))
                 return
-            host.construct_state = "pending"
+            host.begin_construct()
             body = host.run_construct(active, payload)
         else:
             body = host.run_call(active, payload, decoded)
         self.spawn(active, self.guard(active, body))
+
+    async def after_construct(self, active: ActiveCall, payload: Any, decoded: Any) -> None:
+        """A CALL that came before any CONSTRUCT: started, in arrival order, behind the
+        CONSTRUCT once it is here (or refused by ``run_call``'s precondition after the wait)."""
+        await self.host.construct_arrival()
+        active.gates = self.host.admission.reserve_gate()
+        await self.host.run_call(active, payload, decoded)
 
     def spawn(self, active: ActiveCall, coro) -> None:
         """Run ``coro`` as ``active``'s task."""

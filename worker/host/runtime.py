@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -34,6 +35,9 @@ from podium.worker.host.results import Outcome, call_error, close_names, remote_
 
 __all__ = ["HostRuntime"]
 
+#: Longest a call waits for its actor's CONSTRUCT to arrive (the owner sends it right after
+#: the worker started; get_actor waits as long for a handle's description).
+CONSTRUCT_WAIT = 60.0
 #: The most characters of a failed constructor's traceback that later calls' errors repeat.
 MAX_CONSTRUCT_ERROR = 4000
 
@@ -98,6 +102,9 @@ class HostRuntime:
         self._class_name = ""
         self.construct_state = "none"  # none | pending | done | failed
         self._construct_done: asyncio.Future = self._loop.create_future()
+        self._construct_arrived = asyncio.Event()
+        #: Calls waiting for the CONSTRUCT to arrive (:meth:`construct_arrival`).
+        self.waiting_for_construct = 0
         self._construct_error = ""
         #: When a call may start, in which order, and what can still stop it.
         self.admission = CallAdmission(self, self._loop)
@@ -263,6 +270,22 @@ class HostRuntime:
         self._construct_done.set_result(True)
         log.info("constructed %s (rank %d)", self._class_name, self.config.rank)
         await active.stream.send_outcome(active.call_id, Outcome(segments=codec.encode(None).to_segments()))
+
+    def begin_construct(self) -> None:
+        """A CONSTRUCT arrived (its gate reserved): calls waiting for it may start."""
+        self.construct_state = "pending"
+        self._construct_arrived.set()
+
+    async def construct_arrival(self) -> None:
+        """Until a CONSTRUCT arrived, at most CONSTRUCT_WAIT seconds: a handle passed to
+        another process can call before the owner's CONSTRUCT is here (Ray queues such calls
+        until the actor exists). After the bound the call gets the precondition error."""
+        self.waiting_for_construct += 1
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._construct_arrived.wait(), CONSTRUCT_WAIT)
+        finally:
+            self.waiting_for_construct -= 1
 
     def precondition_for_call(self) -> None:
         """FailedPreconditionError unless a constructor ran or is queued."""

@@ -11,6 +11,7 @@ import torch
 
 from podium import codec, errors
 from podium.v1 import worker_pb2, worker_pb2_grpc
+from podium.worker.host import runtime
 from podium.worker.caller.client import prepare
 
 from tests.support.hostkit import Echo, hosted
@@ -64,11 +65,24 @@ def test_ray_call_escape_hatch_runs_a_function_on_the_object(token, arun):
     arun(scenario())
 
 
-def test_call_before_construct_is_a_precondition_error(token, arun):
+def test_a_call_with_no_construct_coming_is_a_precondition_error(token, arun, monkeypatch):
+    monkeypatch.setattr(runtime, "CONSTRUCT_WAIT", 0.2)  # (60 s by default)
     async def scenario():
         async with hosted(token, construct=False) as (_, client):
             with pytest.raises(errors.FailedPreconditionError, match="CONSTRUCT"):
                 await client.call("echo", (1,))
+    arun(scenario())
+
+
+def test_a_call_that_comes_before_the_construct_runs_after_it(token, arun):
+    """A handle passed to another process may call before the owner's CONSTRUCT is here."""
+    async def scenario():
+        async with hosted(token, construct=False) as (host, client):
+            early = [asyncio.ensure_future(client.call("echo", (i,))) for i in range(3)]
+            await eventually_async(lambda: host.runtime.waiting_for_construct == 3, "the early calls waiting")
+            assert not any(f.done() for f in early)
+            await client.construct((Echo, (), {"tag": "t"}))
+            assert await asyncio.gather(*early) == [0, 1, 2]
     arun(scenario())
 
 
