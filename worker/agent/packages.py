@@ -21,7 +21,6 @@ packages, least recently used first) never removes one in use.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -33,7 +32,7 @@ import time
 from typing import BinaryIO, Mapping
 
 from podium.private import private_dir
-from podium.worker.agent.pipenv import SETUP_SECONDS, SetupFailed, open_lock
+from podium.worker.agent.pipenv import SETUP_SECONDS, SetupFailed, evict_unused, open_lock
 from podium.zippackage import MAX_PACKAGE_BYTES, unpack
 
 __all__ = ["CACHE_DIR", "MAX_PACKAGES", "is_uri", "cache_key", "fetch"]
@@ -114,35 +113,6 @@ def _download(uri: str, staged: pathlib.Path, env: Mapping[str, str]) -> None:
             raise SetupFailed(f"{uri}: Podium fetches gcs:// and https:// packages only")
 
 
-def _evict(folder: pathlib.Path, keep: str, limit: int) -> None:
-    """Remove the least recently used packages beyond ``limit - 1`` that no worker uses."""
-    keys = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != keep]
-    excess = len(keys) - limit + 1
-
-    def used_at(key: str) -> float:
-        with contextlib.suppress(OSError):
-            return (folder / f"{key}.ready").stat().st_mtime
-        return 0.0
-
-    for key in sorted(keys, key=used_at):
-        if excess <= 0:
-            return
-        lock = folder / f"{key}.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue  # in use
-        try:
-            (folder / f"{key}.ready").unlink(missing_ok=True)
-            shutil.rmtree(folder / key, ignore_errors=True)
-            lock.unlink(missing_ok=True)
-            excess -= 1
-        finally:
-            os.close(fd)
-
-
 def fetch(cache: str | os.PathLike, uri: str, env: Mapping[str, str] | None = None,
           limit: int = MAX_PACKAGES) -> tuple[str, int]:
     """``(folder, fd)``: where ``uri`` is unpacked on this node (fetched first if needed), and a
@@ -161,7 +131,7 @@ def fetch(cache: str | os.PathLike, uri: str, env: Mapping[str, str] | None = No
     try:
         if not ready.exists():
             shutil.rmtree(target, ignore_errors=True)
-            _evict(folder, key, limit)
+            evict_unused(folder, key, limit, lambda entry: entry.parent / f"{entry.name}.ready")
             staged = folder / f".{key}.{os.getpid()}.zip"
             started = time.monotonic()
             try:

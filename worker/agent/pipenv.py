@@ -37,7 +37,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from podium.private import private_dir
 
@@ -156,17 +156,17 @@ def _build(target: pathlib.Path, pip: Mapping[str, Any]) -> None:
         _run([python, "-m", "pip", "check"], "pip check", deadline)
 
 
-def _evict(cache: pathlib.Path, keep: str, limit: int) -> None:
-    """Remove the least recently used sets beyond ``limit - 1`` (room for ``keep``) that no
-    worker uses and nobody is making (their lock is free)."""
+def evict_unused(cache: pathlib.Path, keep: str, limit: int,
+                 marker: Callable[[pathlib.Path], pathlib.Path]) -> None:
+    """Remove the least recently used entries (folders) of ``cache`` beyond ``limit - 1`` (room
+    for ``keep``) that no worker uses and nobody is making (their lock is free). ``marker`` is
+    an entry's ready file, whose time is its last use; an entry without one goes first."""
     folders = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != keep]
-    if len(folders) < limit:
-        return
 
     def used_at(folder: pathlib.Path) -> float:
         with contextlib.suppress(OSError):
-            return (folder / READY_NAME).stat().st_mtime
-        return 0.0  # half made: first to go
+            return marker(folder).stat().st_mtime
+        return 0.0  # half made
 
     excess = len(folders) - limit + 1
     for folder in sorted(folders, key=used_at):
@@ -180,6 +180,7 @@ def _evict(cache: pathlib.Path, keep: str, limit: int) -> None:
             os.close(fd)
             continue  # in use
         try:
+            marker(folder).unlink(missing_ok=True)
             shutil.rmtree(folder, ignore_errors=True)
             lock.unlink(missing_ok=True)  # waiters reopen (see open_lock)
             excess -= 1
@@ -213,7 +214,7 @@ def ensure(cache: str | os.PathLike, pip: Mapping[str, Any], limit: int = MAX_EN
     with _exclusive(lock) as fd:
         if not (target / READY_NAME).exists():  # nobody made it while we waited
             shutil.rmtree(target, ignore_errors=True)  # a maker that died mid-way
-            _evict(folder, key, limit)
+            evict_unused(folder, key, limit, lambda entry: entry / READY_NAME)
             try:
                 _build(target, pip)
             except BaseException:
