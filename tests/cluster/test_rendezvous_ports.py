@@ -12,6 +12,7 @@ from podium.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from podium.worker import Dispatch, Worker, register
 from podium.worker.agent.ports import ephemeral_range
 from tests.support.clusters import TWO_NODES, controller_cluster
+from tests.support.proctable import listeners
 from tests.support import portthief
 
 torch = pytest.importorskip("torch")
@@ -81,21 +82,6 @@ class Listens(Worker):
                  "t = torch.ones(1); dist.all_reduce(t); dist.destroy_process_group(); print(t.item())\n")
         done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
         return done.returncode, done.stdout.strip(), done.stderr[-2000:]
-
-
-def listeners(port: int) -> list[str]:
-    """The addresses a socket listens on at ``port`` in this network namespace (/proc/net/tcp*)."""
-    import socket
-    found = []
-    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        with open(f"/proc/net/{name}") as table:
-            for line in table.read().splitlines()[1:]:
-                fields = line.split()
-                address, hex_port = fields[1].split(":")
-                if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                    raw = bytes.fromhex(address)  # 32-bit words, each in host (little-endian) order
-                    found.append(socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
-    return found
 
 
 def free_odd_port(addresses) -> int:

@@ -1,4 +1,5 @@
-"""The process table as tests read it (Linux /proc): who is alive, who belongs to whom.
+"""The process table as tests read it (Linux /proc): who is alive, who belongs to whom, and
+which addresses listen on a port.
 
 One reader of ``/proc/<pid>/stat`` for every test layer. A zombie counts as dead: it has
 exited and only waits for its parent to reap it.
@@ -7,6 +8,7 @@ exited and only waits for its parent to reap it.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 
 
@@ -55,4 +57,19 @@ def descendants(roots: set[int]) -> set[int]:
             if child not in found:
                 found.add(child)
                 todo.append(child)
+    return found
+
+
+def listeners(port: int) -> list[str]:
+    """The addresses a socket listens on at ``port`` in this network namespace (the IPv4 and
+    IPv6 tables of /proc/net)."""
+    found = []
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        with open(f"/proc/net/{name}") as table:
+            for line in table.read().splitlines()[1:]:
+                fields = line.split()
+                address, hex_port = fields[1].split(":")
+                if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)  # 32-bit words, each in host (little-endian) order
+                    found.append(socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
     return found

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from podium.worker import masterstore
+from tests.support.proctable import listeners
 from tests.support.waiting import REPO
 
 pytest.importorskip("torch")
@@ -47,20 +48,6 @@ for _ in range(3):
         time.sleep(1)  # the next call starts once every rank has left (as WorkerGroup calls do)
 print(json.dumps(out))
 """
-
-
-def listeners(port: int) -> list[str]:
-    """Addresses listening on ``port`` here (IPv4 and IPv6 tables of /proc/net)."""
-    found = []
-    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        with open(f"/proc/net/{name}") as table:
-            for line in table.read().splitlines()[1:]:
-                fields = line.split()
-                address, hex_port = fields[1].split(":")
-                if fields[3] == "0A" and int(hex_port, 16) == port:
-                    raw = bytes.fromhex(address)
-                    found.append(socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
-    return found
 
 
 def test_rank_0_serves_env_init_on_the_inherited_socket_only(tmp_path):
