@@ -10,6 +10,12 @@ Usage: python tools/framework_entry.py CHECKOUT --framework roll|slime [--keep] 
   no cluster given: ROLL's launcher runs ``ray start --head`` (Podium's ``ray`` command) on a
   free port, joins it, follows its workers' logs with its ``LogMonitor`` subclass, and builds
   its pipeline.
+* slime: ``train.py`` with a tiny offline Llama, four prompts and Megatron arguments at the same
+  size, training and rollout colocated on one fake GPU (``podium run --num-gpus 1``), Megatron-LM
+  on ``PYTHONPATH`` (the caller's): it creates its placement group, its GPU-id probe actors, its
+  rollout manager and its SGLang engine actors (fractional GPUs in the bundle, with
+  ``RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES``). No ``--probe-cuda`` here: Megatron-LM queries the
+  device's capability at import when torch reports CUDA.
 
 Prints ``REACHED <file>:<line>: <code> -> <error>`` for the deepest line of the framework's code
 in the last traceback the run printed (a remote one where the error came from an actor), then
@@ -66,11 +72,35 @@ def prepare_roll(checkout: Path, work: Path) -> tuple[list[str], dict[str, str],
     return [sys.executable, str(entry), "--config_path", rel, "--config_name", "rlvr_tiny"], env, ["--num-cpus", "16"]
 
 
+def prepare_slime(checkout: Path, work: Path) -> tuple[list[str], dict[str, str], list[str]]:
+    """slime's ``train.py``: a tiny Llama, four prompts, Megatron arguments at the smallest size, one
+    colocated GPU for training and rollout; the command, its env, podium run's flags."""
+    from podium.rollout.recipes.tinymodel import build_tiny_llama
+
+    model = build_tiny_llama(work / "model")
+    with open(work / "prompts.jsonl", "w") as f:
+        for words, answer in (("w1 w2 w3", "3"), ("w4 w5", "2"), ("w6 w7 w8 w9", "4"), ("w10", "1")):
+            f.write(json.dumps({"prompt": words, "label": answer}) + "\n")
+    tiny_megatron = ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads",
+                     "2", "--swiglu", "--normalization", "RMSNorm", "--use-rotary-position-embeddings",
+                     "--disable-bias-linear", "--vocab-size", "32", "--seq-length", "64",
+                     "--max-position-embeddings", "256", "--micro-batch-size", "1",
+                     "--untie-embeddings-and-output-weights", "--norm-epsilon", "1e-6", "--rotary-base", "10000"]
+    slime = ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--hf-checkpoint", model,
+             "--prompt-data", str(work / "prompts.jsonl"), "--input-key", "prompt", "--label-key", "label",
+             "--rm-type", "deepscaler", "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt",
+             "2", "--global-batch-size", "4", "--rollout-max-response-len", "8", "--rollout-num-gpus-per-engine", "1",
+             "--advantage-estimator", "grpo", "--optimizer", "adam", "--lr", "1e-6"]
+    env = {"PODIUM_RAY_DIR": str(work / "ray"), "PODIUM_TOKEN": "framework-entry-" + os.urandom(8).hex()}
+    # One fake GPU: its placement group asks {"GPU": 1, "CPU": 1} per bundle.
+    return [sys.executable, str(checkout / "train.py"), *tiny_megatron, *slime], env, ["--num-cpus", "16", "--num-gpus", "1"]
+
+
 #: ``--probe-cuda N``: torch reports N CUDA devices (tools/framework_configs/cuda_probe).
 CUDA_PROBE = HERE / "framework_configs" / "cuda_probe"
 
 
-PREPARE = {"roll": prepare_roll}
+PREPARE = {"roll": prepare_roll, "slime": prepare_slime}
 
 
 def stop_line(out: str, checkout: Path) -> str:
@@ -94,7 +124,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkout")
     p.add_argument("--framework", choices=sorted(PREPARE), required=True)
-    p.add_argument("--keep", action="store_true", help="keep the work folder (its path is printed)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (its path is printed; run.log holds the "
+                                                         "run's whole output)")
     p.add_argument("--probe-cuda", type=int, default=0, metavar="N",
                    help="torch reports N CUDA devices (is_available, device_count, get_device_name only), so a "
                         "framework that picks its platform from torch takes its GPU path; ray start's node "
@@ -103,13 +134,16 @@ def main() -> int:
     args = p.parse_args()
     if not 1 <= args.timeout <= 3600:
         p.error("--timeout must be in [1, 3600]")
+    if not 0 <= args.probe_cuda <= 64:
+        p.error("--probe-cuda must be in [0, 64]")
+    if args.probe_cuda and args.framework == "slime":
+        p.error("slime runs without --probe-cuda (Megatron-LM queries the device's capability at import when torch "
+                "reports CUDA); its run already offers one fake GPU")
     checkout = Path(args.checkout).resolve()
     work = Path(tempfile.mkdtemp(prefix=f"podium-{args.framework}-"))
     command, extra_env, run_flags = PREPARE[args.framework](checkout, work)
     env = {k: v for k, v in os.environ.items() if k not in ("PODIUM_ADDRESS", "PODIUM_TOKEN_FILE")}
     paths = [str(CUDA_PROBE)] if args.probe_cuda else []
-    if not 0 <= args.probe_cuda <= 64:
-        p.error("--probe-cuda must be in [0, 64]")
     if args.probe_cuda:
         extra_env.update(PODIUM_PROBE_CUDA_DEVICES=str(args.probe_cuda))
         run_flags = [*run_flags, "--num-gpus", str(args.probe_cuda)]
@@ -125,6 +159,7 @@ def main() -> int:
     finally:  # whatever the framework's ray start started stops with the run
         subprocess.run([sys.executable, "-m", "podium.compat.raycli", "stop", "--force"], env=env,
                        capture_output=True, timeout=120)
+    (work / "run.log").write_text(out)  # the whole output, for --keep
     print("\n".join(out.strip().splitlines()[-40:]))
     print(f"REACHED {stop_line(out, checkout)}")
     if args.keep:

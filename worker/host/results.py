@@ -179,6 +179,11 @@ def remote_error(exc: BaseException, rank: int, node: str, skip_frames: int = 1)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(exc, errors.RemoteError) and exc.remote_type:
+        # Another worker's failure this code let through (a nested ray.get) travels as its cause,
+        # as Ray's RayTaskError does ("avoid recursive nesting"): the first raiser's type and
+        # message; the traceback is this process's frames, then the first one's, once.
+        return errors.RemoteError(exc.message, traceback=text, remote_type=exc.remote_type, rank=rank, node=node)
     # A CUDA OOM under a Podium memory cap names the cap (not just torch's numbers).
     message = gpucap.oom_message(exc) or str(exc)
     return errors.RemoteError(message, traceback=text, remote_type=name, rank=rank, node=node)
