@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import signal as _signal
+import sys
 from typing import Any, ClassVar
 
 
@@ -437,11 +438,43 @@ def error_from_fields(type_name: str, message: str, *, traceback: str = "", rank
                       status_name: str = "UNKNOWN") -> PodiumError:
     """Rebuild the exception named ``type_name``; falls back to the class of ``status_name``."""
     cls = CLASS_BY_NAME.get(type_name) or CLASS_OF_STATUS.get(status_name, PodiumError)
+    if cls is RemoteError and details:
+        cls = remote_error_class(details.get("remote_type", ""))
     exc = cls.__new__(cls)
     PodiumError.__init__(exc, message, node=node, rank=rank, details=details)
     if traceback or cls is RemoteError or issubclass(cls, RemoteError):
         exc.traceback = traceback  # type: ignore[attr-defined]  # RemoteError's field
     return exc
+
+
+#: RemoteError classes that are also their remote type, by that type (bounded: see below).
+_DUAL: dict[type, type] = {}
+_MAX_DUAL = 256
+
+
+def remote_error_class(remote_type: str) -> type:
+    """RemoteError, or a subclass of it that is also the raised type (as Ray's
+    ``RayTaskError(ValueError)``), so ``except ValueError`` catches a ValueError raised in a
+    worker. Only a class this process has already imported is used (a name from the wire never
+    imports a module); BaseExceptions that are not Exceptions, the end-of-iteration ones and
+    Podium's own stay plain RemoteErrors."""
+    module, _, qualname = remote_type.rpartition(".")
+    cause: Any = sys.modules.get(module or "builtins")  # a builtin travels unqualified
+    for part in qualname.split(".") if cause is not None and qualname else ():
+        cause = getattr(cause, part, None)
+    if (not isinstance(cause, type) or not issubclass(cause, Exception) or issubclass(cause, PodiumError)
+            or issubclass(cause, (StopIteration, StopAsyncIteration))):
+        return RemoteError
+    dual = _DUAL.get(cause)
+    if dual is None:
+        try:
+            dual = type("RemoteError", (RemoteError, cause), {"__qualname__": f"RemoteError({cause.__qualname__})",
+                                                              "__module__": __name__})
+        except TypeError:  # a layout no subclass can share
+            return RemoteError
+        if len(_DUAL) < _MAX_DUAL:
+            _DUAL[cause] = dual
+    return dual
 
 
 def _rebuild(type_name: str, message: str, node: str, rank: int, details: dict[str, str],

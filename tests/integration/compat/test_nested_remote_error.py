@@ -40,6 +40,16 @@ for ref in (Manager.remote().start.remote(), run_manager.remote()):
         assert text.startswith("RuntimeError in "), text
         assert text.count(", in init\n") == 1, text  # the engine's frame, once
         assert "in start" in text, text  # the manager's own frames are kept
+        assert isinstance(exc, RuntimeError)  # as Ray's RayTaskError(RuntimeError)
+
+@ray.remote
+def bad_value():
+    raise ValueError("caught by type")
+
+try:
+    ray.get(bad_value.remote())
+except ValueError as exc:  # what Ray users write around ray.get
+    assert isinstance(exc, ray.exceptions.RayTaskError) and "caught by type" in str(exc)
 print("NESTED OK")
 """
 

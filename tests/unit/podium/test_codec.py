@@ -280,8 +280,10 @@ def test_podium_errors_round_trip():
     ]
     for exc in cases:
         got = via_bytes(exc)
-        assert type(got) is type(exc) and str(got) == str(exc)
+        # (a RemoteError comes back as also its raised type: podium.errors.remote_error_class)
+        assert isinstance(got, type(exc)) and type(got).__name__ == type(exc).__name__ and str(got) == str(exc)
         assert got.details == exc.details and got.rank == exc.rank and got.node == exc.node
+    assert isinstance(via_bytes(cases[2]), ValueError)
 
 
 @dataclasses.dataclass

@@ -43,8 +43,10 @@ def test_builtin_mixins(exc, builtin):
 def test_subclasses_survive_the_wire_and_pickle(exc):
     # Subclasses travel as their base code plus ErrorInfo.type, so the exact class comes back.
     back = rpc.error_from_info(rpc.error_info_of(exc), errors.status_name_of(exc))
+    # A RemoteError comes back as also its raised type where that class is here (see below).
+    expected = errors.remote_error_class(exc.remote_type) if type(exc) is errors.RemoteError else type(exc)
     for copy in (back, pickle.loads(pickle.dumps(exc))):
-        assert type(copy) is type(exc)
+        assert type(copy) is expected
         assert str(copy) == str(exc)
         assert copy.rank == exc.rank and copy.details == exc.details
 
@@ -62,3 +64,26 @@ def test_foreign_exception_becomes_remote_error():
     fields = errors.error_fields(KeyError("k"))
     exc = errors.error_from_fields(**{k: v for k, v in fields.items() if k != "type"}, type_name=fields["type"])
     assert isinstance(exc, errors.RemoteError) and exc.remote_type == "builtins.KeyError"
+
+
+class _NotImportedHere(Exception):
+    pass
+
+
+@pytest.mark.parametrize("remote_type, also", [
+    ("ValueError", ValueError),  # a worker names builtins unqualified
+    ("builtins.KeyError", KeyError),
+    (f"{__name__}._NotImportedHere", _NotImportedHere),
+])
+def test_a_remote_error_is_also_its_raised_type_when_that_class_is_here(remote_type, also):
+    exc = errors.error_from_fields("RemoteError", "boom", details={"remote_type": remote_type})
+    assert isinstance(exc, errors.RemoteError) and isinstance(exc, also)
+    again = pickle.loads(pickle.dumps(exc))
+    assert isinstance(again, also) and again.remote_type == remote_type and "boom" in str(again)
+
+
+@pytest.mark.parametrize("remote_type", ["nosuchmodule.Error", "builtins.SystemExit", "StopIteration",
+                                         "podium.errors.UnavailableError", "os.path", ""])
+def test_a_remote_type_not_here_or_not_an_exception_stays_a_plain_remote_error(remote_type):
+    exc = errors.error_from_fields("RemoteError", "boom", details={"remote_type": remote_type})
+    assert type(exc) is errors.RemoteError
