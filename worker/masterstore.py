@@ -46,7 +46,7 @@ import threading
 from typing import Any, Callable, Iterator, MutableMapping
 from urllib.parse import urlparse
 
-__all__ = ["LISTEN_FD_ENV", "take_listen_fd", "hold", "release", "held_ports"]
+__all__ = ["LISTEN_FD_ENV", "take_listen_fd", "hold", "release", "take", "held_ports"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,13 @@ def release(port: int) -> bool:
         return False
     sock.close()
     return True
+
+
+def take(port: int) -> socket.socket | None:
+    """The held socket of ``port``, handed over (the caller owns it now, and serves its own
+    store on it: Podium's authenticated one, say); None when none is held."""
+    with _lock:
+        return _held.pop(port, None)
 
 
 def held_ports() -> list[int]:

@@ -126,18 +126,21 @@ def _shut(sock: socket.socket) -> None:
 class StoreServer:
     """The store itself, in threads of the process that opened it (a group's rank 0)."""
 
-    def __init__(self, host: str, key: str, port: int = 0) -> None:
+    def __init__(self, host: str, key: str, port: int = 0, listener: socket.socket | None = None) -> None:
+        """Listen on ``host:port``, or serve on ``listener``, a socket already bound there and
+        listening (a group's held MASTER_PORT: :func:`podium.worker.masterstore.take`)."""
         self.host = host
         self._key = bytes.fromhex(key)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-            listener.listen(128)
-        except OSError:
-            listener.close()
-            raise
+        if listener is None:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind((host, port))
+                listener.listen(128)
+            except OSError:
+                listener.close()
+                raise
         self._listener = listener
         #: The port it listens on, at :attr:`host` only.
         self.port: int = listener.getsockname()[1]

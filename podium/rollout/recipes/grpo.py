@@ -39,11 +39,14 @@ def gloo_group_from_env() -> Any:
     import torch.distributed as dist
 
     from podium.transport.authstore import StoreServer, connect_store, derived_key
+    from podium.worker import masterstore
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     key = derived_key(os.environ["PODIUM_TOKEN"], f"grpo/{host}:{port}")
-    server = StoreServer(host, key, port) if rank == 0 else None
+    # Rank 0 holds MASTER_PORT bound to the node address since it started (the port is
+    # never free for another process): the store serves on that socket.
+    server = StoreServer(host, key, port, listener=masterstore.take(port)) if rank == 0 else None
     store = connect_store(host, port, key, _RENDEZVOUS_S)
     group = dist.ProcessGroupGloo(dist.PrefixStore("grpo", store), rank, world,
                                   datetime.timedelta(seconds=_RENDEZVOUS_S))

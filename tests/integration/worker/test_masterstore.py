@@ -95,3 +95,26 @@ def test_a_socket_of_another_port_is_closed_and_nothing_is_held():
     env = {masterstore.LISTEN_FD_ENV: "not a number", "MASTER_PORT": "1"}
     masterstore.take_listen_fd(env)  # a warning, nothing else
     assert masterstore.held_ports() == []
+
+
+def test_a_held_port_is_handed_to_podiums_own_store():
+    """Code that serves its own store on MASTER_PORT in rank 0 (the GRPO recipe's authenticated
+    one) takes the held socket instead of binding the port, which rank 0 already holds."""
+    from podium.transport.authstore import StoreServer, connect_store, new_key
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    masterstore.hold(sock)
+    try:
+        with pytest.raises(OSError):  # what binding it again gives
+            StoreServer("127.0.0.1", new_key(), port)
+        key = new_key()
+        server = StoreServer("127.0.0.1", key, port, listener=masterstore.take(port))
+        assert port not in masterstore.held_ports() and masterstore.take(port) is None
+        store = connect_store("127.0.0.1", port, key, 30)
+        store.set("k", b"v")
+        assert store.get("k") == b"v" and listeners(port) == ["127.0.0.1"]
+        server.close()
+    finally:
+        masterstore.release(port)
