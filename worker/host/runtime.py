@@ -19,8 +19,8 @@ from podium import codec, errors, refs
 from podium.tracering import RING, now_ns
 from podium.transport import chunks, shm
 from podium.v1 import worker_pb2
-from podium.worker.actorshell import GROUP_CALL, READY_CALL, construct, set_host_loop
-from podium.worker.caller.streaming import STREAM_CLOSE_CALL, STREAM_NEXT_CALL
+from podium.worker.actorshell import GROUP_CALL, READY_CALL, ActorShell, construct, set_host_loop
+from podium.worker.caller.streaming import STREAM_CLOSE_CALL, STREAM_NEXT_CALL, declared_returns
 from podium.worker.host.activecall import ActiveCall, CallOrigin
 from podium.worker.host.admission import CallAdmission, Declined
 from podium.worker.host.completion import CallBook
@@ -32,6 +32,7 @@ from podium.worker.host.invoke import SyncInvoker
 from podium.worker.host.itemstreams import StreamCalls
 from podium.worker.host.methodstats import MethodTable
 from podium.worker.host.results import Outcome, call_error, close_names, remote_error
+from podium.worker.processenv import WithProcessEnv
 
 __all__ = ["HostRuntime"]
 
@@ -483,10 +484,6 @@ class HostRuntime:
 def _declared_of(cls: Any, args: Any) -> dict[str, tuple[int, int | None]]:
     """``declared_returns`` of the user's class inside the wrappers an owner sends
     (``WithProcessEnv(env, cls, args, kwargs)``, ``ActorShell(cls, ...)``); {} when unknown."""
-    from podium.worker.actorshell import ActorShell
-    from podium.worker.caller.streaming import declared_returns
-    from podium.worker.processenv import WithProcessEnv
-
     if cls is WithProcessEnv and len(args) >= 3:
         cls, args = args[1], args[2]
     if cls is ActorShell and args:
