@@ -12,7 +12,7 @@ from podium import memcap
 from podium.scheduler.http import placement_view
 from podium.scheduler.state import ClusterModel
 from podium.v1 import common_pb2, scheduler_pb2
-from podium.worker.agent import managed, spawner
+from podium.worker.agent import managed
 
 GIB = 1 << 30
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from podium.worker.agent import managed, spawner
+from podium.worker.agent import managed
 from podium.worker.agent.exitinfo import HEADER_PREFIX, exit_info, read_tail, stderr_tail
 from podium.worker.agent.workerenv import launch_argv, worker_env
 
