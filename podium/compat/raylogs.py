@@ -36,7 +36,7 @@ import zlib
 from typing import Any, Callable
 
 from podium.errors import InvalidArgumentError
-from podium.private import private_dir
+from podium.private import given_dir, private_dir
 
 __all__ = [
     "LOG_NAME_UPDATE_INTERVAL_S", "LogFileInfo", "LogMonitor", "RAY_RUNTIME_ENV_LOG_TO_DRIVER_ENABLED",
@@ -184,6 +184,9 @@ class LogMonitor:
         self._listed: set[tuple[str, int]] = set()  # (worker id, pid) already linked
         self._last_listed = 0.0
         self._stop = threading.Event()
+        # Links go into this folder and the files they name are read and printed: refused
+        # where another local user could plant links there.
+        given_dir(logs_dir, "LogMonitor's logs_dir")
         private_dir(os.path.join(logs_dir, "old"))
         self._forget_stale_links()
 

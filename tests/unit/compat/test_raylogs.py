@@ -9,7 +9,7 @@ import os
 import pytest
 
 from podium.compat import raylogs
-from podium.errors import InvalidArgumentError
+from podium.errors import InvalidArgumentError, PermissionDeniedError
 
 
 class Keep:
@@ -66,3 +66,13 @@ def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(InvalidArgumentError, match="max_files_open"):
         raylogs.LogMonitor(node_ip_address="127.0.0.1", logs_dir=str(tmp_path), gcs_client=Keep(), max_files_open=0)
     assert raylogs.is_proc_alive(os.getpid())
+
+
+def test_a_logs_dir_others_can_write_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("PODIUM_SINGLE_USER", raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # another user could plant links to files of ours there
+    with pytest.raises(PermissionDeniedError, match="logs_dir"):
+        raylogs.LogMonitor(node_ip_address="127.0.0.1", logs_dir=str(shared), gcs_client=Keep())
+    assert not (shared / "old").exists()
