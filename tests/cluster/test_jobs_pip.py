@@ -11,34 +11,18 @@ from __future__ import annotations
 
 import json
 import socket
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.jobkit import podium, start_up, stop_up
+from tests.support.jobkit import podium, start_up, stop_up, where_program
 from tests.support.proctable import members_of_groups
 from tests.support.wheels import tiny_wheel
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
-PROGRAM = textwrap.dedent("""
-    import shutil, sys
-    import ray
-    import podium_jobpip
-
-    ray.init()
-
-    @ray.remote(num_cpus=1)
-    class Where:
-        def get(self):
-            import podium_jobpip
-            return podium_jobpip.VALUE, sys.prefix
-
-    print("DRIVER", podium_jobpip.VALUE, sys.prefix, shutil.which("python"), flush=True)
-    print("ACTOR", *ray.get(Where.remote().get.remote()), flush=True)
-""")
+PROGRAM = where_program("podium_jobpip")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobkit import start_up, stop_up, write_py_module, write_verl_layout, write_working_dir
+from tests.support.jobkit import start_up, stop_up, where_program, write_py_module, write_verl_layout, write_working_dir
 from tests.support.waiting import REPO
 from tests.support.wheels import tiny_wheel
 
@@ -188,22 +188,7 @@ def test_verls_multinode_command_with_the_token_header(cluster, tmp_path):
 
 
 #: A driver that shows where it runs and where its actor runs.
-PIP_PROGRAM = textwrap.dedent("""
-    import shutil, sys
-    import ray
-    import podium_raypip
-
-    ray.init()
-
-    @ray.remote(num_cpus=1)
-    class Where:
-        def get(self):
-            import podium_raypip
-            return podium_raypip.VALUE, sys.prefix
-
-    print("DRIVER", podium_raypip.VALUE, sys.prefix, shutil.which("python"), flush=True)
-    print("ACTOR", *ray.get(Where.remote().get.remote()), flush=True)
-""")
+PIP_PROGRAM = where_program("podium_raypip")
 
 
 def test_a_jobs_pip_and_uv_sets_from_rays_client(cluster, tmp_path):

@@ -200,6 +200,27 @@ class UpCluster:
                 "worker_processes": [p for p in worker_pids if alive(p)]}
 
 
+def where_program(module: str) -> str:
+    """A job's driver that prints where it and its actor run (``sys.prefix``: the pip set's
+    virtualenv) and ``module``'s VALUE seen by each (a package of that set)."""
+    return textwrap.dedent(f"""
+        import shutil, sys
+        import ray
+        import {module}
+
+        ray.init()
+
+        @ray.remote(num_cpus=1)
+        class Where:
+            def get(self):
+                import {module}
+                return {module}.VALUE, sys.prefix
+
+        print("DRIVER", {module}.VALUE, sys.prefix, shutil.which("python"), flush=True)
+        print("ACTOR", *ray.get(Where.remote().get.remote()), flush=True)
+    """)
+
+
 def podium(*args: str, env: dict, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     """``podium ARGS`` run to its end."""
     return subprocess.run([sys.executable, "-m", "podium.cli", *args], env=env, capture_output=True,
